@@ -1,0 +1,37 @@
+-- Extend: push an ACTIVE reservation's expiry out by extend_by_ms (relative to its current expiry).
+-- KEYS[1] tenant record  KEYS[2] api key record  KEYS[3] reservation  KEYS[4] expiry index
+-- KEYS[5] extend idempotency record  KEYS[6..] the reservation's budgets (for expire-on-touch)
+-- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] payload hash
+-- ARGV[5] extend_by_ms  ARGV[6] retention ms (terminal records)
+local now = now_ms()
+local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+if denied then return denied end
+
+local r = read_reservation(KEYS[3], ARGV[3])
+if not r then return err('NOT_FOUND', 'Reservation not found') end
+local prior = redis.call('HMGET', KEYS[5], 'payload_hash', 'result')
+if prior[1] then
+  if prior[1] ~= ARGV[4] then
+    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
+  end
+  return {'REPLAY', prior[2], r.status, tostring(now)}
+end
+
+local guard = tenant_guard(tenant_record(KEYS[1]))
+if guard then return guard end
+local retention = tonumber(ARGV[6])
+expire_if_overdue(KEYS[3], r, KEYS, 6, KEYS[4], now, retention)
+if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
+if r.status ~= 'ACTIVE' then return err('RESERVATION_FINALIZED', 'Reservation is already ' .. r.status) end
+if now > r.expires_at then return err('RESERVATION_EXPIRED', 'Reservation has expired (extend allows no grace period)') end
+if r.extensions >= r.max_extensions then
+  return err('MAX_EXTENSIONS_EXCEEDED', 'Reservation was already extended ' .. r.extensions .. ' times (limit ' .. r.max_extensions .. ')')
+end
+
+local expires_at = r.expires_at + tonumber(ARGV[5])
+redis.call('HSET', KEYS[3], 'expires_at_ms', expires_at, 'extensions', r.extensions + 1)
+redis.call('ZADD', KEYS[4], expires_at + r.grace, r.rid)
+local result = cjson.encode({tostring(expires_at)})
+redis.call('HSET', KEYS[5], 'payload_hash', ARGV[4], 'result', result)
+redis.call('PEXPIRE', KEYS[5], expires_at + r.grace - now + retention)
+return {'OK', result, 'ACTIVE', tostring(now)}

@@ -1,0 +1,235 @@
+-- Shared helpers, prepended to every script at build time (Lua has no imports).
+-- Amounts are int64 decimal strings: they never pass through Lua doubles except on the
+-- fast path, where both operands have at most 15 characters and every result is exact.
+
+local INT64_MAX = '9223372036854775807'
+local INT64_MIN_MAG = '9223372036854775808'
+
+local function split_sign(s)
+  if string.sub(s, 1, 1) == '-' then return true, string.sub(s, 2) end
+  return false, s
+end
+
+-- compares two non-negative digit strings without leading zeros
+local function mag_cmp(a, b)
+  if #a ~= #b then return (#a < #b) and -1 or 1 end
+  if a == b then return 0 end
+  return (a < b) and -1 or 1
+end
+
+local function strip(m)
+  local s = string.gsub(m, '^0+', '')
+  if s == '' then return '0' end
+  return s
+end
+
+local function mag_add(a, b)
+  local out, carry = {}, 0
+  local i, j = #a, #b
+  while i > 0 or j > 0 or carry > 0 do
+    local x = (i > 0) and (string.byte(a, i) - 48) or 0
+    local y = (j > 0) and (string.byte(b, j) - 48) or 0
+    local s = x + y + carry
+    out[#out + 1] = string.char(48 + s % 10)
+    carry = math.floor(s / 10)
+    i, j = i - 1, j - 1
+  end
+  return strip(string.reverse(table.concat(out)))
+end
+
+-- a >= b
+local function mag_sub(a, b)
+  local out, borrow = {}, 0
+  local i, j = #a, #b
+  while i > 0 do
+    local x = string.byte(a, i) - 48 - borrow
+    local y = (j > 0) and (string.byte(b, j) - 48) or 0
+    if x < y then x = x + 10; borrow = 1 else borrow = 0 end
+    out[#out + 1] = string.char(48 + x - y)
+    i, j = i - 1, j - 1
+  end
+  return strip(string.reverse(table.concat(out)))
+end
+
+local function small(a, b) return #a <= 15 and #b <= 15 end
+
+local function fmt(n) return string.format('%.0f', n) end
+
+-- d_cmp(a, b): -1, 0 or 1 for signed decimal strings
+local function d_cmp(a, b)
+  if small(a, b) then
+    local x, y = tonumber(a), tonumber(b)
+    if x < y then return -1 elseif x > y then return 1 else return 0 end
+  end
+  local na, ma = split_sign(a)
+  local nb, mb = split_sign(b)
+  ma, mb = strip(ma), strip(mb)
+  if ma == '0' then na = false end
+  if mb == '0' then nb = false end
+  if na ~= nb then return na and -1 or 1 end
+  local c = mag_cmp(ma, mb)
+  if na then return -c end
+  return c
+end
+
+local function d_add(a, b)
+  if small(a, b) then return fmt(tonumber(a) + tonumber(b)) end
+  local na, ma = split_sign(a)
+  local nb, mb = split_sign(b)
+  ma, mb = strip(ma), strip(mb)
+  local neg, mag
+  if na == nb then
+    neg, mag = na, mag_add(ma, mb)
+  else
+    local c = mag_cmp(ma, mb)
+    if c == 0 then return '0' end
+    if c > 0 then neg, mag = na, mag_sub(ma, mb) else neg, mag = nb, mag_sub(mb, ma) end
+  end
+  if mag == '0' then return '0' end
+  if neg then return '-' .. mag end
+  return mag
+end
+
+local function d_neg(a)
+  if a == '0' then return '0' end
+  if string.sub(a, 1, 1) == '-' then return string.sub(a, 2) end
+  return '-' .. a
+end
+
+local function d_sub(a, b) return d_add(a, d_neg(b)) end
+local function d_min(a, b) if d_cmp(a, b) <= 0 then return a end return b end
+local function d_max(a, b) if d_cmp(a, b) >= 0 then return a end return b end
+local function d_pos(a) return d_cmp(a, '0') > 0 end
+
+-- true when the value fits in int64 (checked before any write, so no script ever
+-- fails half way through its mutations)
+local function d_fits(a)
+  local neg, m = split_sign(a)
+  m = strip(m)
+  if neg then return mag_cmp(m, INT64_MIN_MAG) <= 0 end
+  return mag_cmp(m, INT64_MAX) <= 0
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function err(code, message, details)
+  return {'ERR', code, message, details or ''}
+end
+
+-- API-key check inside the operation's own script: digest, status, expiry, permission.
+-- Every failure yields the same 401 message; the reason travels separately for logs.
+local function authorize(key_record, digest, accepted, now)
+  if digest == '' then return nil end -- admin-key call, authenticated by the handler
+  local f = redis.call('HMGET', key_record, 'digest', 'status', 'expires_at_ms', 'permissions')
+  local reason = nil
+  if not f[1] then reason = 'KEY_NOT_FOUND'
+  elseif f[1] ~= digest then reason = 'INVALID_KEY'
+  elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
+  elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
+  if reason then return err('UNAUTHORIZED', 'Invalid or missing API key', reason) end
+  local held = f[4] or ''
+  for p in string.gmatch(accepted, '[^,]+') do
+    if string.find(held, ',' .. p .. ',', 1, true) then return nil end
+  end
+  return err('FORBIDDEN', 'API key lacks the permission this operation requires: ' .. string.match(accepted, '[^,]+'))
+end
+
+-- Tenant record: nil when absent (not governed), else its fields; 'MALFORMED' when the
+-- status cannot be determined (fail closed with 500).
+local function tenant_record(key)
+  local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
+    'max_reservation_extensions', 'default_commit_overage_policy')
+  if not f[1] then
+    if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
+    return nil
+  end
+  if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
+  return { status = f[1], default_ttl = tonumber(f[2]), max_ttl = tonumber(f[3]),
+    max_extensions = tonumber(f[4]), default_policy = f[5] }
+end
+
+-- The closed-tenant guard of the persisting surface (mutations).
+local function tenant_guard(t)
+  if t == 'MALFORMED' then return err('INTERNAL_ERROR', 'Tenant record is malformed; status cannot be determined') end
+  if t and t.status == 'CLOSED' then return err('TENANT_CLOSED', 'Tenant is closed') end
+  return nil
+end
+
+local BUDGET_FIELDS = {'scope', 'unit', 'status', 'allocated', 'remaining', 'reserved', 'spent', 'debt',
+  'overdraft_limit', 'is_over_limit', 'caps', 'commit_overage_policy'}
+
+-- Reads a budget hash; nil when it does not exist. `scope` guards against key-hash collisions.
+local function read_budget(key, scope)
+  local f = redis.call('HMGET', key, unpack(BUDGET_FIELDS))
+  if not f[2] then return nil end
+  if scope and f[1] ~= scope then error('budget key collision at ' .. key) end
+  return { key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
+    remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
+    overdraft_limit = f[9] or '0', over = (f[10] == 'true'), caps = f[11], policy = f[12] }
+end
+
+-- Checks that every new value fits int64, then writes all budgets (never half way).
+local function write_budgets(budgets, now)
+  for _, b in ipairs(budgets) do
+    for _, v in ipairs({b.remaining, b.reserved, b.spent, b.debt}) do
+      if not d_fits(v) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
+    end
+  end
+  for _, b in ipairs(budgets) do
+    redis.call('HSET', b.key, 'remaining', b.remaining, 'reserved', b.reserved, 'spent', b.spent,
+      'debt', b.debt, 'is_over_limit', b.over and 'true' or 'false', 'updated_at_ms', now)
+  end
+  return nil
+end
+
+-- The balance snapshot the responses carry: 9 strings per budget.
+local function snapshot(out, budgets)
+  for _, b in ipairs(budgets) do
+    out[#out + 1] = b.scope; out[#out + 1] = b.unit; out[#out + 1] = b.allocated
+    out[#out + 1] = b.remaining; out[#out + 1] = b.reserved; out[#out + 1] = b.spent
+    out[#out + 1] = b.debt; out[#out + 1] = b.overdraft_limit
+    out[#out + 1] = b.over and 'true' or 'false'
+  end
+  return out
+end
+
+local function read_budgets(keys, first)
+  local budgets = {}
+  for i = first, #keys do
+    local b = read_budget(keys[i])
+    if b then budgets[#budgets + 1] = b end
+  end
+  return budgets
+end
+
+local RES_FIELDS = {'rid', 'status', 'unit', 'estimate', 'expires_at_ms', 'grace_ms', 'overage_policy',
+  'extensions', 'max_extensions', 'scope_path'}
+
+local function read_reservation(key, rid)
+  local f = redis.call('HMGET', key, unpack(RES_FIELDS))
+  if not f[1] or f[1] ~= rid then return nil end
+  return { rid = f[1], status = f[2], unit = f[3], estimate = f[4], expires_at = tonumber(f[5]),
+    grace = tonumber(f[6]), policy = f[7], extensions = tonumber(f[8] or '0'),
+    max_extensions = tonumber(f[9] or '10'), scope_path = f[10] }
+end
+
+-- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
+-- scope exactly once. Used by every script that touches a reservation, and by the sweeper.
+local function expire_if_overdue(res_key, r, budget_keys, first, expiry_index, now, retention_ms)
+  if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
+  local budgets = read_budgets(budget_keys, first)
+  for _, b in ipairs(budgets) do
+    b.reserved = d_sub(b.reserved, r.estimate)
+    b.remaining = d_add(b.remaining, r.estimate)
+  end
+  local e = write_budgets(budgets, now)
+  if e then error(e[3]) end
+  redis.call('HSET', res_key, 'status', 'EXPIRED', 'expired_at_ms', now)
+  redis.call('PEXPIRE', res_key, retention_ms)
+  redis.call('ZREM', expiry_index, r.rid)
+  r.status = 'EXPIRED'
+  return true
+end

@@ -1,0 +1,47 @@
+-- Release: return a reservation's whole hold to every budgeted scope.
+-- KEYS[1] tenant record  KEYS[2] api key record (the tenant record again for admin calls)
+-- KEYS[3] reservation  KEYS[4] expiry index  KEYS[5] audit log  KEYS[6..] the reservation's budgets
+-- ARGV[1] key digest ('' for an admin-key call)  ARGV[2] accepted permissions  ARGV[3] reservation id
+-- ARGV[4] idempotency key  ARGV[5] payload hash  ARGV[6] reason or ''  ARGV[7] retention ms
+-- ARGV[8] audit entry json ('' unless an admin released on behalf of the tenant)
+local now = now_ms()
+local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+if denied then return denied end
+
+local r = read_reservation(KEYS[3], ARGV[3])
+if not r then return err('NOT_FOUND', 'Reservation not found') end
+local prior = redis.call('HMGET', KEYS[3], 'release_key', 'release_hash', 'release_result')
+if r.status == 'RELEASED' and prior[1] == ARGV[4] then
+  if prior[2] ~= ARGV[5] then
+    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
+  end
+  return {'REPLAY', prior[3], r.status, tostring(now)}
+end
+
+local guard = tenant_guard(tenant_record(KEYS[1]))
+if guard then return guard end
+local retention = tonumber(ARGV[7])
+expire_if_overdue(KEYS[3], r, KEYS, 6, KEYS[4], now, retention)
+if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
+if r.status ~= 'ACTIVE' then return err('RESERVATION_FINALIZED', 'Reservation is already ' .. r.status) end
+
+local budgets = read_budgets(KEYS, 6)
+for _, b in ipairs(budgets) do
+  b.reserved = d_sub(b.reserved, r.estimate)
+  b.remaining = d_add(b.remaining, r.estimate)
+end
+local failed = write_budgets(budgets, now)
+if failed then return failed end
+
+local result = cjson.encode(snapshot({r.estimate, r.unit}, budgets))
+redis.call('HSET', KEYS[3], 'status', 'RELEASED', 'finalized_at_ms', now, 'release_key', ARGV[4],
+  'release_hash', ARGV[5], 'release_result', result, 'release_reason', ARGV[6])
+redis.call('PEXPIRE', KEYS[3], retention)
+redis.call('ZREM', KEYS[4], r.rid)
+if ARGV[8] ~= '' then
+  -- admin-on-behalf-of: the audit entry is written in the same atomic step as the release
+  local entry = cjson.decode(ARGV[8])
+  entry.timestamp_ms = now
+  redis.call('RPUSH', KEYS[5], cjson.encode(entry))
+end
+return {'OK', result, 'RELEASED', tostring(now)}

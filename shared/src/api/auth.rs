@@ -1,0 +1,138 @@
+//! Authentication. A tenant key `cyc_live_<key id>_<secret>` names its key id; the immutable
+//! `key_id -> tenant` lookup is cached for the container's life, and the mutable key record
+//! (digest, status, expiry, permissions) is checked inside the operation's own script, so a
+//! warm request spends no round trip on auth and a revocation takes effect immediately.
+
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use redis::AsyncCommands;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use super::App;
+use crate::error::{ApiError, ApiResult};
+use crate::keys;
+
+pub const API_KEY_HEADER: &str = "x-cycles-api-key";
+pub const ADMIN_KEY_HEADER: &str = "x-admin-api-key";
+const KEY_ID_LEN: usize = 16;
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    Tenant(TenantCaller),
+    Admin,
+}
+
+/// A tenant key whose tenant is known; its digest is verified by the operation's script.
+#[derive(Debug, Clone)]
+pub struct TenantCaller {
+    pub tenant: String,
+    pub key_id: String,
+    pub digest: String,
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::unauthorized("Invalid or missing API key")
+}
+
+/// Splits `cyc_live_<16 chars key id>_<secret>` (or `cyc_test_...`) into its key id.
+pub fn key_id_of(key: &str) -> Option<&str> {
+    let rest = key
+        .strip_prefix("cyc_live_")
+        .or_else(|| key.strip_prefix("cyc_test_"))?;
+    let key_id = rest.get(..KEY_ID_LEN)?;
+    let ok = key_id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    (ok && rest.as_bytes().get(KEY_ID_LEN) == Some(&b'_') && rest.len() > KEY_ID_LEN + 1)
+        .then_some(key_id)
+}
+
+/// Peppered HMAC-SHA256 of the whole presented key, hex.
+pub fn key_digest(pepper: &str, key: &str) -> String {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(pepper.as_bytes()).expect("HMAC takes any key length");
+    mac.update(key.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+impl App {
+    /// Authenticates a request. `admin_allowed` marks the routes where `X-Admin-API-Key` is
+    /// honoured (it then takes precedence; elsewhere it is ignored).
+    pub async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        admin_allowed: bool,
+    ) -> ApiResult<Principal> {
+        if admin_allowed {
+            if let Some(given) = headers.get(ADMIN_KEY_HEADER) {
+                let Some(expected) = &self.config.admin_api_key else {
+                    return Err(ApiError::internal(
+                        "Admin API key is not configured on this server",
+                    ));
+                };
+                return if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+                    Ok(Principal::Admin)
+                } else {
+                    Err(ApiError::unauthorized("Invalid admin API key"))
+                };
+            }
+        }
+        let key = header(headers, API_KEY_HEADER).ok_or_else(unauthorized)?;
+        let key_id = key_id_of(key).ok_or_else(unauthorized)?;
+        let tenant = self.tenant_of_key(key_id).await?.ok_or_else(unauthorized)?;
+        Ok(Principal::Tenant(TenantCaller {
+            tenant,
+            key_id: key_id.to_string(),
+            digest: key_digest(&self.config.key_pepper, key),
+        }))
+    }
+
+    /// The owner of a key id; immutable once written, so positive answers are cached.
+    async fn tenant_of_key(&self, key_id: &str) -> ApiResult<Option<String>> {
+        if let Some(t) = self.key_tenants.lock().expect("cache lock").get(key_id) {
+            return Ok(Some(t.clone()));
+        }
+        let tenant: Option<String> = self.store.conn().get(keys::key_lookup(key_id)).await?;
+        if let Some(t) = &tenant {
+            let mut cache = self.key_tenants.lock().expect("cache lock");
+            if cache.len() > 100_000 {
+                cache.clear();
+            }
+            cache.insert(key_id.to_string(), t.clone());
+        }
+        Ok(tenant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_ids_parse_only_from_well_formed_keys() {
+        assert_eq!(
+            key_id_of("cyc_live_abcdefgh12345678_secret-part"),
+            Some("abcdefgh12345678")
+        );
+        assert_eq!(
+            key_id_of("cyc_test_abcdefgh12345678_s"),
+            Some("abcdefgh12345678")
+        );
+        assert_eq!(key_id_of("cyc_live_ABCDEFGH12345678_s"), None);
+        assert_eq!(key_id_of("cyc_live_abcdefgh12345678_"), None);
+        assert_eq!(key_id_of("cyc_live_abc"), None);
+        assert_eq!(key_id_of("bearer x"), None);
+    }
+
+    #[test]
+    fn digest_depends_on_pepper() {
+        assert_ne!(key_digest("a", "k"), key_digest("b", "k"));
+        assert_eq!(key_digest("a", "k").len(), 64);
+    }
+}

@@ -1,0 +1,276 @@
+//! The HTTP surface: one route table, a transport-neutral request/response pair, and the
+//! dispatcher every front end (Lambda, the local gateway) calls.
+
+pub mod auth;
+mod reservations;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::error::{ApiError, ApiResult};
+use crate::ids::{new_request_id, trace_from_headers, Trace};
+use crate::store::Store;
+
+/// Everything a handler needs, created once per container.
+pub struct App {
+    pub store: Store,
+    pub config: Config,
+    key_tenants: Mutex<HashMap<String, String>>,
+}
+
+impl App {
+    pub fn new(store: Store, config: Config) -> App {
+        App {
+            store,
+            config,
+            key_tenants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Connects to Redis as configured by the environment (the Lambda init path).
+    pub async fn from_env() -> Result<App, redis::RedisError> {
+        let config = Config::from_env(None);
+        let store = Store::connect(&config.redis_url, config.redis_timeout).await?;
+        Ok(App::new(store, config))
+    }
+}
+
+/// A request as every front end hands it over.
+#[derive(Debug, Clone)]
+pub struct ApiRequest {
+    pub method: Method,
+    pub path: String,
+    pub query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiResponse {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// The operations this service exposes; each is one Lambda function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    CreateReservation,
+    CommitReservation,
+    ReleaseReservation,
+    ExtendReservation,
+    GetReservation,
+}
+
+impl Operation {
+    /// The Lambda function (binary) serving this operation.
+    pub fn function_name(self) -> &'static str {
+        match self {
+            Self::CreateReservation => "create-reservation",
+            Self::CommitReservation => "commit-reservation",
+            Self::ReleaseReservation => "release-reservation",
+            Self::ExtendReservation => "extend-reservation",
+            Self::GetReservation => "get-reservation",
+        }
+    }
+}
+
+pub struct Route {
+    pub method: Method,
+    pub template: &'static str,
+    pub op: Operation,
+}
+
+/// The single source of truth for method + path -> operation.
+pub static ROUTES: [Route; 5] = [
+    Route {
+        method: Method::POST,
+        template: "/v1/reservations",
+        op: Operation::CreateReservation,
+    },
+    Route {
+        method: Method::GET,
+        template: "/v1/reservations/{reservation_id}",
+        op: Operation::GetReservation,
+    },
+    Route {
+        method: Method::POST,
+        template: "/v1/reservations/{reservation_id}/commit",
+        op: Operation::CommitReservation,
+    },
+    Route {
+        method: Method::POST,
+        template: "/v1/reservations/{reservation_id}/release",
+        op: Operation::ReleaseReservation,
+    },
+    Route {
+        method: Method::POST,
+        template: "/v1/reservations/{reservation_id}/extend",
+        op: Operation::ExtendReservation,
+    },
+];
+
+pub type Params = HashMap<String, String>;
+
+/// Matches a template against the trailing segments of `path` (so a path behind a prefix such
+/// as `cargo lambda watch`'s `/lambda-url/<fn>` still matches); `exact` requires no prefix.
+pub fn match_template(template: &str, path: &str, exact: bool) -> Option<Params> {
+    let want: Vec<&str> = template.trim_matches('/').split('/').collect();
+    let got: Vec<&str> = path
+        .trim_end_matches('/')
+        .trim_start_matches('/')
+        .split('/')
+        .collect();
+    if got.len() < want.len() || (exact && got.len() != want.len()) {
+        return None;
+    }
+    let got = &got[got.len() - want.len()..];
+    let mut params = Params::new();
+    for (w, g) in want.iter().zip(got) {
+        match w.strip_prefix('{').and_then(|w| w.strip_suffix('}')) {
+            Some(name) if !g.is_empty() => {
+                params.insert(name.to_string(), percent_decode(g)?);
+            }
+            Some(_) => return None,
+            None if w == g => {}
+            None => return None,
+        }
+    }
+    Some(params)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Finds the route for a request path (exact match, as the local gateway serves it).
+pub fn route(method: &Method, path: &str) -> Option<(Operation, Params)> {
+    ROUTES
+        .iter()
+        .filter(|r| r.method == *method)
+        .find_map(|r| match_template(r.template, path, true).map(|p| (r.op, p)))
+}
+
+/// Per-request context: correlation ids and, once known, the effective tenant.
+pub struct Ctx {
+    pub request_id: String,
+    pub trace: Trace,
+    pub tenant: Option<String>,
+}
+
+/// A successful answer: status and JSON body.
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(status: u16, value: &impl Serialize) -> Answer {
+        Answer {
+            status,
+            body: serde_json::to_vec(value).expect("response types always serialize"),
+        }
+    }
+}
+
+/// Runs one operation and turns its outcome into a response with the correlation headers.
+pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -> ApiResponse {
+    let mut ctx = Ctx {
+        request_id: new_request_id(),
+        trace: trace_from_headers(&req.headers),
+        tenant: None,
+    };
+    let outcome = match op {
+        Operation::CreateReservation => reservations::create(app, &mut ctx, &req).await,
+        Operation::CommitReservation => reservations::commit(app, &mut ctx, &req, &params).await,
+        Operation::ReleaseReservation => reservations::release(app, &mut ctx, &req, &params).await,
+        Operation::ExtendReservation => reservations::extend(app, &mut ctx, &req, &params).await,
+        Operation::GetReservation => reservations::get(app, &mut ctx, &req, &params).await,
+    };
+    respond(&ctx, outcome)
+}
+
+/// The answer for a path no route matches (404 in the spec's error shape).
+pub fn not_found(req: &ApiRequest) -> ApiResponse {
+    let ctx = Ctx {
+        request_id: new_request_id(),
+        trace: trace_from_headers(&req.headers),
+        tenant: None,
+    };
+    respond(
+        &ctx,
+        Err(ApiError::not_found(format!(
+            "No route for {} {}",
+            req.method, req.path
+        ))),
+    )
+}
+
+fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
+    let (status, body) = match outcome {
+        Ok(a) => (a.status, a.body),
+        Err(e) => {
+            if e.code.status() >= 500 {
+                tracing::error!(request_id = %ctx.request_id, trace_id = %ctx.trace.trace_id,
+                    tenant = ctx.tenant.as_deref().unwrap_or(""), error = %e.message, "request failed");
+            }
+            let body = e.body(&ctx.request_id, &ctx.trace.trace_id);
+            (
+                e.code.status(),
+                serde_json::to_vec(&body).expect("error bodies always serialize"),
+            )
+        }
+    };
+    let mut headers = vec![
+        ("content-type", "application/json".to_string()),
+        ("x-request-id", ctx.request_id.clone()),
+        ("x-cycles-trace-id", ctx.trace.trace_id.clone()),
+    ];
+    if let Some(t) = &ctx.tenant {
+        headers.push(("x-cycles-tenant", t.clone()));
+    }
+    ApiResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match_exactly_and_by_suffix() {
+        let (op, p) = route(&Method::POST, "/v1/reservations/abc/commit").unwrap();
+        assert_eq!(op, Operation::CommitReservation);
+        assert_eq!(p["reservation_id"], "abc");
+        assert!(route(&Method::GET, "/v1/reservations/abc/commit").is_none());
+        assert!(route(&Method::POST, "/x/v1/reservations").is_none());
+        let p = match_template(
+            "/v1/reservations/{reservation_id}/extend",
+            "/lambda-url/extend-reservation/v1/reservations/r%2E1/extend",
+            false,
+        )
+        .unwrap();
+        assert_eq!(p["reservation_id"], "r.1");
+    }
+}

@@ -1,0 +1,524 @@
+//! Reservation lifecycle handlers: authenticate -> parse -> one script -> map the result.
+
+use serde_json::{json, Value};
+
+use super::auth::{Principal, TenantCaller};
+use super::{Answer, ApiRequest, App, Ctx, Params};
+use crate::domain::{derive_scopes, leaf_segment, payload_hash, Permission};
+use crate::error::{ApiError, ApiResult};
+use crate::ids::ReservationId;
+use crate::keys::{budget_code, TenantKeys};
+use crate::model::*;
+use crate::store::{scripts, Reply};
+
+const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
+
+/// The header key, when present, must equal the body key exactly.
+fn check_idempotency_header(req: &ApiRequest, body_key: &str) -> ApiResult<()> {
+    match req.headers.get(IDEMPOTENCY_HEADER) {
+        Some(h) if h.as_bytes() != body_key.as_bytes() => Err(ApiError::invalid(
+            "X-Idempotency-Key header does not match idempotency_key in request body",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned + Validate>(req: &ApiRequest) -> ApiResult<(T, Value)> {
+    let parsed = parse_body::<T>(&req.body)?;
+    check_idempotency_header(req, parsed.0.idempotency_key())?;
+    Ok(parsed)
+}
+
+async fn tenant_caller(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<TenantCaller> {
+    match authenticate(app, ctx, req, false).await? {
+        Principal::Tenant(c) => Ok(c),
+        Principal::Admin => Err(ApiError::unauthorized("Invalid or missing API key")),
+    }
+}
+
+fn json_or_empty(v: &Option<impl serde::Serialize>) -> String {
+    v.as_ref()
+        .map(|v| serde_json::to_string(v).expect("serializable"))
+        .unwrap_or_default()
+}
+
+fn retention_ms(app: &App) -> String {
+    app.config.retention.as_millis().to_string()
+}
+
+fn int(s: &str) -> ApiResult<i64> {
+    s.parse()
+        .map_err(|_| ApiError::internal("Malformed amount in the budget store"))
+}
+
+/// Decodes the 9-strings-per-budget snapshot the scripts return into `Balance`s.
+fn balances(snapshot: &[String]) -> ApiResult<Vec<Balance>> {
+    snapshot
+        .chunks(9)
+        .map(|b| {
+            if b.len() != 9 {
+                return Err(ApiError::internal("Malformed balance snapshot"));
+            }
+            let unit = Unit::parse(&b[1]).ok_or_else(|| ApiError::internal("Malformed unit"))?;
+            let amount = |s: &str| int(s).map(|amount| Amount { unit, amount });
+            let optional = |s: &str| -> ApiResult<Option<Amount>> {
+                let a = amount(s)?;
+                Ok((a.amount != 0).then_some(a))
+            };
+            Ok(Balance {
+                scope: leaf_segment(&b[0]).to_string(),
+                scope_path: b[0].clone(),
+                remaining: amount(&b[3])?,
+                reserved: Some(amount(&b[4])?),
+                spent: Some(amount(&b[5])?),
+                allocated: Some(amount(&b[2])?),
+                debt: optional(&b[6])?,
+                overdraft_limit: optional(&b[7])?,
+                is_over_limit: (b[8] == "true").then_some(true),
+            })
+        })
+        .collect()
+}
+
+/// `max(0, expires_at - now)` while the reservation is ACTIVE, else 0 (recomputed on replays).
+fn remaining_ttl(reply: &Reply, expires_at_ms: i64) -> i64 {
+    if reply.status == "ACTIVE" {
+        (expires_at_ms - reply.now_ms).max(0)
+    } else {
+        0
+    }
+}
+
+pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = tenant_caller(app, ctx, req).await?;
+    let (r, raw) = parse::<ReservationCreateRequest>(req)?;
+    if let Some(t) = &r.subject.tenant {
+        if *t != caller.tenant {
+            return Err(ApiError::forbidden(
+                "subject.tenant does not match the tenant of the API key",
+            ));
+        }
+    }
+    if r.dry_run == Some(true) {
+        return Err(ApiError::invalid(
+            "dry_run is not supported by this server yet",
+        ));
+    }
+    let hash = payload_hash(
+        &raw,
+        &[("grace_period_ms", json!(5000)), ("dry_run", json!(false))],
+    );
+    let scopes = derive_scopes(&r.subject);
+    let keys = TenantKeys::new(&caller.tenant);
+    let token = ReservationId::token_for(&r.idempotency_key);
+    let unit = r.estimate.unit;
+
+    let mut script_keys = vec![
+        keys.tenant(),
+        keys.api_key(&caller.key_id),
+        keys.reservation(&token),
+        keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
+        keys.scope_units(),
+        keys.expiry_index(),
+        keys.created_index(),
+    ];
+    script_keys.extend(scopes.iter().map(|s| keys.budget(s, unit)));
+    let mut args = vec![
+        caller.digest.clone(),
+        Permission::ReservationsCreate.accepted().to_string(),
+        hash,
+        ReservationId::prefix(&caller.tenant, &token),
+        unit.as_str().to_string(),
+        r.estimate.amount.to_string(),
+        r.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
+        r.grace_period_ms.unwrap_or(5000).to_string(),
+        r.overage_policy
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_default(),
+        r.idempotency_key.clone(),
+        serde_json::to_string(&r.subject).expect("serializable"),
+        serde_json::to_string(&r.action).expect("serializable"),
+        json_or_empty(&r.metadata),
+        retention_ms(app),
+    ];
+    args.extend(
+        scopes
+            .iter()
+            .map(|s| format!("{s}|{}", budget_code(s, unit))),
+    );
+
+    let reply = app
+        .store
+        .run(&scripts::RESERVE, &script_keys, &args)
+        .await?;
+    let res = &reply.result;
+    if res.len() < 4 {
+        return Err(ApiError::internal("Malformed reserve result"));
+    }
+    let expires_at_ms = int(&res[2])?;
+    let decision = if res[0] == "ALLOW_WITH_CAPS" {
+        Decision::AllowWithCaps
+    } else {
+        Decision::Allow
+    };
+    let caps = if res[3].is_empty() {
+        None
+    } else {
+        serde_json::from_str(&res[3]).ok()
+    };
+    Ok(Answer::json(
+        200,
+        &ReservationCreateResponse {
+            decision,
+            reservation_id: Some(res[1].clone()),
+            reserved: Some(r.estimate.clone()),
+            expires_at_ms: Some(expires_at_ms),
+            remaining_ttl_ms: Some(remaining_ttl(&reply, expires_at_ms)),
+            scope_path: scopes.last().cloned(),
+            affected_scopes: scopes,
+            caps,
+            reason_code: None,
+            balances: Some(balances(&res[4..])?),
+        },
+    ))
+}
+
+/// The reservation a `{reservation_id}` route addresses, with the caller's auth arguments.
+struct Target {
+    id: String,
+    rid: ReservationId,
+    keys: TenantKeys,
+    /// The key record the script checks (for admin calls: any key of the slot, unchecked).
+    auth_key: String,
+    digest: String,
+    admin: bool,
+}
+
+impl Target {
+    fn budget_keys(&self) -> impl Iterator<Item = String> + '_ {
+        self.rid
+            .budget_codes
+            .iter()
+            .map(|c| self.keys.budget_by_code(c))
+    }
+}
+
+/// Resolves the path's reservation: 400 for a bad id, 404 when it cannot exist, and for a
+/// reservation of another tenant 403 (after verifying the caller's key) or 404.
+async fn target(
+    app: &App,
+    principal: Principal,
+    params: &Params,
+    permission: Permission,
+) -> ApiResult<Target> {
+    let id = params.get("reservation_id").cloned().unwrap_or_default();
+    let n = id.chars().count();
+    if n == 0 || n > 128 {
+        return Err(ApiError::invalid(format!(
+            "reservation_id must be 1 to 128 characters (got {n})"
+        )));
+    }
+    Ok(match principal {
+        Principal::Admin => {
+            let rid = ReservationId::parse(&id).ok_or_else(reservation_not_found)?;
+            let keys = TenantKeys::new(&rid.tenant);
+            Target {
+                auth_key: keys.tenant(),
+                keys,
+                rid,
+                id,
+                digest: String::new(),
+                admin: true,
+            }
+        }
+        Principal::Tenant(c) => {
+            let keys = TenantKeys::new(&c.tenant);
+            let auth_key = keys.api_key(&c.key_id);
+            let Some(rid) = ReservationId::parse(&id) else {
+                verify_key(app, &auth_key, &c, permission).await?;
+                return Err(reservation_not_found());
+            };
+            if rid.tenant != c.tenant {
+                verify_key(app, &auth_key, &c, permission).await?;
+                return Err(foreign_reservation(app, &rid, &id).await?);
+            }
+            Target {
+                keys,
+                rid,
+                id,
+                auth_key,
+                digest: c.digest,
+                admin: false,
+            }
+        }
+    })
+}
+
+fn reservation_not_found() -> ApiError {
+    ApiError::not_found("Reservation not found")
+}
+
+async fn verify_key(app: &App, auth_key: &str, c: &TenantCaller, p: Permission) -> ApiResult<()> {
+    let args = [c.digest.clone(), p.accepted().to_string()];
+    app.store
+        .run(&scripts::AUTHENTICATE, &[auth_key.to_string()], &args)
+        .await
+        .map(|_| ())
+}
+
+/// 403 when the id names an existing reservation of another tenant, else 404.
+async fn foreign_reservation(app: &App, rid: &ReservationId, id: &str) -> ApiResult<ApiError> {
+    use redis::AsyncCommands;
+    let key = TenantKeys::new(&rid.tenant).reservation(&rid.token);
+    let stored: Option<String> = app.store.conn().hget(key, "rid").await?;
+    Ok(if stored.as_deref() == Some(id) {
+        ApiError::forbidden("Reservation belongs to another tenant")
+    } else {
+        reservation_not_found()
+    })
+}
+
+pub async fn commit(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    params: &Params,
+) -> ApiResult<Answer> {
+    let principal = authenticate(app, ctx, req, false).await?;
+    let (r, raw) = parse::<CommitRequest>(req)?;
+    let t = target(app, principal, params, Permission::ReservationsCommit).await?;
+    let mut keys = vec![
+        t.keys.tenant(),
+        t.auth_key.clone(),
+        t.keys.reservation(&t.rid.token),
+        t.keys.expiry_index(),
+    ];
+    keys.extend(t.budget_keys());
+    let args = [
+        t.digest.clone(),
+        Permission::ReservationsCommit.accepted().to_string(),
+        t.id.clone(),
+        r.idempotency_key.clone(),
+        payload_hash(&raw, &[]),
+        r.actual.unit.as_str().to_string(),
+        r.actual.amount.to_string(),
+        json_or_empty(&r.metrics),
+        json_or_empty(&r.metadata),
+        retention_ms(app),
+    ];
+    let reply = app.store.run(&scripts::COMMIT, &keys, &args).await?;
+    let res = &reply.result;
+    if res.len() < 2 {
+        return Err(ApiError::internal("Malformed commit result"));
+    }
+    let unit = r.actual.unit;
+    Ok(Answer::json(
+        200,
+        &CommitResponse {
+            status: "COMMITTED",
+            charged: Amount {
+                unit,
+                amount: int(&res[0])?,
+            },
+            released: if res[1].is_empty() {
+                None
+            } else {
+                Some(Amount {
+                    unit,
+                    amount: int(&res[1])?,
+                })
+            },
+            balances: Some(balances(&res[2..])?),
+        },
+    ))
+}
+
+/// Authenticates before the body is parsed (401 precedes 400) and records the tenant.
+async fn authenticate(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    admin_allowed: bool,
+) -> ApiResult<Principal> {
+    let principal = app.authenticate(&req.headers, admin_allowed).await?;
+    if let Principal::Tenant(c) = &principal {
+        ctx.tenant = Some(c.tenant.clone());
+    }
+    Ok(principal)
+}
+
+pub async fn release(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    params: &Params,
+) -> ApiResult<Answer> {
+    let principal = authenticate(app, ctx, req, true).await?;
+    let (r, raw) = parse::<ReleaseRequest>(req)?;
+    let t = target(app, principal, params, Permission::ReservationsRelease).await?;
+    let audit = if t.admin {
+        json!({
+            "tenant_id": t.rid.tenant,
+            "operation": "releaseReservation",
+            "resource_type": "reservation",
+            "resource_id": t.id,
+            "status": 200,
+            "actor_type": "admin_on_behalf_of",
+            "reason": r.reason,
+            "request_id": ctx.request_id,
+            "trace_id": ctx.trace.trace_id,
+            "user_agent": req.headers.get("user-agent").and_then(|v| v.to_str().ok()),
+        })
+        .to_string()
+    } else {
+        String::new()
+    };
+    let mut keys = vec![
+        t.keys.tenant(),
+        t.auth_key.clone(),
+        t.keys.reservation(&t.rid.token),
+        t.keys.expiry_index(),
+        t.keys.audit_log(),
+    ];
+    keys.extend(t.budget_keys());
+    let args = [
+        t.digest.clone(),
+        Permission::ReservationsRelease.accepted().to_string(),
+        t.id.clone(),
+        r.idempotency_key.clone(),
+        payload_hash(&raw, &[]),
+        r.reason.clone().unwrap_or_default(),
+        retention_ms(app),
+        audit,
+    ];
+    let reply = app.store.run(&scripts::RELEASE, &keys, &args).await?;
+    let res = &reply.result;
+    if res.len() < 2 {
+        return Err(ApiError::internal("Malformed release result"));
+    }
+    let unit = Unit::parse(&res[1]).ok_or_else(|| ApiError::internal("Malformed unit"))?;
+    Ok(Answer::json(
+        200,
+        &ReleaseResponse {
+            status: "RELEASED",
+            released: Amount {
+                unit,
+                amount: int(&res[0])?,
+            },
+            balances: Some(balances(&res[2..])?),
+        },
+    ))
+}
+
+pub async fn extend(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    params: &Params,
+) -> ApiResult<Answer> {
+    let principal = authenticate(app, ctx, req, false).await?;
+    let (r, raw) = parse::<ReservationExtendRequest>(req)?;
+    let t = target(app, principal, params, Permission::ReservationsExtend).await?;
+    let mut keys = vec![
+        t.keys.tenant(),
+        t.auth_key.clone(),
+        t.keys.reservation(&t.rid.token),
+        t.keys.expiry_index(),
+        t.keys.idempotency("extend", &[&t.id, &r.idempotency_key]),
+    ];
+    keys.extend(t.budget_keys());
+    let args = [
+        t.digest.clone(),
+        Permission::ReservationsExtend.accepted().to_string(),
+        t.id.clone(),
+        payload_hash(&raw, &[]),
+        r.extend_by_ms.to_string(),
+        retention_ms(app),
+    ];
+    let reply = app.store.run(&scripts::EXTEND, &keys, &args).await?;
+    let expires_at_ms = int(reply
+        .result
+        .first()
+        .ok_or_else(|| ApiError::internal("Malformed extend result"))?)?;
+    Ok(Answer::json(
+        200,
+        &ReservationExtendResponse {
+            status: "ACTIVE",
+            expires_at_ms,
+            remaining_ttl_ms: Some(remaining_ttl(&reply, expires_at_ms)),
+            balances: None,
+        },
+    ))
+}
+
+pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    let principal = authenticate(app, ctx, req, true).await?;
+    let t = target(app, principal, params, Permission::ReservationsList).await?;
+    let res_key = t.keys.reservation(&t.rid.token);
+    let auth_key = if t.admin {
+        res_key.clone()
+    } else {
+        t.auth_key.clone()
+    };
+    let mut keys = vec![auth_key, res_key, t.keys.expiry_index()];
+    keys.extend(t.budget_keys());
+    let args = [
+        t.digest.clone(),
+        Permission::ReservationsList.accepted().to_string(),
+        t.id.clone(),
+        retention_ms(app),
+    ];
+    let reply = app
+        .store
+        .run(&scripts::GET_RESERVATION, &keys, &args)
+        .await?;
+    let f = &reply.result;
+    if f.len() != 13 {
+        return Err(ApiError::internal("Malformed reservation record"));
+    }
+    let bad = || ApiError::internal("Malformed reservation record");
+    let unit = Unit::parse(&f[4]).ok_or_else(bad)?;
+    let subject: Subject = serde_json::from_str(&f[2]).map_err(|_| bad())?;
+    let scopes = derive_scopes(&subject);
+    let optional_json = |s: &str| {
+        if s.is_empty() {
+            None
+        } else {
+            serde_json::from_str::<Value>(s).ok()
+        }
+    };
+    let optional_int = |s: &str| {
+        if s.is_empty() {
+            Ok(None)
+        } else {
+            int(s).map(Some)
+        }
+    };
+    let committed = if f[0] == "COMMITTED" {
+        optional_int(&f[6])?.map(|amount| Amount { unit, amount })
+    } else {
+        None
+    };
+    Ok(Answer::json(
+        200,
+        &ReservationDetail {
+            reservation_id: t.id.clone(),
+            status: f[0].clone(),
+            idempotency_key: f[1].clone(),
+            subject: serde_json::from_str(&f[2]).map_err(|_| bad())?,
+            action: serde_json::from_str(&f[3]).map_err(|_| bad())?,
+            reserved: Amount {
+                unit,
+                amount: int(&f[5])?,
+            },
+            committed,
+            created_at_ms: int(&f[7])?,
+            expires_at_ms: int(&f[8])?,
+            finalized_at_ms: optional_int(&f[9])?,
+            scope_path: f[10].clone(),
+            affected_scopes: scopes,
+            metadata: optional_json(&f[11]),
+            committed_metadata: optional_json(&f[12]),
+        },
+    ))
+}

@@ -1,0 +1,46 @@
+//! Configuration from the environment (read once per container at init).
+
+use std::time::Duration;
+
+/// Default pepper for local development only; deployments must set `CYCLES_KEY_PEPPER`.
+pub const DEV_PEPPER: &str = "cycles-local-development-pepper";
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub redis_url: String,
+    pub redis_timeout: Duration,
+    /// `X-Admin-API-Key` secret; admin calls answer 500 when it is not configured.
+    pub admin_api_key: Option<String>,
+    /// Server-side secret mixed into API-key digests (peppered HMAC-SHA256).
+    pub key_pepper: String,
+    /// How long finished reservations (and their idempotency records) are kept.
+    pub retention: Duration,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn env_ms(name: &str, default_ms: u64) -> Duration {
+    Duration::from_millis(env(name).and_then(|v| v.parse().ok()).unwrap_or(default_ms))
+}
+
+impl Config {
+    /// Reads `REDIS_URL`, `REDIS_TIMEOUT_MS`, `ADMIN_API_KEY`, `CYCLES_KEY_PEPPER` and
+    /// `CYCLES_RETENTION_MS`; `redis_url` falls back to the given default.
+    pub fn from_env(default_redis_url: Option<&str>) -> Config {
+        let key_pepper = env("CYCLES_KEY_PEPPER").unwrap_or_else(|| {
+            tracing::warn!("CYCLES_KEY_PEPPER is not set; using the development pepper");
+            DEV_PEPPER.to_string()
+        });
+        Config {
+            redis_url: env("REDIS_URL")
+                .or(default_redis_url.map(str::to_string))
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string()),
+            redis_timeout: env_ms("REDIS_TIMEOUT_MS", 2_000),
+            admin_api_key: env("ADMIN_API_KEY"),
+            key_pepper,
+            retention: env_ms("CYCLES_RETENTION_MS", 30 * 24 * 3_600_000),
+        }
+    }
+}

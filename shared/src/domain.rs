@@ -1,0 +1,143 @@
+//! Pure rules: canonical scope derivation, payload hashing for idempotency, permissions.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::model::Subject;
+
+/// Canonical scope identifiers of a subject, shortest first: levels in canonical order, gaps
+/// skipped (never filled), values lower-cased, `level:value` segments joined by `/`.
+pub fn derive_scopes(subject: &Subject) -> Vec<String> {
+    let mut scopes = Vec::with_capacity(6);
+    let mut path = String::new();
+    for (level, value) in subject.levels() {
+        if let Some(v) = value {
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(level);
+            path.push(':');
+            path.push_str(&v.to_ascii_lowercase());
+            scopes.push(path.clone());
+        }
+    }
+    scopes
+}
+
+/// The last segment of a scope path (`Balance.scope`).
+pub fn leaf_segment(scope_path: &str) -> &str {
+    scope_path.rsplit('/').next().unwrap_or(scope_path)
+}
+
+/// sha256 (hex) of the canonical JSON of a request: object keys sorted (serde_json's map is
+/// ordered), defaults for `grace_period_ms` and `dry_run` materialized, `client_time_ms`
+/// excluded (it must not take part in idempotency decisions).
+pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
+    let mut canonical = body.clone();
+    if let Value::Object(map) = &mut canonical {
+        map.remove("client_time_ms");
+        for (field, default) in defaults {
+            map.entry(field.to_string())
+                .or_insert_with(|| default.clone());
+        }
+    }
+    let bytes = serde_json::to_vec(&canonical).expect("JSON values always serialize");
+    hex::encode(Sha256::digest(&bytes))
+}
+
+/// Runtime operations and the key permissions that allow them (admin-and-events.md §6.2).
+/// A wildcard `admin:write` / `admin:read` also satisfies the matching kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permission {
+    ReservationsCreate,
+    ReservationsCommit,
+    ReservationsRelease,
+    ReservationsExtend,
+    ReservationsList,
+    BalancesRead,
+}
+
+impl Permission {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReservationsCreate => "reservations:create",
+            Self::ReservationsCommit => "reservations:commit",
+            Self::ReservationsRelease => "reservations:release",
+            Self::ReservationsExtend => "reservations:extend",
+            Self::ReservationsList => "reservations:list",
+            Self::BalancesRead => "balances:read",
+        }
+    }
+
+    /// Comma-separated list of held permissions that satisfy this one (first = itself).
+    pub fn accepted(self) -> &'static str {
+        match self {
+            Self::ReservationsCreate => "reservations:create,admin:write",
+            Self::ReservationsCommit => "reservations:commit,admin:write",
+            Self::ReservationsRelease => "reservations:release,admin:write",
+            Self::ReservationsExtend => "reservations:extend,admin:write",
+            Self::ReservationsList => "reservations:list,admin:read",
+            Self::BalancesRead => "balances:read,admin:read",
+        }
+    }
+}
+
+/// The default permission set of a new tenant key (decision D1: the reference's six).
+pub const DEFAULT_PERMISSIONS: [&str; 6] = [
+    "reservations:create",
+    "reservations:commit",
+    "reservations:release",
+    "reservations:extend",
+    "reservations:list",
+    "balances:read",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn subject(v: Value) -> Subject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn gaps_are_skipped_and_values_lowercased() {
+        let s = subject(json!({"tenant": "Acme", "agent": "Bot"}));
+        assert_eq!(
+            derive_scopes(&s),
+            vec!["tenant:acme", "tenant:acme/agent:bot"]
+        );
+    }
+
+    #[test]
+    fn full_chain_in_canonical_order() {
+        let s = subject(
+            json!({"toolset": "t", "agent": "a", "workflow": "f", "app": "p",
+            "workspace": "w", "tenant": "x"}),
+        );
+        let scopes = derive_scopes(&s);
+        assert_eq!(scopes.len(), 6);
+        assert_eq!(
+            scopes[5],
+            "tenant:x/workspace:w/app:p/workflow:f/agent:a/toolset:t"
+        );
+        assert_eq!(leaf_segment(&scopes[5]), "toolset:t");
+    }
+
+    #[test]
+    fn subject_without_tenant_gets_no_injected_tenant() {
+        let s = subject(json!({"workspace": "prod"}));
+        assert_eq!(derive_scopes(&s), vec!["workspace:prod"]);
+    }
+
+    #[test]
+    fn hash_ignores_key_order_and_client_time_and_materializes_defaults() {
+        let d = [("grace_period_ms", json!(5000))];
+        let a = payload_hash(&json!({"a": 1, "b": 2, "client_time_ms": 5}), &d);
+        let b = payload_hash(&json!({"b": 2, "a": 1, "grace_period_ms": 5000}), &d);
+        assert_eq!(a, b);
+        let c = payload_hash(&json!({"b": 2, "a": 1, "grace_period_ms": 4000}), &d);
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,148 @@
+//! One error type for the whole service, mapped to the spec's `ErrorResponse`.
+
+use serde_json::Value;
+
+/// Runtime-plane `ErrorCode` values (cycles-protocol-v0.yaml), each with its fixed HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidRequest,
+    UnitMismatch,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    BudgetExceeded,
+    BudgetFrozen,
+    BudgetClosed,
+    ReservationFinalized,
+    IdempotencyMismatch,
+    OverdraftLimitExceeded,
+    DebtOutstanding,
+    MaxExtensionsExceeded,
+    TenantClosed,
+    ReservationExpired,
+    LimitExceeded,
+    InternalError,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 17] = [
+        Self::InvalidRequest,
+        Self::UnitMismatch,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::NotFound,
+        Self::BudgetExceeded,
+        Self::BudgetFrozen,
+        Self::BudgetClosed,
+        Self::ReservationFinalized,
+        Self::IdempotencyMismatch,
+        Self::OverdraftLimitExceeded,
+        Self::DebtOutstanding,
+        Self::MaxExtensionsExceeded,
+        Self::TenantClosed,
+        Self::ReservationExpired,
+        Self::LimitExceeded,
+        Self::InternalError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "INVALID_REQUEST",
+            Self::UnitMismatch => "UNIT_MISMATCH",
+            Self::Unauthorized => "UNAUTHORIZED",
+            Self::Forbidden => "FORBIDDEN",
+            Self::NotFound => "NOT_FOUND",
+            Self::BudgetExceeded => "BUDGET_EXCEEDED",
+            Self::BudgetFrozen => "BUDGET_FROZEN",
+            Self::BudgetClosed => "BUDGET_CLOSED",
+            Self::ReservationFinalized => "RESERVATION_FINALIZED",
+            Self::IdempotencyMismatch => "IDEMPOTENCY_MISMATCH",
+            Self::OverdraftLimitExceeded => "OVERDRAFT_LIMIT_EXCEEDED",
+            Self::DebtOutstanding => "DEBT_OUTSTANDING",
+            Self::MaxExtensionsExceeded => "MAX_EXTENSIONS_EXCEEDED",
+            Self::TenantClosed => "TENANT_CLOSED",
+            Self::ReservationExpired => "RESERVATION_EXPIRED",
+            Self::LimitExceeded => "LIMIT_EXCEEDED",
+            Self::InternalError => "INTERNAL_ERROR",
+        }
+    }
+
+    /// Parses the code names the Lua scripts return.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    pub fn status(self) -> u16 {
+        match self {
+            Self::InvalidRequest | Self::UnitMismatch => 400,
+            Self::Unauthorized => 401,
+            Self::Forbidden => 403,
+            Self::NotFound => 404,
+            Self::ReservationExpired => 410,
+            Self::LimitExceeded => 429,
+            Self::InternalError => 500,
+            _ => 409,
+        }
+    }
+}
+
+/// An error answer: code, human message and optional `details`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            details: None,
+        }
+    }
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unauthorized, message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Forbidden, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InternalError, message)
+    }
+
+    /// The `ErrorResponse` body (request and trace ids are added by the caller).
+    pub fn body(&self, request_id: &str, trace_id: &str) -> Value {
+        let mut body = serde_json::json!({
+            "error": self.code.as_str(),
+            "message": self.message,
+            "request_id": request_id,
+            "trace_id": trace_id,
+        });
+        if let Some(details) = &self.details {
+            body["details"] = details.clone();
+        }
+        body
+    }
+}
+
+impl From<redis::RedisError> for ApiError {
+    fn from(e: redis::RedisError) -> Self {
+        tracing::error!(error = %e, "redis failure");
+        // Never echo store internals to callers; the log carries them.
+        Self::internal("The budget store is unavailable; retry with the same idempotency_key")
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

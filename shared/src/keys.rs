@@ -1,0 +1,139 @@
+//! The cluster-native key schema. Every key of a tenant carries the tenant's hash tag, so each
+//! operation's script touches one slot. Client text (idempotency keys) is hashed before it goes
+//! into a key name, so it can never inject a `{` or collide across namespaces.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use sha2::{Digest, Sha256};
+
+use crate::model::Unit;
+
+/// Global, immutable `key_id -> tenant` lookup (the only global record on the hot path).
+pub fn key_lookup(key_id: &str) -> String {
+    format!("cy:keyid:{key_id}")
+}
+
+/// Global registry of tenants (for sweeps and operator listings).
+pub const TENANT_REGISTRY: &str = "cy:tenants";
+
+/// Percent-encodes everything outside `[A-Za-z0-9._-]`; injective, and never yields `{` or `}`.
+pub fn encode_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// sha256 of the parts (NUL-separated), base64url without padding.
+pub fn digest(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h.update([0u8]);
+        }
+        h.update(p.as_bytes());
+    }
+    URL_SAFE_NO_PAD.encode(h.finalize())
+}
+
+/// 8-character code of a budget ledger (scope, unit): names its key and is carried inside
+/// reservation ids, so commit/release/extend can declare the budget keys without a lookup.
+/// Budget records store their scope, and scripts verify it, so a code collision can never
+/// mix up two ledgers.
+pub fn budget_code(scope: &str, unit: Unit) -> String {
+    digest(&["budget", scope, unit.as_str()])[..8].to_string()
+}
+
+/// All keys of one tenant.
+#[derive(Debug, Clone)]
+pub struct TenantKeys {
+    prefix: String,
+}
+
+impl TenantKeys {
+    pub fn new(tenant: &str) -> Self {
+        Self {
+            prefix: format!("cy:{{{}}}", encode_component(tenant)),
+        }
+    }
+    /// Tenant record (status and reservation defaults).
+    pub fn tenant(&self) -> String {
+        format!("{}:tenant", self.prefix)
+    }
+    pub fn api_key(&self, key_id: &str) -> String {
+        format!("{}:key:{key_id}", self.prefix)
+    }
+    pub fn budget(&self, scope: &str, unit: Unit) -> String {
+        self.budget_by_code(&budget_code(scope, unit))
+    }
+    pub fn budget_by_code(&self, code: &str) -> String {
+        format!("{}:b:{code}", self.prefix)
+    }
+    /// Hash scope -> ",UNIT,UNIT," of the units budgeted at that scope.
+    pub fn scope_units(&self) -> String {
+        format!("{}:scopes", self.prefix)
+    }
+    pub fn reservation(&self, token: &str) -> String {
+        format!("{}:r:{token}", self.prefix)
+    }
+    /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
+    pub fn expiry_index(&self) -> String {
+        format!("{}:exp", self.prefix)
+    }
+    /// Sorted set of reservation ids scored by created_at.
+    pub fn created_index(&self) -> String {
+        format!("{}:created", self.prefix)
+    }
+    /// Append-only audit log of admin actions on this tenant's resources.
+    pub fn audit_log(&self) -> String {
+        format!("{}:audit", self.prefix)
+    }
+    /// Idempotency record of namespace `ns` (e.g. `reserve`, `decide`, `event`).
+    pub fn idempotency(&self, ns: &str, parts: &[&str]) -> String {
+        let mut all = vec![ns];
+        all.extend_from_slice(parts);
+        format!("{}:i:{ns}:{}", self.prefix, digest(&all))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_tag_never_contains_client_braces() {
+        let k = TenantKeys::new("a{b}c:*");
+        assert_eq!(k.tenant(), "cy:{a%7Bb%7Dc%3A%2A}:tenant");
+    }
+
+    #[test]
+    fn encoding_is_injective_on_escapes() {
+        assert_ne!(encode_component("a%7B"), encode_component("a{"));
+    }
+
+    #[test]
+    fn budget_codes_differ_by_unit_and_scope() {
+        let a = budget_code("tenant:t", Unit::Tokens);
+        assert_eq!(a.len(), 8);
+        assert_ne!(a, budget_code("tenant:t", Unit::Credits));
+        assert_ne!(a, budget_code("tenant:u", Unit::Tokens));
+    }
+
+    #[test]
+    fn idempotency_namespaces_never_collide() {
+        let k = TenantKeys::new("t");
+        assert_ne!(
+            k.idempotency("reserve", &["x"]),
+            k.idempotency("decide", &["x"])
+        );
+        assert_ne!(
+            k.idempotency("extend", &["a", "bc"]),
+            k.idempotency("extend", &["ab", "c"])
+        );
+    }
+}

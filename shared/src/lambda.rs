@@ -1,0 +1,64 @@
+//! AWS Lambda front end: every function's `main` is `cycles_shared::lambda::run(op)`.
+
+use std::sync::Arc;
+
+pub use lambda_http::Error;
+use lambda_http::{service_fn, Body, Request, RequestExt, Response};
+
+use crate::api::{self, match_template, ApiRequest, App, Operation, Params, ROUTES};
+
+/// Starts a Lambda function serving one operation. The Redis connection is made once, at init.
+pub async fn run(op: Operation) -> Result<(), lambda_http::Error> {
+    crate::init_tracing(true);
+    let app = Arc::new(App::from_env().await?);
+    lambda_http::run(service_fn(move |event: Request| {
+        let app = app.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle_event(&app, op, event).await) }
+    }))
+    .await
+}
+
+/// Path parameters come from API Gateway when it provides them; otherwise (e.g. under
+/// `cargo lambda watch`) the route template is matched against the raw path.
+pub fn path_params(op: Operation, event: &Request) -> Option<Params> {
+    let template = ROUTES.iter().find(|r| r.op == op).map(|r| r.template)?;
+    let given = event.path_parameters();
+    if given.iter().next().is_some() {
+        return Some(
+            given
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+    }
+    match_template(template, event.raw_http_path(), false)
+        .or_else(|| match_template(template, event.uri().path(), false))
+}
+
+pub async fn handle_event(app: &App, op: Operation, event: Request) -> Response<Body> {
+    let params = path_params(op, &event);
+    let (parts, body) = event.into_parts();
+    let req = ApiRequest {
+        method: parts.method,
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or_default().to_string(),
+        headers: parts.headers,
+        body: match body {
+            Body::Empty => Default::default(),
+            Body::Text(t) => t.into_bytes().into(),
+            Body::Binary(b) => b.into(),
+            _ => Default::default(),
+        },
+    };
+    let res = match params {
+        Some(params) => api::handle(app, op, req, params).await,
+        None => api::not_found(&req),
+    };
+    let mut builder = Response::builder().status(res.status);
+    for (name, value) in res.headers {
+        builder = builder.header(name, value);
+    }
+    builder
+        .body(Body::Text(String::from_utf8(res.body).unwrap_or_default()))
+        .expect("valid response parts")
+}

@@ -1,0 +1,32 @@
+//! Cycles budget authority: the library every Lambda function and the local gateway link.
+//!
+//! Dependency direction: `api` -> `domain`/`model` (pure) and `api` -> `store` -> `lua/`.
+
+pub mod api;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod ids;
+pub mod keys;
+pub mod lambda;
+pub mod local;
+pub mod local_cli;
+pub mod model;
+pub mod provision;
+pub mod store;
+
+pub use api::{ApiRequest, ApiResponse, App, Operation};
+
+/// Logs: JSON lines (for CloudWatch) or compact text (local), filtered by `RUST_LOG`.
+pub fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.compact().try_init()
+    };
+}

@@ -1,0 +1,202 @@
+//! The local gateway (`cycles-local`): serves the whole route table over HTTP/1.1 in one
+//! process, calling the same handlers as the Lambda functions, and an embedded `redis-server`
+//! for development and tests.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+
+use crate::api::{self, ApiRequest, ApiResponse, App};
+use crate::error::ApiError;
+use crate::store::scripts;
+
+/// Request bodies above this size are refused with 413.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Serves `app` on an already bound listener until the task is dropped.
+pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let app = app.clone();
+                async move { Ok::<_, Infallible>(dispatch(&app, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn to_hyper(res: ApiResponse) -> Response<Full<Bytes>> {
+    let mut builder = Response::builder().status(res.status);
+    for (name, value) in res.headers {
+        builder = builder.header(name, value);
+    }
+    builder
+        .body(Full::new(Bytes::from(res.body)))
+        .expect("valid response parts")
+}
+
+async fn dispatch(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = Limited::new(body, MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map(|b| b.to_bytes());
+    let mut api_req = ApiRequest {
+        method: parts.method,
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or_default().to_string(),
+        headers: parts.headers,
+        body: Bytes::new(),
+    };
+    match body {
+        Ok(b) => api_req.body = b,
+        Err(_) => {
+            let mut res = api::not_found(&api_req);
+            let err = ApiError::invalid(format!("Request body exceeds {MAX_BODY_BYTES} bytes"));
+            let ids = (res.headers[1].1.clone(), res.headers[2].1.clone());
+            res.status = 413;
+            res.body = serde_json::to_vec(&err.body(&ids.0, &ids.1)).expect("serializable");
+            return to_hyper(res);
+        }
+    }
+    if let Some(res) = floor(app, &api_req).await {
+        return res;
+    }
+    let res = match api::route(&api_req.method, &api_req.path) {
+        Some((op, params)) => api::handle(app, op, api_req, params).await,
+        None => api::not_found(&api_req),
+    };
+    to_hyper(res)
+}
+
+/// Benchmark floors, outside `/v1`: no work at all, and one trivial EVALSHA.
+async fn floor(app: &App, req: &ApiRequest) -> Option<Response<Full<Bytes>>> {
+    let body = match req.path.as_str() {
+        "/_floor/http" => "{}".to_string(),
+        "/_floor/redis" => {
+            let mut conn = app.store.conn();
+            match scripts::PING
+                .key("cy:{floor}:x")
+                .invoke_async::<i64>(&mut conn)
+                .await
+            {
+                Ok(v) => format!("{{\"ok\":{v}}}"),
+                Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
+            }
+        }
+        _ => return None,
+    };
+    Some(Response::new(Full::new(Bytes::from(body))))
+}
+
+/// A `redis-server` child process on a free loopback port, stopped when dropped.
+pub struct EmbeddedRedis {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+impl EmbeddedRedis {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts `redis-server` (from PATH, or `REDIS_SERVER_BIN`) with the given extra arguments
+    /// and waits until it answers PING.
+    pub async fn start(extra_args: &[&str]) -> Result<EmbeddedRedis, String> {
+        let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_string());
+        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let dir = std::env::temp_dir().join(format!("cycles-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let port_s = port.to_string();
+        let mut args = vec![
+            "--port",
+            &port_s,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ];
+        args.extend_from_slice(&["--dir", dir.to_str().unwrap_or(".")]);
+        args.extend_from_slice(extra_args);
+        let child = Command::new(&bin)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "could not start `{bin}` ({e}). Install Redis (Debian/Ubuntu: `sudo apt-get install -y \
+                     redis-server`; macOS: `brew install redis`) or point REDIS_URL at a running server."
+                )
+            })?;
+        let redis = EmbeddedRedis { child, port, dir };
+        redis.wait_ready().await?;
+        Ok(redis)
+    }
+
+    async fn wait_ready(&self) -> Result<(), String> {
+        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        for _ in 0..200 {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                if redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(format!(
+            "redis-server on port {} did not become ready",
+            self.port
+        ))
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+impl Drop for EmbeddedRedis {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A currently free TCP port on the loopback interface.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Binds the gateway's listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}

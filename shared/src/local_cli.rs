@@ -1,0 +1,174 @@
+//! Command line of `cycles-local`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::api::App;
+use crate::config::Config;
+use crate::local::{self, EmbeddedRedis};
+use crate::model::Unit;
+use crate::provision::{self, NewApiKey, NewBudget, NewTenant};
+use crate::store::Store;
+
+const USAGE: &str = "cycles-local: the Cycles API on one local port
+
+USAGE: cycles-local [--port N] [--host IP] [--redis-url URL] [--seed-demo]
+
+  --port N         port of the runtime API (default 7878)
+  --host IP        address to bind (default 127.0.0.1)
+  --redis-url URL  Redis to use (default: $REDIS_URL, else an embedded redis-server
+                   started on a free port and stopped on exit)
+  --seed-demo      create a demo tenant, API key and budget and print curl examples";
+
+struct Args {
+    port: u16,
+    host: IpAddr,
+    redis_url: Option<String>,
+    seed_demo: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        port: 7878,
+        host: [127, 0, 0, 1].into(),
+        redis_url: None,
+        seed_demo: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "--port" => {
+                args.port = value("--port")?
+                    .parse()
+                    .map_err(|_| "--port must be a number")?
+            }
+            "--host" => {
+                args.host = value("--host")?
+                    .parse()
+                    .map_err(|_| "--host must be an IP address")?
+            }
+            "--redis-url" => args.redis_url = Some(value("--redis-url")?),
+            "--seed-demo" => args.seed_demo = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+pub fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}\n");
+            }
+            eprintln!("{USAGE}");
+            return if e.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    crate::init_tracing(false);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let configured = args
+        .redis_url
+        .clone()
+        .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()));
+    // Keep the embedded server alive for the whole run; dropping it stops the child.
+    let (_embedded, url) = match configured {
+        Some(url) => (None, url),
+        None => {
+            let redis = EmbeddedRedis::start(&[]).await?;
+            let url = redis.url();
+            eprintln!("started embedded redis-server at {url} (stopped on exit)");
+            (Some(redis), url)
+        }
+    };
+    let mut config = Config::from_env(Some(&url));
+    config.redis_url = url.clone();
+    let store = Store::connect(&url, config.redis_timeout)
+        .await
+        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let app = Arc::new(App::new(store, config));
+    let addr = SocketAddr::new(args.host, args.port);
+    let listener = local::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let base = format!("http://{addr}");
+    if args.seed_demo {
+        seed_demo(&app, &base).await?;
+    }
+    eprintln!("cycles-local serving the runtime API on {base} (Redis: {url}); Ctrl-C stops it");
+    tokio::select! {
+        r = local::serve(app, listener) => r.map_err(|e| e.to_string()),
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("stopping");
+            Ok(())
+        }
+    }
+}
+
+async fn seed_demo(app: &App, base: &str) -> Result<(), String> {
+    let store = &app.store;
+    let tenant = "demo";
+    let fail = |e: crate::error::ApiError| e.message;
+    provision::create_tenant(
+        store,
+        &NewTenant {
+            tenant_id: tenant.into(),
+            name: "Demo tenant".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(fail)?;
+    let budget = NewBudget::new(tenant, "tenant:demo", Unit::Tokens, 1_000_000);
+    provision::create_budget(store, &budget)
+        .await
+        .map_err(fail)?;
+    let key = NewApiKey {
+        tenant_id: tenant.into(),
+        name: "demo key".into(),
+        ..Default::default()
+    };
+    let key = provision::create_api_key(store, &app.config.key_pepper, &key)
+        .await
+        .map_err(fail)?;
+    println!(
+        r#"
+Demo tenant: {tenant}
+Budget:      tenant:demo, 1000000 TOKENS
+API key:     {secret}   (shown once)
+
+Reserve 500 tokens:
+  curl -s -X POST {base}/v1/reservations \
+    -H 'Content-Type: application/json' -H 'X-Cycles-API-Key: {secret}' \
+    -d '{{"idempotency_key":"demo-1","subject":{{"tenant":"demo","agent":"bot"}},"action":{{"kind":"llm.completion","name":"gpt-4o"}},"estimate":{{"unit":"TOKENS","amount":500}}}}'
+
+Commit 420 of them (paste the reservation_id from the answer):
+  curl -s -X POST {base}/v1/reservations/RESERVATION_ID/commit \
+    -H 'Content-Type: application/json' -H 'X-Cycles-API-Key: {secret}' \
+    -d '{{"idempotency_key":"demo-1-commit","actual":{{"unit":"TOKENS","amount":420}}}}'
+"#,
+        secret = key.secret
+    );
+    Ok(())
+}

@@ -1,0 +1,490 @@
+//! Wire types of the runtime spec (cycles-protocol-v0.yaml). Requests are strict: unknown
+//! fields are rejected, and `validate` enforces every bound with a message naming the field.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Unit {
+    UsdMicrocents,
+    Tokens,
+    Credits,
+    RiskPoints,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 4] = [
+        Unit::UsdMicrocents,
+        Unit::Tokens,
+        Unit::Credits,
+        Unit::RiskPoints,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::UsdMicrocents => "USD_MICROCENTS",
+            Unit::Tokens => "TOKENS",
+            Unit::Credits => "CREDITS",
+            Unit::RiskPoints => "RISK_POINTS",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OveragePolicy {
+    Reject,
+    AllowIfAvailable,
+    AllowWithOverdraft,
+}
+
+impl OveragePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OveragePolicy::Reject => "REJECT",
+            OveragePolicy::AllowIfAvailable => "ALLOW_IF_AVAILABLE",
+            OveragePolicy::AllowWithOverdraft => "ALLOW_WITH_OVERDRAFT",
+        }
+    }
+    pub fn parse(s: &str) -> Option<OveragePolicy> {
+        [
+            Self::Reject,
+            Self::AllowIfAvailable,
+            Self::AllowWithOverdraft,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amount {
+    pub unit: Unit,
+    pub amount: i64,
+}
+
+/// `SignedAmount`: same shape, the amount may be negative (only `Balance.remaining`).
+pub type SignedAmount = Amount;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Subject {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<BTreeMap<String, String>>,
+}
+
+impl Subject {
+    /// The standard fields in canonical order: tenant > workspace > app > workflow > agent > toolset.
+    pub fn levels(&self) -> [(&'static str, Option<&str>); 6] {
+        [
+            ("tenant", self.tenant.as_deref()),
+            ("workspace", self.workspace.as_deref()),
+            ("app", self.app.as_deref()),
+            ("workflow", self.workflow.as_deref()),
+            ("agent", self.agent.as_deref()),
+            ("toolset", self.toolset.as_deref()),
+        ]
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandardMetrics {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_input: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_output: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<Map<String, Value>>,
+}
+
+pub type Metadata = Map<String, Value>;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationCreateRequest {
+    pub idempotency_key: String,
+    pub subject: Subject,
+    pub action: Action,
+    pub estimate: Amount,
+    #[serde(default)]
+    pub ttl_ms: Option<i64>,
+    #[serde(default)]
+    pub grace_period_ms: Option<i64>,
+    #[serde(default)]
+    pub overage_policy: Option<OveragePolicy>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitRequest {
+    pub idempotency_key: String,
+    pub actual: Amount,
+    #[serde(default)]
+    pub metrics: Option<StandardMetrics>,
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    pub idempotency_key: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationExtendRequest {
+    pub idempotency_key: String,
+    pub extend_by_ms: i64,
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+/// Every request type checks its own bounds after strict deserialization.
+pub trait Validate {
+    fn validate(&self) -> ApiResult<()>;
+    /// The idempotency key every mutating request carries.
+    fn idempotency_key(&self) -> &str;
+}
+
+pub const TTL_MS: (i64, i64) = (1_000, 86_400_000);
+pub const GRACE_MS: (i64, i64) = (0, 60_000);
+pub const EXTEND_MS: (i64, i64) = (1, 86_400_000);
+
+fn check_len(field: &str, value: &str, min: usize, max: usize) -> ApiResult<()> {
+    let n = value.chars().count();
+    if n < min || n > max {
+        return Err(ApiError::invalid(format!(
+            "{field} must be between {min} and {max} characters (got {n})"
+        )));
+    }
+    Ok(())
+}
+
+fn check_range(field: &str, value: i64, (min, max): (i64, i64)) -> ApiResult<()> {
+    if value < min || value > max {
+        return Err(ApiError::invalid(format!(
+            "{field} must be between {min} and {max} (got {value})"
+        )));
+    }
+    Ok(())
+}
+
+fn check_non_negative(field: &str, value: Option<i64>) -> ApiResult<()> {
+    match value {
+        Some(v) if v < 0 => Err(ApiError::invalid(format!("{field} must be >= 0 (got {v})"))),
+        _ => Ok(()),
+    }
+}
+
+fn check_not_blank(field: &str, value: &str) -> ApiResult<()> {
+    if value.trim().is_empty() {
+        return Err(ApiError::invalid(format!("{field} must not be blank")));
+    }
+    Ok(())
+}
+
+fn is_scope_value(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+impl Amount {
+    pub fn validate(&self, field: &str) -> ApiResult<()> {
+        check_non_negative(&format!("{field}.amount"), Some(self.amount))
+    }
+}
+
+impl Subject {
+    pub fn validate(&self) -> ApiResult<()> {
+        let mut any = false;
+        for (level, value) in self.levels() {
+            if let Some(v) = value {
+                any = true;
+                check_len(&format!("subject.{level}"), v, 1, 128)?;
+                if !is_scope_value(v) {
+                    return Err(ApiError::invalid(format!(
+                        "subject.{level} must match ^[a-zA-Z0-9_.-]+$"
+                    )));
+                }
+            }
+        }
+        if !any {
+            return Err(ApiError::invalid(
+                "subject must contain at least one of tenant, workspace, app, workflow, agent, toolset",
+            ));
+        }
+        if let Some(dims) = &self.dimensions {
+            if dims.len() > 16 {
+                return Err(ApiError::invalid(
+                    "subject.dimensions must have at most 16 entries",
+                ));
+            }
+            for (k, v) in dims {
+                check_len(&format!("subject.dimensions.{k}"), v, 0, 256)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Action {
+    pub fn validate(&self) -> ApiResult<()> {
+        check_len("action.kind", &self.kind, 1, 64)?;
+        check_not_blank("action.kind", &self.kind)?;
+        check_len("action.name", &self.name, 1, 256)?;
+        check_not_blank("action.name", &self.name)?;
+        if let Some(tags) = &self.tags {
+            if tags.len() > 10 {
+                return Err(ApiError::invalid("action.tags must have at most 10 items"));
+            }
+            for t in tags {
+                check_len("action.tags[]", t, 0, 64)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StandardMetrics {
+    pub fn validate(&self) -> ApiResult<()> {
+        check_non_negative("metrics.tokens_input", self.tokens_input)?;
+        check_non_negative("metrics.tokens_output", self.tokens_output)?;
+        check_non_negative("metrics.latency_ms", self.latency_ms)?;
+        if let Some(v) = &self.model_version {
+            check_len("metrics.model_version", v, 0, 128)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_idempotency_key(key: &str) -> ApiResult<()> {
+    check_len("idempotency_key", key, 1, 256)
+}
+
+impl Validate for ReservationCreateRequest {
+    fn validate(&self) -> ApiResult<()> {
+        check_idempotency_key(&self.idempotency_key)?;
+        self.subject.validate()?;
+        self.action.validate()?;
+        self.estimate.validate("estimate")?;
+        if let Some(ttl) = self.ttl_ms {
+            check_range("ttl_ms", ttl, TTL_MS)?;
+        }
+        if let Some(grace) = self.grace_period_ms {
+            check_range("grace_period_ms", grace, GRACE_MS)?;
+        }
+        Ok(())
+    }
+    fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
+impl Validate for CommitRequest {
+    fn validate(&self) -> ApiResult<()> {
+        check_idempotency_key(&self.idempotency_key)?;
+        self.actual.validate("actual")?;
+        if let Some(m) = &self.metrics {
+            m.validate()?;
+        }
+        Ok(())
+    }
+    fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
+impl Validate for ReleaseRequest {
+    fn validate(&self) -> ApiResult<()> {
+        check_idempotency_key(&self.idempotency_key)?;
+        if let Some(reason) = &self.reason {
+            check_len("reason", reason, 0, 256)?;
+        }
+        Ok(())
+    }
+    fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
+impl Validate for ReservationExtendRequest {
+    fn validate(&self) -> ApiResult<()> {
+        check_idempotency_key(&self.idempotency_key)?;
+        check_range("extend_by_ms", self.extend_by_ms, EXTEND_MS)
+    }
+    fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
+/// Parses a JSON body strictly: malformed JSON, non-objects, unknown fields and wrong types
+/// are all 400 INVALID_REQUEST with the offending field path in the message. Returns the typed
+/// request and the raw JSON value (used for the idempotency payload hash).
+pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, Value)> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            "Malformed request body: expected a JSON object",
+        ));
+    }
+    let typed: T = serde_path_to_error::deserialize(&value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if path == "." {
+            ApiError::invalid(format!("Invalid request body: {inner}"))
+        } else {
+            ApiError::invalid(format!("Invalid request body: {path}: {inner}"))
+        }
+    })?;
+    typed.validate()?;
+    Ok((typed, value))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Balance {
+    pub scope: String,
+    pub scope_path: String,
+    pub remaining: SignedAmount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spent: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debt: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overdraft_limit: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_over_limit: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Decision {
+    Allow,
+    AllowWithCaps,
+    Deny,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReservationCreateResponse {
+    pub decision: Decision,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining_ttl_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope_path: Option<String>,
+    pub affected_scopes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caps: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CommitResponse {
+    pub status: &'static str,
+    pub charged: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReleaseResponse {
+    pub status: &'static str,
+    pub released: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReservationExtendResponse {
+    pub status: &'static str,
+    pub expires_at_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining_ttl_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReservationDetail {
+    pub reservation_id: String,
+    pub status: String,
+    pub idempotency_key: String,
+    pub subject: Value,
+    pub action: Value,
+    pub reserved: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed: Option<Amount>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finalized_at_ms: Option<i64>,
+    pub scope_path: String,
+    pub affected_scopes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed_metadata: Option<Value>,
+}

@@ -1,0 +1,194 @@
+//! The Redis store: one connection type over standalone and cluster deployments, and the
+//! script runner every operation goes through (EVALSHA; NOSCRIPT -> load and retry).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+
+use crate::error::{ApiError, ApiResult, ErrorCode};
+
+/// A connection to standalone Redis or to a Redis Cluster; both reconnect by themselves and
+/// are cheap to clone (multiplexed), so one is made per container at init and shared.
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Store {
+    conn: Conn,
+    cluster: bool,
+}
+
+impl Store {
+    /// Connects to `url` (`redis://` or `rediss://`, with optional credentials). A
+    /// comma-separated list of URLs, or a single node that reports `cluster_enabled:1`, selects
+    /// cluster mode, so an ElastiCache cluster endpoint works as is.
+    pub async fn connect(url: &str, timeout: Duration) -> redis::RedisResult<Store> {
+        let seeds: Vec<&str> = url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let cluster = seeds.len() > 1 || Self::reports_cluster(seeds[0], timeout).await?;
+        let conn = if cluster {
+            let client = ClusterClientBuilder::new(seeds)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(3)
+                .build()?;
+            Conn::Cluster(client.get_async_connection().await?)
+        } else {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(2);
+            let client = redis::Client::open(seeds[0])?;
+            Conn::Single(client.get_connection_manager_with_config(config).await?)
+        };
+        Ok(Store { conn, cluster })
+    }
+
+    async fn reports_cluster(url: &str, timeout: Duration) -> redis::RedisResult<bool> {
+        let client = redis::Client::open(url)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let mut c = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut c)
+            .await?;
+        Ok(info.contains("cluster_enabled:1"))
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// A handle for ad-hoc commands (single-key reads and writes outside scripts).
+    pub fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+
+    /// Runs one script (one round trip when warm) and decodes its reply.
+    pub async fn run(&self, script: &Script, keys: &[String], args: &[String]) -> ApiResult<Reply> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        let parts: Vec<String> = inv.invoke_async(&mut conn).await?;
+        Reply::decode(parts)
+    }
+}
+
+/// What a script answered: its stored result (a JSON array of strings) plus the record's
+/// current status and the server time, or an error.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub result: Vec<String>,
+    pub status: String,
+    pub now_ms: i64,
+    pub replay: bool,
+}
+
+impl Reply {
+    fn decode(mut parts: Vec<String>) -> ApiResult<Reply> {
+        let bad = || ApiError::internal("Malformed reply from the budget store");
+        match parts.first().map(String::as_str) {
+            Some("ERR") => {
+                let code = parts.get(1).and_then(|c| ErrorCode::parse(c));
+                let message = parts.get(2).cloned().unwrap_or_default();
+                let extra = parts.get(3).cloned().unwrap_or_default();
+                let Some(code) = code else {
+                    return Err(ApiError::internal(message));
+                };
+                let mut e = ApiError::new(code, message);
+                if code == ErrorCode::Unauthorized {
+                    tracing::info!(reason = %extra, "api key rejected");
+                } else if !extra.is_empty() {
+                    e.details = serde_json::from_str(&extra).ok();
+                }
+                Err(e)
+            }
+            Some(tag @ ("OK" | "REPLAY")) if parts.len() == 4 => {
+                let replay = tag == "REPLAY";
+                let now_ms = parts[3].parse().map_err(|_| bad())?;
+                let status = std::mem::take(&mut parts[2]);
+                let result = serde_json::from_str(&parts[1]).map_err(|_| bad())?;
+                Ok(Reply {
+                    result,
+                    status,
+                    now_ms,
+                    replay,
+                })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The Lua scripts, each with the shared helpers of `lua/lib.lua` prepended.
+pub mod scripts {
+    use super::*;
+
+    const LIB: &str = include_str!("../../lua/lib.lua");
+
+    fn with_lib(body: &str) -> Script {
+        Script::new(&format!("{LIB}\n{body}"))
+    }
+
+    pub static RESERVE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/reserve.lua")));
+    pub static COMMIT: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/commit.lua")));
+    pub static RELEASE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/release.lua")));
+    pub static EXTEND: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/extend.lua")));
+    pub static GET_RESERVATION: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/get_reservation.lua")));
+    pub static PROVISION: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/provision.lua")));
+    pub static AUTHENTICATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
+    /// The trivial script of the benchmark floors.
+    pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+}
