@@ -233,3 +233,59 @@ local function expire_if_overdue(res_key, r, budget_keys, first, expiry_index, n
   r.status = 'EXPIRED'
   return true
 end
+
+-- Reads the budgets of the derived scopes (KEYS[first_key..], with "<scope>|<code>" in
+-- ARGV[first_arg..]) and evaluates a hold of `amount` in `unit`, one condition at a time
+-- across all budgeted scopes: FROZEN, CLOSED, over-limit, debt without overdraft,
+-- insufficient. Returns an evaluation: budgets, scopes, codes of the budgeted scopes, and
+-- either `unit_error` (no budget in this unit, but in another: 400), or `reason` (a denial
+-- reason code, 'BUDGET_NOT_FOUND' included) with `message`.
+local DENIAL_CHECKS = {
+  {'BUDGET_FROZEN', 'Budget is frozen for scope ', function(b) return b.status == 'FROZEN' end},
+  {'BUDGET_CLOSED', 'Budget is closed for scope ', function(b) return b.status == 'CLOSED' end},
+  {'OVERDRAFT_LIMIT_EXCEEDED', 'Over the overdraft limit on scope ', function(b) return b.over end},
+  {'DEBT_OUTSTANDING', 'Outstanding debt on scope ',
+    function(b) return d_pos(b.debt) and not d_pos(b.overdraft_limit) end},
+  {'BUDGET_EXCEEDED', 'Insufficient budget on scope ', function(b, amount) return d_cmp(b.remaining, amount) < 0 end},
+}
+
+local function evaluate(units_key, first_key, first_arg, unit, amount)
+  local e = {budgets = {}, scopes = {}, codes = {}}
+  for i = first_key, #KEYS do
+    local scope, code = string.match(ARGV[i - first_key + first_arg], '^(.*)|(.*)$')
+    e.scopes[#e.scopes + 1] = scope
+    local b = read_budget(KEYS[i], scope)
+    if b then
+      e.budgets[#e.budgets + 1] = b
+      e.codes[#e.codes + 1] = code
+    end
+  end
+  if #e.budgets == 0 then
+    for _, scope in ipairs(e.scopes) do
+      local units = redis.call('HGET', units_key, scope)
+      if units and units ~= '' then
+        local expected = {}
+        for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end
+        e.unit_error = err('UNIT_MISMATCH', 'No budget in ' .. unit .. ' for this subject; scope ' .. scope ..
+          ' is budgeted in ' .. table.concat(expected, ', '),
+          cjson.encode({scope = scope, requested_unit = unit, expected_units = expected}))
+        return e
+      end
+    end
+    e.reason = 'BUDGET_NOT_FOUND'
+    e.message = 'Budget not found for provided scope: ' .. e.scopes[#e.scopes]
+    return e
+  end
+  for _, check in ipairs(DENIAL_CHECKS) do
+    for _, b in ipairs(e.budgets) do
+      if check[3](b, amount) then
+        e.reason, e.message = check[1], check[2] .. b.scope
+        return e
+      end
+    end
+  end
+  -- Operator caps come from the deepest derived scope's budget, when it has one.
+  local deepest = e.budgets[#e.budgets]
+  if deepest.scope == e.scopes[#e.scopes] and deepest.caps and deepest.caps ~= '' then e.caps = deepest.caps end
+  return e
+end

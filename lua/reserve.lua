@@ -32,52 +32,11 @@ if tenant and tenant.status == 'SUSPENDED' then
 end
 
 local unit, amount = ARGV[5], ARGV[6]
-local budgets, codes, scopes = {}, {}, {}
-for i = 8, #KEYS do
-  local scope, code = string.match(ARGV[i + 7], '^(.*)|(.*)$')
-  scopes[#scopes + 1] = scope
-  local b = read_budget(KEYS[i], scope)
-  if b then
-    budgets[#budgets + 1] = b
-    codes[#codes + 1] = code
-  end
-end
-
-if #budgets == 0 then
-  for _, scope in ipairs(scopes) do
-    local units = redis.call('HGET', KEYS[5], scope)
-    if units and units ~= '' then
-      local expected = {}
-      for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end
-      return err('UNIT_MISMATCH', 'No budget in ' .. unit .. ' for this subject; scope ' .. scope ..
-        ' is budgeted in ' .. table.concat(expected, ', '),
-        cjson.encode({scope = scope, requested_unit = unit, expected_units = expected}))
-    end
-  end
-  return err('NOT_FOUND', 'Budget not found for provided scope: ' .. scopes[#scopes])
-end
-
--- Evaluate per condition across all budgeted scopes; the first failing pass decides.
-for _, b in ipairs(budgets) do
-  if b.status == 'FROZEN' then return err('BUDGET_FROZEN', 'Budget is frozen for scope ' .. b.scope) end
-end
-for _, b in ipairs(budgets) do
-  if b.status == 'CLOSED' then return err('BUDGET_CLOSED', 'Budget is closed for scope ' .. b.scope) end
-end
-for _, b in ipairs(budgets) do
-  if b.over then return err('OVERDRAFT_LIMIT_EXCEEDED', 'Scope ' .. b.scope .. ' is over its overdraft limit') end
-end
-for _, b in ipairs(budgets) do
-  if d_pos(b.debt) and not d_pos(b.overdraft_limit) then
-    return err('DEBT_OUTSTANDING', 'Scope ' .. b.scope .. ' has outstanding debt')
-  end
-end
-for _, b in ipairs(budgets) do
-  if d_cmp(b.remaining, amount) < 0 then
-    return err('BUDGET_EXCEEDED', 'Insufficient budget for scope ' .. b.scope .. ': remaining ' ..
-      b.remaining .. ', requested ' .. amount)
-  end
-end
+local e = evaluate(KEYS[5], 8, 15, unit, amount)
+if e.unit_error then return e.unit_error end
+if e.reason == 'BUDGET_NOT_FOUND' then return err('NOT_FOUND', e.message) end
+if e.reason then return err(e.reason, e.message) end
+local budgets = e.budgets
 
 -- TTL: request, else tenant default, else 60 s; capped by the tenant's max (default 1 h).
 local ttl = tonumber(ARGV[7]) or (tenant and tenant.default_ttl) or 60000
@@ -100,19 +59,15 @@ end
 local failed = write_budgets(budgets, now)
 if failed then return failed end
 
-local rid = ARGV[4] .. table.concat(codes)
+local rid = ARGV[4] .. table.concat(e.codes)
 local expires_at = now + ttl
 local grace = tonumber(ARGV[8])
-local decision, caps = 'ALLOW', ''
-local deepest = budgets[#budgets]
-if deepest.scope == scopes[#scopes] and deepest.caps and deepest.caps ~= '' then
-  decision, caps = 'ALLOW_WITH_CAPS', deepest.caps
-end
-local result = cjson.encode(snapshot({decision, rid, tostring(expires_at), caps}, budgets))
+local decision = e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
+local result = cjson.encode(snapshot({decision, rid, tostring(expires_at), e.caps or ''}, budgets))
 
 redis.call('HSET', KEYS[3], 'rid', rid, 'status', 'ACTIVE', 'idempotency_key', ARGV[10],
   'payload_hash', ARGV[3], 'result', result, 'unit', unit, 'estimate', amount,
-  'subject', ARGV[11], 'action', ARGV[12], 'metadata', ARGV[13], 'scope_path', scopes[#scopes],
+  'subject', ARGV[11], 'action', ARGV[12], 'metadata', ARGV[13], 'scope_path', e.scopes[#e.scopes],
   'created_at_ms', now, 'expires_at_ms', expires_at, 'grace_ms', grace, 'overage_policy', policy,
   'extensions', 0, 'max_extensions', max_ext)
 redis.call('ZADD', KEYS[6], expires_at + grace, rid)

@@ -37,8 +37,7 @@ pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
     if let Value::Object(map) = &mut canonical {
         map.remove("client_time_ms");
         for (field, default) in defaults {
-            map.entry(field.to_string())
-                .or_insert_with(|| default.clone());
+            map.entry(field.to_string()).or_insert_with(|| default.clone());
         }
     }
     let bytes = serde_json::to_vec(&canonical).expect("JSON values always serialize");
@@ -104,24 +103,16 @@ mod tests {
     #[test]
     fn gaps_are_skipped_and_values_lowercased() {
         let s = subject(json!({"tenant": "Acme", "agent": "Bot"}));
-        assert_eq!(
-            derive_scopes(&s),
-            vec!["tenant:acme", "tenant:acme/agent:bot"]
-        );
+        assert_eq!(derive_scopes(&s), vec!["tenant:acme", "tenant:acme/agent:bot"]);
     }
 
     #[test]
     fn full_chain_in_canonical_order() {
-        let s = subject(
-            json!({"toolset": "t", "agent": "a", "workflow": "f", "app": "p",
-            "workspace": "w", "tenant": "x"}),
-        );
+        let s = subject(json!({"toolset": "t", "agent": "a", "workflow": "f", "app": "p",
+            "workspace": "w", "tenant": "x"}));
         let scopes = derive_scopes(&s);
         assert_eq!(scopes.len(), 6);
-        assert_eq!(
-            scopes[5],
-            "tenant:x/workspace:w/app:p/workflow:f/agent:a/toolset:t"
-        );
+        assert_eq!(scopes[5], "tenant:x/workspace:w/app:p/workflow:f/agent:a/toolset:t");
         assert_eq!(leaf_segment(&scopes[5]), "toolset:t");
     }
 

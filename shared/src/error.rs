@@ -96,11 +96,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            details: None,
-        }
+        Self { code, message: message.into(), details: None }
     }
     pub fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);

@@ -10,9 +10,7 @@ pub fn new_request_id() -> String {
 }
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn all_zero(s: &str) -> bool {
@@ -46,30 +44,16 @@ pub fn parse_traceparent(v: &str) -> Option<(String, String)> {
 /// Chooses the trace id: valid `traceparent`, else valid `X-Cycles-Trace-Id`, else a fresh one.
 /// Malformed values are treated as absent, never rejected.
 pub fn trace_from_headers(headers: &HeaderMap) -> Trace {
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some((trace_id, flags)) = header("traceparent").and_then(parse_traceparent) {
-        return Trace {
-            trace_id,
-            inbound_flags: Some(flags),
-        };
+        return Trace { trace_id, inbound_flags: Some(flags) };
     }
     if let Some(t) = header("x-cycles-trace-id") {
         if is_lower_hex(t, 32) && !all_zero(t) {
-            return Trace {
-                trace_id: t.to_string(),
-                inbound_flags: None,
-            };
+            return Trace { trace_id: t.to_string(), inbound_flags: None };
         }
     }
-    Trace {
-        trace_id: new_trace_id(),
-        inbound_flags: None,
-    }
+    Trace { trace_id: new_trace_id(), inbound_flags: None }
 }
 
 pub fn new_trace_id() -> String {
@@ -116,14 +100,9 @@ impl ReservationId {
         if codes.is_empty() || codes.len() % CODE_LEN != 0 || !codes.is_ascii() {
             return None;
         }
-        let budget_codes = (0..codes.len() / CODE_LEN)
-            .map(|i| codes[i * CODE_LEN..(i + 1) * CODE_LEN].to_string())
-            .collect();
-        Some(ReservationId {
-            tenant: tenant.to_string(),
-            token: token.to_string(),
-            budget_codes,
-        })
+        let budget_codes =
+            (0..codes.len() / CODE_LEN).map(|i| codes[i * CODE_LEN..(i + 1) * CODE_LEN].to_string()).collect();
+        Some(ReservationId { tenant: tenant.to_string(), token: token.to_string(), budget_codes })
     }
 }
 
@@ -161,9 +140,7 @@ mod tests {
         assert_eq!(t.trace_id, "22222222222222222222222222222222");
         let zero = "00-00000000000000000000000000000000-b7ad6b7169203331-01";
         assert!(parse_traceparent(zero).is_none());
-        assert!(
-            parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").is_none()
-        );
+        assert!(parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").is_none());
         let t = trace_from_headers(&headers(&[("x-cycles-trace-id", "ABCDEF")]));
         assert_eq!(t.trace_id.len(), 32);
         assert!(is_lower_hex(&t.trace_id, 32) && !all_zero(&t.trace_id));
@@ -172,12 +149,7 @@ mod tests {
     #[test]
     fn reservation_id_round_trips() {
         let token = ReservationId::token_for("k1");
-        let id = format!(
-            "{}{}{}",
-            ReservationId::prefix("acme", &token),
-            "AAAAAAAA",
-            "BBBBBBBB"
-        );
+        let id = format!("{}{}{}", ReservationId::prefix("acme", &token), "AAAAAAAA", "BBBBBBBB");
         let parsed = ReservationId::parse(&id).unwrap();
         assert_eq!(parsed.tenant, "acme");
         assert_eq!(parsed.budget_codes, vec!["AAAAAAAA", "BBBBBBBB"]);

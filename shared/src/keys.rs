@@ -57,9 +57,7 @@ pub struct TenantKeys {
 
 impl TenantKeys {
     pub fn new(tenant: &str) -> Self {
-        Self {
-            prefix: format!("cy:{{{}}}", encode_component(tenant)),
-        }
+        Self { prefix: format!("cy:{{{}}}", encode_component(tenant)) }
     }
     /// Tenant record (status and reservation defaults).
     pub fn tenant(&self) -> String {
@@ -127,13 +125,7 @@ mod tests {
     #[test]
     fn idempotency_namespaces_never_collide() {
         let k = TenantKeys::new("t");
-        assert_ne!(
-            k.idempotency("reserve", &["x"]),
-            k.idempotency("decide", &["x"])
-        );
-        assert_ne!(
-            k.idempotency("extend", &["a", "bc"]),
-            k.idempotency("extend", &["ab", "c"])
-        );
+        assert_ne!(k.idempotency("reserve", &["x"]), k.idempotency("decide", &["x"]));
+        assert_ne!(k.idempotency("extend", &["a", "bc"]), k.idempotency("extend", &["ab", "c"]));
     }
 }

@@ -24,12 +24,7 @@ pub fn path_params(op: Operation, event: &Request) -> Option<Params> {
     let template = ROUTES.iter().find(|r| r.op == op).map(|r| r.template)?;
     let given = event.path_parameters();
     if given.iter().next().is_some() {
-        return Some(
-            given
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
+        return Some(given.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
     }
     match_template(template, event.raw_http_path(), false)
         .or_else(|| match_template(template, event.uri().path(), false))
@@ -58,7 +53,5 @@ pub async fn handle_event(app: &App, op: Operation, event: Request) -> Response<
     for (name, value) in res.headers {
         builder = builder.header(name, value);
     }
-    builder
-        .body(Body::Text(String::from_utf8(res.body).unwrap_or_default()))
-        .expect("valid response parts")
+    builder.body(Body::Text(String::from_utf8(res.body).unwrap_or_default())).expect("valid response parts")
 }

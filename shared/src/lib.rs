@@ -21,12 +21,6 @@ pub use api::{ApiRequest, ApiResponse, App, Operation};
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    let _ = if json {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.compact().try_init()
-    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let _ = if json { builder.json().flatten_event(true).try_init() } else { builder.compact().try_init() };
 }

@@ -36,9 +36,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
                 let app = app.clone();
                 async move { Ok::<_, Infallible>(dispatch(&app, req).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
         });
     }
 }
@@ -48,17 +46,12 @@ fn to_hyper(res: ApiResponse) -> Response<Full<Bytes>> {
     for (name, value) in res.headers {
         builder = builder.header(name, value);
     }
-    builder
-        .body(Full::new(Bytes::from(res.body)))
-        .expect("valid response parts")
+    builder.body(Full::new(Bytes::from(res.body))).expect("valid response parts")
 }
 
 async fn dispatch(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
-    let body = Limited::new(body, MAX_BODY_BYTES)
-        .collect()
-        .await
-        .map(|b| b.to_bytes());
+    let body = Limited::new(body, MAX_BODY_BYTES).collect().await.map(|b| b.to_bytes());
     let mut api_req = ApiRequest {
         method: parts.method,
         path: parts.uri.path().to_string(),
@@ -93,11 +86,7 @@ async fn floor(app: &App, req: &ApiRequest) -> Option<Response<Full<Bytes>>> {
         "/_floor/http" => "{}".to_string(),
         "/_floor/redis" => {
             let mut conn = app.store.conn();
-            match scripts::PING
-                .key("cy:{floor}:x")
-                .invoke_async::<i64>(&mut conn)
-                .await
-            {
+            match scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut conn).await {
                 Ok(v) => format!("{{\"ok\":{v}}}"),
                 Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
             }
@@ -125,19 +114,9 @@ impl EmbeddedRedis {
         let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_string());
         let port = free_port().map_err(|e| format!("no free port: {e}"))?;
         let dir = std::env::temp_dir().join(format!("cycles-redis-{port}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let port_s = port.to_string();
-        let mut args = vec![
-            "--port",
-            &port_s,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ];
+        let mut args = vec!["--port", &port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
         args.extend_from_slice(&["--dir", dir.to_str().unwrap_or(".")]);
         args.extend_from_slice(extra_args);
         let child = Command::new(&bin)
@@ -161,20 +140,13 @@ impl EmbeddedRedis {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
         for _ in 0..200 {
             if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                if redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-                {
+                if redis::cmd("PING").query_async::<String>(&mut c).await.is_ok() {
                     return Ok(());
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        Err(format!(
-            "redis-server on port {} did not become ready",
-            self.port
-        ))
+        Err(format!("redis-server on port {} did not become ready", self.port))
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -191,9 +163,7 @@ impl Drop for EmbeddedRedis {
 
 /// A currently free TCP port on the loopback interface.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Binds the gateway's listener.

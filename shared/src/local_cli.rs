@@ -29,26 +29,13 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        port: 7878,
-        host: [127, 0, 0, 1].into(),
-        redis_url: None,
-        seed_demo: false,
-    };
+    let mut args = Args { port: 7878, host: [127, 0, 0, 1].into(), redis_url: None, seed_demo: false };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
-            "--port" => {
-                args.port = value("--port")?
-                    .parse()
-                    .map_err(|_| "--port must be a number")?
-            }
-            "--host" => {
-                args.host = value("--host")?
-                    .parse()
-                    .map_err(|_| "--host must be an IP address")?
-            }
+            "--port" => args.port = value("--port")?.parse().map_err(|_| "--port must be a number")?,
+            "--host" => args.host = value("--host")?.parse().map_err(|_| "--host must be an IP address")?,
             "--redis-url" => args.redis_url = Some(value("--redis-url")?),
             "--seed-demo" => args.seed_demo = true,
             "-h" | "--help" => return Err(String::new()),
@@ -66,18 +53,11 @@ pub fn main() -> ExitCode {
                 eprintln!("error: {e}\n");
             }
             eprintln!("{USAGE}");
-            return if e.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            };
+            return if e.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(2) };
         }
     };
     crate::init_tracing(false);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -88,10 +68,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let configured = args
-        .redis_url
-        .clone()
-        .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()));
+    let configured = args.redis_url.clone().or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()));
     // Keep the embedded server alive for the whole run; dropping it stops the child.
     let (_embedded, url) = match configured {
         Some(url) => (None, url),
@@ -104,14 +81,11 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut config = Config::from_env(Some(&url));
     config.redis_url = url.clone();
-    let store = Store::connect(&url, config.redis_timeout)
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let store =
+        Store::connect(&url, config.redis_timeout).await.map_err(|e| format!("cannot connect to {url}: {e}"))?;
     let app = Arc::new(App::new(store, config));
     let addr = SocketAddr::new(args.host, args.port);
-    let listener = local::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let listener = local::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let base = format!("http://{addr}");
     if args.seed_demo {
         seed_demo(&app, &base).await?;
@@ -132,26 +106,14 @@ async fn seed_demo(app: &App, base: &str) -> Result<(), String> {
     let fail = |e: crate::error::ApiError| e.message;
     provision::create_tenant(
         store,
-        &NewTenant {
-            tenant_id: tenant.into(),
-            name: "Demo tenant".into(),
-            ..Default::default()
-        },
+        &NewTenant { tenant_id: tenant.into(), name: "Demo tenant".into(), ..Default::default() },
     )
     .await
     .map_err(fail)?;
     let budget = NewBudget::new(tenant, "tenant:demo", Unit::Tokens, 1_000_000);
-    provision::create_budget(store, &budget)
-        .await
-        .map_err(fail)?;
-    let key = NewApiKey {
-        tenant_id: tenant.into(),
-        name: "demo key".into(),
-        ..Default::default()
-    };
-    let key = provision::create_api_key(store, &app.config.key_pepper, &key)
-        .await
-        .map_err(fail)?;
+    provision::create_budget(store, &budget).await.map_err(fail)?;
+    let key = NewApiKey { tenant_id: tenant.into(), name: "demo key".into(), ..Default::default() };
+    let key = provision::create_api_key(store, &app.config.key_pepper, &key).await.map_err(fail)?;
     println!(
         r#"
 Demo tenant: {tenant}

@@ -19,12 +19,7 @@ pub enum Unit {
 }
 
 impl Unit {
-    pub const ALL: [Unit; 4] = [
-        Unit::UsdMicrocents,
-        Unit::Tokens,
-        Unit::Credits,
-        Unit::RiskPoints,
-    ];
+    pub const ALL: [Unit; 4] = [Unit::UsdMicrocents, Unit::Tokens, Unit::Credits, Unit::RiskPoints];
     pub fn as_str(self) -> &'static str {
         match self {
             Unit::UsdMicrocents => "USD_MICROCENTS",
@@ -55,13 +50,7 @@ impl OveragePolicy {
         }
     }
     pub fn parse(s: &str) -> Option<OveragePolicy> {
-        [
-            Self::Reject,
-            Self::AllowIfAvailable,
-            Self::AllowWithOverdraft,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == s)
+        [Self::Reject, Self::AllowIfAvailable, Self::AllowWithOverdraft].into_iter().find(|p| p.as_str() == s)
     }
 }
 
@@ -181,6 +170,17 @@ pub struct ReservationExtendRequest {
     pub metadata: Option<Metadata>,
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionRequest {
+    pub idempotency_key: String,
+    pub subject: Subject,
+    pub action: Action,
+    pub estimate: Amount,
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+}
+
 // ---------------------------------------------------------------------------------------------
 // Validation
 
@@ -198,18 +198,14 @@ pub const EXTEND_MS: (i64, i64) = (1, 86_400_000);
 fn check_len(field: &str, value: &str, min: usize, max: usize) -> ApiResult<()> {
     let n = value.chars().count();
     if n < min || n > max {
-        return Err(ApiError::invalid(format!(
-            "{field} must be between {min} and {max} characters (got {n})"
-        )));
+        return Err(ApiError::invalid(format!("{field} must be between {min} and {max} characters (got {n})")));
     }
     Ok(())
 }
 
 fn check_range(field: &str, value: i64, (min, max): (i64, i64)) -> ApiResult<()> {
     if value < min || value > max {
-        return Err(ApiError::invalid(format!(
-            "{field} must be between {min} and {max} (got {value})"
-        )));
+        return Err(ApiError::invalid(format!("{field} must be between {min} and {max} (got {value})")));
     }
     Ok(())
 }
@@ -229,9 +225,7 @@ fn check_not_blank(field: &str, value: &str) -> ApiResult<()> {
 }
 
 fn is_scope_value(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 impl Amount {
@@ -248,9 +242,7 @@ impl Subject {
                 any = true;
                 check_len(&format!("subject.{level}"), v, 1, 128)?;
                 if !is_scope_value(v) {
-                    return Err(ApiError::invalid(format!(
-                        "subject.{level} must match ^[a-zA-Z0-9_.-]+$"
-                    )));
+                    return Err(ApiError::invalid(format!("subject.{level} must match ^[a-zA-Z0-9_.-]+$")));
                 }
             }
         }
@@ -261,9 +253,7 @@ impl Subject {
         }
         if let Some(dims) = &self.dimensions {
             if dims.len() > 16 {
-                return Err(ApiError::invalid(
-                    "subject.dimensions must have at most 16 entries",
-                ));
+                return Err(ApiError::invalid("subject.dimensions must have at most 16 entries"));
             }
             for (k, v) in dims {
                 check_len(&format!("subject.dimensions.{k}"), v, 0, 256)?;
@@ -326,6 +316,18 @@ impl Validate for ReservationCreateRequest {
     }
 }
 
+impl Validate for DecisionRequest {
+    fn validate(&self) -> ApiResult<()> {
+        check_idempotency_key(&self.idempotency_key)?;
+        self.subject.validate()?;
+        self.action.validate()?;
+        self.estimate.validate("estimate")
+    }
+    fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
 impl Validate for CommitRequest {
     fn validate(&self) -> ApiResult<()> {
         check_idempotency_key(&self.idempotency_key)?;
@@ -367,12 +369,10 @@ impl Validate for ReservationExtendRequest {
 /// are all 400 INVALID_REQUEST with the offending field path in the message. Returns the typed
 /// request and the raw JSON value (used for the idempotency payload hash).
 pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, Value)> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::invalid(
-            "Malformed request body: expected a JSON object",
-        ));
+        return Err(ApiError::invalid("Malformed request body: expected a JSON object"));
     }
     let typed: T = serde_path_to_error::deserialize(&value).map_err(|e| {
         let path = e.path().to_string();
@@ -437,6 +437,16 @@ pub struct ReservationCreateResponse {
     pub reason_code: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub balances: Option<Vec<Balance>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionResponse {
+    pub decision: Decision,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caps: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+    pub affected_scopes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

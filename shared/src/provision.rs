@@ -18,16 +18,12 @@ const LEVELS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "t
 
 /// Tenant ids follow the governance spec: `^[a-z0-9-]+$`, 3 to 64 characters.
 pub fn validate_tenant_id(id: &str) -> ApiResult<()> {
-    let ok = (3..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let ok =
+        (3..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(
-            "tenant_id must match ^[a-z0-9-]+$ and be 3 to 64 characters",
-        ))
+        Err(ApiError::invalid("tenant_id must match ^[a-z0-9-]+$ and be 3 to 64 characters"))
     }
 }
 
@@ -38,13 +34,8 @@ pub fn validate_scope(scope: &str, tenant_id: &str) -> ApiResult<String> {
     let bad = |why: &str| ApiError::invalid(format!("scope {scope:?} is invalid: {why}"));
     let mut last_level = None;
     for (i, segment) in scope.split('/').enumerate() {
-        let (level, value) = segment
-            .split_once(':')
-            .ok_or_else(|| bad("segments are level:value"))?;
-        let rank = LEVELS
-            .iter()
-            .position(|l| *l == level)
-            .ok_or_else(|| bad("unknown level"))?;
+        let (level, value) = segment.split_once(':').ok_or_else(|| bad("segments are level:value"))?;
+        let rank = LEVELS.iter().position(|l| *l == level).ok_or_else(|| bad("unknown level"))?;
         if i == 0 && level != "tenant" {
             return Err(bad("the first segment must be tenant:<id>"));
         }
@@ -52,19 +43,13 @@ pub fn validate_scope(scope: &str, tenant_id: &str) -> ApiResult<String> {
             return Err(bad("the tenant segment must name the budget's tenant"));
         }
         if last_level.is_some_and(|l| rank <= l) {
-            return Err(bad(
-                "levels must follow tenant > workspace > app > workflow > agent > toolset",
-            ));
+            return Err(bad("levels must follow tenant > workspace > app > workflow > agent > toolset"));
         }
         let value_ok = !value.is_empty()
             && value.len() <= 128
-            && value
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+            && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
         if !value_ok {
-            return Err(bad(
-                "values must match ^[a-z0-9_.-]+$ and be at most 128 characters",
-            ));
+            return Err(bad("values must match ^[a-z0-9_.-]+$ and be at most 128 characters"));
         }
         last_level = Some(rank);
     }
@@ -72,10 +57,7 @@ pub fn validate_scope(scope: &str, tenant_id: &str) -> ApiResult<String> {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 async fn write(store: &Store, keys: Vec<String>, args: Vec<String>) -> ApiResult<bool> {
@@ -99,36 +81,14 @@ pub struct NewTenant {
 /// Creates an ACTIVE tenant. Returns false when it already exists (nothing is changed).
 pub async fn create_tenant(store: &Store, t: &NewTenant) -> ApiResult<bool> {
     validate_tenant_id(&t.tenant_id)?;
-    let mut args: Vec<String> = [
-        "tenant",
-        "tenant_id",
-        &t.tenant_id,
-        "name",
-        &t.name,
-        "status",
-        "ACTIVE",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args: Vec<String> =
+        ["tenant", "tenant_id", &t.tenant_id, "name", &t.name, "status", "ACTIVE"].map(String::from).to_vec();
     args.extend(["created_at_ms".to_string(), now_ms().to_string()]);
     let settings = [
-        (
-            "default_commit_overage_policy",
-            t.default_commit_overage_policy
-                .map(|p| p.as_str().to_string()),
-        ),
-        (
-            "default_reservation_ttl_ms",
-            t.default_reservation_ttl_ms.map(|v| v.to_string()),
-        ),
-        (
-            "max_reservation_ttl_ms",
-            t.max_reservation_ttl_ms.map(|v| v.to_string()),
-        ),
-        (
-            "max_reservation_extensions",
-            t.max_reservation_extensions.map(|v| v.to_string()),
-        ),
+        ("default_commit_overage_policy", t.default_commit_overage_policy.map(|p| p.as_str().to_string())),
+        ("default_reservation_ttl_ms", t.default_reservation_ttl_ms.map(|v| v.to_string())),
+        ("max_reservation_ttl_ms", t.max_reservation_ttl_ms.map(|v| v.to_string())),
+        ("max_reservation_extensions", t.max_reservation_extensions.map(|v| v.to_string())),
     ];
     for (field, value) in settings {
         if let Some(v) = value {
@@ -136,10 +96,7 @@ pub async fn create_tenant(store: &Store, t: &NewTenant) -> ApiResult<bool> {
         }
     }
     let created = write(store, vec![TenantKeys::new(&t.tenant_id).tenant()], args).await?;
-    let _: () = store
-        .conn()
-        .sadd(keys::TENANT_REGISTRY, &t.tenant_id)
-        .await?;
+    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, &t.tenant_id).await?;
     Ok(created)
 }
 
@@ -166,19 +123,13 @@ pub async fn create_api_key(store: &Store, pepper: &str, k: &NewApiKey) -> ApiRe
     validate_tenant_id(&k.tenant_id)?;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::thread_rng();
-    let key_id: String = (0..16)
-        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
-        .collect();
+    let key_id: String = (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
     let mut secret = [0u8; 32];
     rng.fill_bytes(&mut secret);
     let full = format!("cyc_live_{key_id}_{}", URL_SAFE_NO_PAD.encode(secret));
-    let permissions = k
-        .permissions
-        .clone()
-        .unwrap_or_else(|| DEFAULT_PERMISSIONS.iter().map(|p| p.to_string()).collect());
-    let expires_at_ms = k
-        .expires_at_ms
-        .unwrap_or_else(|| now_ms() + 90 * 24 * 3_600_000);
+    let permissions =
+        k.permissions.clone().unwrap_or_else(|| DEFAULT_PERMISSIONS.iter().map(|p| p.to_string()).collect());
+    let expires_at_ms = k.expires_at_ms.unwrap_or_else(|| now_ms() + 90 * 24 * 3_600_000);
     let args = [
         "api_key",
         "key_id",
@@ -207,16 +158,8 @@ pub async fn create_api_key(store: &Store, pepper: &str, k: &NewApiKey) -> ApiRe
         return Err(ApiError::internal("API key id collision; retry"));
     }
     // The global lookup is written last: a key becomes usable only once its record exists.
-    let _: () = store
-        .conn()
-        .set(keys::key_lookup(&key_id), &k.tenant_id)
-        .await?;
-    Ok(CreatedKey {
-        key_prefix: full[..14].to_string(),
-        key_id,
-        secret: full,
-        expires_at_ms,
-    })
+    let _: () = store.conn().set(keys::key_lookup(&key_id), &k.tenant_id).await?;
+    Ok(CreatedKey { key_prefix: full[..14].to_string(), key_id, secret: full, expires_at_ms })
 }
 
 #[derive(Debug, Clone)]
@@ -250,9 +193,7 @@ pub async fn create_budget(store: &Store, b: &NewBudget) -> ApiResult<bool> {
     validate_tenant_id(&b.tenant_id)?;
     let scope = validate_scope(&b.scope, &b.tenant_id)?;
     if b.allocated < 0 || b.overdraft_limit < 0 {
-        return Err(ApiError::invalid(
-            "allocated and overdraft_limit must be >= 0",
-        ));
+        return Err(ApiError::invalid("allocated and overdraft_limit must be >= 0"));
     }
     let keys = TenantKeys::new(&b.tenant_id);
     let now = now_ms().to_string();
@@ -270,28 +211,15 @@ pub async fn create_budget(store: &Store, b: &NewBudget) -> ApiResult<bool> {
         ("debt", "0".to_string()),
         ("overdraft_limit", b.overdraft_limit.to_string()),
         ("is_over_limit", "false".to_string()),
-        (
-            "commit_overage_policy",
-            b.commit_overage_policy
-                .map(|p| p.as_str().to_string())
-                .unwrap_or_default(),
-        ),
-        (
-            "caps",
-            b.caps.as_ref().map(|c| c.to_string()).unwrap_or_default(),
-        ),
+        ("commit_overage_policy", b.commit_overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default()),
+        ("caps", b.caps.as_ref().map(|c| c.to_string()).unwrap_or_default()),
         ("created_at_ms", now.clone()),
         ("updated_at_ms", now),
     ];
     for (f, v) in fields {
         args.extend([f.to_string(), v]);
     }
-    write(
-        store,
-        vec![keys.budget(&scope, b.unit), keys.scope_units()],
-        args,
-    )
-    .await
+    write(store, vec![keys.budget(&scope, b.unit), keys.scope_units()], args).await
 }
 
 #[cfg(test)]
@@ -300,10 +228,7 @@ mod tests {
 
     #[test]
     fn scopes_follow_the_grammar() {
-        assert_eq!(
-            validate_scope("tenant:acme/Workspace:Prod", "acme").unwrap(),
-            "tenant:acme/workspace:prod"
-        );
+        assert_eq!(validate_scope("tenant:acme/Workspace:Prod", "acme").unwrap(), "tenant:acme/workspace:prod");
         assert!(validate_scope("workspace:prod", "acme").is_err());
         assert!(validate_scope("tenant:other", "acme").is_err());
         assert!(validate_scope("tenant:acme/agent:a/workspace:w", "acme").is_err());

@@ -56,11 +56,7 @@ impl Store {
     /// comma-separated list of URLs, or a single node that reports `cluster_enabled:1`, selects
     /// cluster mode, so an ElastiCache cluster endpoint works as is.
     pub async fn connect(url: &str, timeout: Duration) -> redis::RedisResult<Store> {
-        let seeds: Vec<&str> = url
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
+        let seeds: Vec<&str> = url.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
         let cluster = seeds.len() > 1 || Self::reports_cluster(seeds[0], timeout).await?;
         let conn = if cluster {
             let client = ClusterClientBuilder::new(seeds)
@@ -85,13 +81,8 @@ impl Store {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
-        let mut c = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let info: String = redis::cmd("INFO")
-            .arg("cluster")
-            .query_async(&mut c)
-            .await?;
+        let mut c = client.get_multiplexed_async_connection_with_config(&config).await?;
+        let info: String = redis::cmd("INFO").arg("cluster").query_async(&mut c).await?;
         Ok(info.contains("cluster_enabled:1"))
     }
 
@@ -153,12 +144,7 @@ impl Reply {
                 let now_ms = parts[3].parse().map_err(|_| bad())?;
                 let status = std::mem::take(&mut parts[2]);
                 let result = serde_json::from_str(&parts[1]).map_err(|_| bad())?;
-                Ok(Reply {
-                    result,
-                    status,
-                    now_ms,
-                    replay,
-                })
+                Ok(Reply { result, status, now_ms, replay })
             }
             _ => Err(bad()),
         }
@@ -175,20 +161,15 @@ pub mod scripts {
         Script::new(&format!("{LIB}\n{body}"))
     }
 
-    pub static RESERVE: LazyLock<Script> =
-        LazyLock::new(|| with_lib(include_str!("../../lua/reserve.lua")));
-    pub static COMMIT: LazyLock<Script> =
-        LazyLock::new(|| with_lib(include_str!("../../lua/commit.lua")));
-    pub static RELEASE: LazyLock<Script> =
-        LazyLock::new(|| with_lib(include_str!("../../lua/release.lua")));
-    pub static EXTEND: LazyLock<Script> =
-        LazyLock::new(|| with_lib(include_str!("../../lua/extend.lua")));
+    pub static RESERVE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/reserve.lua")));
+    pub static COMMIT: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/commit.lua")));
+    pub static RELEASE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/release.lua")));
+    pub static EXTEND: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/extend.lua")));
     pub static GET_RESERVATION: LazyLock<Script> =
         LazyLock::new(|| with_lib(include_str!("../../lua/get_reservation.lua")));
-    pub static PROVISION: LazyLock<Script> =
-        LazyLock::new(|| with_lib(include_str!("../../lua/provision.lua")));
-    pub static AUTHENTICATE: LazyLock<Script> =
-        LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
+    pub static PROVISION: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/provision.lua")));
+    pub static EVALUATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/evaluate.lua")));
+    pub static AUTHENTICATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 }

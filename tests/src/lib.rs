@@ -1,1 +1,311 @@
+//! Test harness: a real Redis (`REDIS_URL` when set — e.g. a 3-master cluster as
+//! `redis://127.0.0.1:7101,redis://...` — else a `redis-server` child on a free port), the
+//! real handlers behind the local gateway on a free port, and helpers to provision tenants and
+//! read ledgers straight from the store.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cycles_shared::config::{Config, DEV_PEPPER};
+use cycles_shared::keys::TenantKeys;
+use cycles_shared::local::{self, EmbeddedRedis};
+use cycles_shared::model::Unit;
+use cycles_shared::provision::{self, NewApiKey, NewBudget, NewTenant};
+use cycles_shared::store::Store;
+use cycles_shared::App;
+use redis::AsyncCommands;
+use serde_json::Value;
+
+pub use serde_json::json;
+
+pub struct Harness {
+    pub base: String,
+    pub store: Store,
+    pub http: reqwest::Client,
+    pub admin_key: String,
+    /// Present when this harness started its own redis-server.
+    pub embedded: Option<EmbeddedRedis>,
+    pub redis_url: String,
+}
+
+pub const ADMIN_KEY: &str = "test-admin-key";
+
+/// Starts Redis for the harness: `REDIS_URL` if set, else a fresh `redis-server` child, else
+/// a Docker container through testcontainers (not available on every machine), else a panic
+/// that says how to get one.
+pub async fn redis_for_tests() -> (String, Option<EmbeddedRedis>) {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        if !url.is_empty() {
+            return (url, None);
+        }
+    }
+    match EmbeddedRedis::start(&[]).await {
+        Ok(r) => (r.url(), Some(r)),
+        Err(e) => panic!(
+            "no Redis for the tests: set REDIS_URL, or install redis-server \
+             (Debian/Ubuntu: apt-get install -y redis-server). Details: {e}"
+        ),
+    }
+}
+
+/// Unique ids so tests sharing one Redis never see each other's data.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", &uuid_like()[..12])
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}", t ^ (n << 40) ^ (std::process::id() as u64) << 20).chars().rev().collect()
+}
+
+/// One HTTP response: status, headers, parsed JSON body.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+    pub body: Value,
+    pub raw: String,
+}
+
+impl Resp {
+    pub fn error(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+    /// Asserts an error answer: status, code, and the ErrorResponse shape (P-8, P-9).
+    #[track_caller]
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!((self.status, self.error()), (status, code), "unexpected answer: {}", self.raw);
+        assert_error_shape(self);
+    }
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Value {
+        assert_eq!(self.status, 200, "unexpected answer: {}", self.raw);
+        &self.body
+    }
+}
+
+/// P-8/P-9: only the allowed properties, ids equal to the headers.
+#[track_caller]
+pub fn assert_error_shape(r: &Resp) {
+    let obj = r.body.as_object().expect("error body is an object");
+    for k in obj.keys() {
+        assert!(
+            ["error", "message", "request_id", "trace_id", "details", "cycles_evidence"].contains(&k.as_str()),
+            "unexpected property {k} in {}",
+            r.raw
+        );
+    }
+    assert!(obj["message"].is_string());
+    assert_eq!(obj["request_id"].as_str(), r.headers.get("x-request-id").map(String::as_str));
+    assert_eq!(obj["trace_id"].as_str(), r.headers.get("x-cycles-trace-id").map(String::as_str));
+}
+
+/// A provisioned tenant with one API key.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub id: String,
+    pub key: String,
+    pub key_id: String,
+}
+
+/// A ledger as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ledger {
+    pub allocated: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    pub spent: i64,
+    pub debt: i64,
+    pub overdraft_limit: i64,
+    pub is_over_limit: bool,
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        let (url, embedded) = redis_for_tests().await;
+        Self::start_on(url, embedded).await
+    }
+
+    pub async fn start_on(url: String, embedded: Option<EmbeddedRedis>) -> Harness {
+        let mut config = Config::from_env(Some(&url));
+        config.redis_url = url.clone();
+        config.admin_api_key = Some(ADMIN_KEY.to_string());
+        config.key_pepper = DEV_PEPPER.to_string();
+        config.redis_timeout = Duration::from_secs(5);
+        let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
+        let app = Arc::new(App::new(store.clone(), config));
+        let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind gateway");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(local::serve(app, listener));
+        let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+        Harness { base, store, http, admin_key: ADMIN_KEY.to_string(), embedded, redis_url: url }
+    }
+
+    /// A fresh ACTIVE tenant with a default-permission key.
+    pub async fn tenant(&self) -> Tenant {
+        self.tenant_with(NewTenant::default()).await
+    }
+
+    pub async fn tenant_with(&self, mut spec: NewTenant) -> Tenant {
+        spec.tenant_id = unique("t");
+        spec.name = format!("Tenant {}", spec.tenant_id);
+        assert!(provision::create_tenant(&self.store, &spec).await.unwrap());
+        let key = self.key(&spec.tenant_id, None).await;
+        Tenant { id: spec.tenant_id, key: key.secret, key_id: key.key_id }
+    }
+
+    /// A tenant with one TOKENS budget of `allocated` at its tenant scope.
+    pub async fn funded(&self, allocated: i64) -> Tenant {
+        let t = self.tenant().await;
+        self.budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, allocated).await;
+        t
+    }
+
+    /// The tenant-scope TOKENS ledger of `t`.
+    pub async fn root(&self, t: &Tenant) -> Ledger {
+        self.ledger(&t.id, &format!("tenant:{}", t.id), Unit::Tokens).await
+    }
+
+    pub async fn key(&self, tenant: &str, permissions: Option<Vec<String>>) -> provision::CreatedKey {
+        let spec = NewApiKey { tenant_id: tenant.to_string(), name: "test".into(), permissions, expires_at_ms: None };
+        provision::create_api_key(&self.store, DEV_PEPPER, &spec).await.unwrap()
+    }
+
+    pub async fn budget(&self, tenant: &str, scope: &str, unit: Unit, allocated: i64) {
+        self.budget_with(NewBudget::new(tenant, scope, unit, allocated)).await
+    }
+
+    pub async fn budget_with(&self, b: NewBudget) {
+        assert!(provision::create_budget(&self.store, &b).await.unwrap(), "budget exists");
+    }
+
+    pub async fn overdraft_budget(&self, tenant: &str, scope: &str, allocated: i64, limit: i64) {
+        let mut b = NewBudget::new(tenant, scope, Unit::Tokens, allocated);
+        b.overdraft_limit = limit;
+        self.budget_with(b).await
+    }
+
+    /// Reads a ledger straight from Redis and checks the balance identity on it.
+    pub async fn ledger(&self, tenant: &str, scope: &str, unit: Unit) -> Ledger {
+        let key = TenantKeys::new(tenant).budget(scope, unit);
+        let h: HashMap<String, String> = self.store.conn().hgetall(&key).await.unwrap();
+        let n = |f: &str| h.get(f).map(|v| v.parse::<i64>().unwrap()).unwrap_or(0);
+        let l = Ledger {
+            allocated: n("allocated"),
+            remaining: n("remaining"),
+            reserved: n("reserved"),
+            spent: n("spent"),
+            debt: n("debt"),
+            overdraft_limit: n("overdraft_limit"),
+            is_over_limit: h.get("is_over_limit").map(String::as_str) == Some("true"),
+        };
+        assert_eq!(
+            l.remaining,
+            l.allocated - l.spent - l.reserved - l.debt,
+            "balance identity broken on {scope}: {l:?}"
+        );
+        l
+    }
+
+    /// Overwrites ledger fields (to stage debt, over-limit or status for a test).
+    pub async fn set_budget(&self, tenant: &str, scope: &str, unit: Unit, fields: &[(&str, &str)]) {
+        let key = TenantKeys::new(tenant).budget(scope, unit);
+        let _: () = self.store.conn().hset_multiple(&key, fields).await.unwrap();
+    }
+
+    pub async fn set_tenant(&self, tenant: &str, fields: &[(&str, &str)]) {
+        let _: () = self.store.conn().hset_multiple(TenantKeys::new(tenant).tenant(), fields).await.unwrap();
+    }
+
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Resp {
+        let url = format!("{}{}", self.base, path);
+        let mut req = self.http.request(method.parse().unwrap(), url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b.to_string());
+        }
+        let res = req.send().await.expect("request");
+        let status = res.status().as_u16();
+        let headers =
+            res.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect();
+        let raw = res.text().await.unwrap();
+        let body = serde_json::from_str(&raw).unwrap_or(Value::Null);
+        Resp { status, headers, body, raw }
+    }
+
+    pub async fn post(&self, key: &str, path: &str, body: &Value) -> Resp {
+        self.send("POST", path, &[("x-cycles-api-key", key)], Some(&body.to_string())).await
+    }
+
+    pub async fn get(&self, key: &str, path: &str) -> Resp {
+        self.send("GET", path, &[("x-cycles-api-key", key)], None).await
+    }
+
+    pub async fn admin_post(&self, path: &str, body: &Value) -> Resp {
+        self.send("POST", path, &[("x-admin-api-key", &self.admin_key)], Some(&body.to_string())).await
+    }
+
+    /// Reserve with sensible defaults merged with `extra`.
+    pub async fn reserve(&self, t: &Tenant, amount: i64, extra: Value) -> Resp {
+        let mut body = json!({
+            "idempotency_key": unique("rk"),
+            "subject": {"tenant": t.id},
+            "action": {"kind": "llm.completion", "name": "test-model"},
+            "estimate": {"unit": "TOKENS", "amount": amount},
+        });
+        merge(&mut body, extra);
+        self.post(&t.key, "/v1/reservations", &body).await
+    }
+
+    /// Reserve that must succeed; returns the reservation id.
+    pub async fn reserve_ok(&self, t: &Tenant, amount: i64, extra: Value) -> String {
+        let r = self.reserve(t, amount, extra).await;
+        r.assert_ok()["reservation_id"].as_str().unwrap().to_string()
+    }
+
+    pub async fn commit(&self, t: &Tenant, rid: &str, actual: i64) -> Resp {
+        let body = json!({"idempotency_key": unique("ck"), "actual": {"unit": "TOKENS", "amount": actual}});
+        self.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &body).await
+    }
+
+    pub async fn release(&self, t: &Tenant, rid: &str) -> Resp {
+        let body = json!({"idempotency_key": unique("rl")});
+        self.post(&t.key, &format!("/v1/reservations/{rid}/release"), &body).await
+    }
+
+    pub async fn extend(&self, t: &Tenant, rid: &str, by: i64) -> Resp {
+        let body = json!({"idempotency_key": unique("ex"), "extend_by_ms": by});
+        self.post(&t.key, &format!("/v1/reservations/{rid}/extend"), &body).await
+    }
+
+    /// `INFO commandstats` calls per command (only meaningful on a Redis this test owns).
+    pub async fn command_counts(&self) -> HashMap<String, u64> {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.store.conn()).await.unwrap();
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+                Some((name.to_string(), calls))
+            })
+            .collect()
+    }
+}
+
+/// Shallow-merges `extra` (an object) into `body`; a `null` value removes the field.
+pub fn merge(body: &mut Value, extra: Value) {
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            if v.is_null() {
+                body.as_object_mut().unwrap().remove(&k);
+            } else {
+                body[k] = v;
+            }
+        }
+    }
+}

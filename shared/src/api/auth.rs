@@ -38,21 +38,15 @@ fn unauthorized() -> ApiError {
 
 /// Splits `cyc_live_<16 chars key id>_<secret>` (or `cyc_test_...`) into its key id.
 pub fn key_id_of(key: &str) -> Option<&str> {
-    let rest = key
-        .strip_prefix("cyc_live_")
-        .or_else(|| key.strip_prefix("cyc_test_"))?;
+    let rest = key.strip_prefix("cyc_live_").or_else(|| key.strip_prefix("cyc_test_"))?;
     let key_id = rest.get(..KEY_ID_LEN)?;
-    let ok = key_id
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    (ok && rest.as_bytes().get(KEY_ID_LEN) == Some(&b'_') && rest.len() > KEY_ID_LEN + 1)
-        .then_some(key_id)
+    let ok = key_id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    (ok && rest.as_bytes().get(KEY_ID_LEN) == Some(&b'_') && rest.len() > KEY_ID_LEN + 1).then_some(key_id)
 }
 
 /// Peppered HMAC-SHA256 of the whole presented key, hex.
 pub fn key_digest(pepper: &str, key: &str) -> String {
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(pepper.as_bytes()).expect("HMAC takes any key length");
+    let mut mac = Hmac::<Sha256>::new_from_slice(pepper.as_bytes()).expect("HMAC takes any key length");
     mac.update(key.as_bytes());
     hex::encode(mac.finalize().into_bytes())
 }
@@ -64,17 +58,11 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 impl App {
     /// Authenticates a request. `admin_allowed` marks the routes where `X-Admin-API-Key` is
     /// honoured (it then takes precedence; elsewhere it is ignored).
-    pub async fn authenticate(
-        &self,
-        headers: &HeaderMap,
-        admin_allowed: bool,
-    ) -> ApiResult<Principal> {
+    pub async fn authenticate(&self, headers: &HeaderMap, admin_allowed: bool) -> ApiResult<Principal> {
         if admin_allowed {
             if let Some(given) = headers.get(ADMIN_KEY_HEADER) {
                 let Some(expected) = &self.config.admin_api_key else {
-                    return Err(ApiError::internal(
-                        "Admin API key is not configured on this server",
-                    ));
+                    return Err(ApiError::internal("Admin API key is not configured on this server"));
                 };
                 return if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
                     Ok(Principal::Admin)
@@ -116,14 +104,8 @@ mod tests {
 
     #[test]
     fn key_ids_parse_only_from_well_formed_keys() {
-        assert_eq!(
-            key_id_of("cyc_live_abcdefgh12345678_secret-part"),
-            Some("abcdefgh12345678")
-        );
-        assert_eq!(
-            key_id_of("cyc_test_abcdefgh12345678_s"),
-            Some("abcdefgh12345678")
-        );
+        assert_eq!(key_id_of("cyc_live_abcdefgh12345678_secret-part"), Some("abcdefgh12345678"));
+        assert_eq!(key_id_of("cyc_test_abcdefgh12345678_s"), Some("abcdefgh12345678"));
         assert_eq!(key_id_of("cyc_live_ABCDEFGH12345678_s"), None);
         assert_eq!(key_id_of("cyc_live_abcdefgh12345678_"), None);
         assert_eq!(key_id_of("cyc_live_abc"), None);

@@ -25,11 +25,7 @@ pub struct App {
 
 impl App {
     pub fn new(store: Store, config: Config) -> App {
-        App {
-            store,
-            config,
-            key_tenants: Mutex::new(HashMap::new()),
-        }
+        App { store, config, key_tenants: Mutex::new(HashMap::new()) }
     }
 
     /// Connects to Redis as configured by the environment (the Lambda init path).
@@ -60,6 +56,7 @@ pub struct ApiResponse {
 /// The operations this service exposes; each is one Lambda function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
+    Decide,
     CreateReservation,
     CommitReservation,
     ReleaseReservation,
@@ -71,6 +68,7 @@ impl Operation {
     /// The Lambda function (binary) serving this operation.
     pub fn function_name(self) -> &'static str {
         match self {
+            Self::Decide => "decide",
             Self::CreateReservation => "create-reservation",
             Self::CommitReservation => "commit-reservation",
             Self::ReleaseReservation => "release-reservation",
@@ -87,17 +85,10 @@ pub struct Route {
 }
 
 /// The single source of truth for method + path -> operation.
-pub static ROUTES: [Route; 5] = [
-    Route {
-        method: Method::POST,
-        template: "/v1/reservations",
-        op: Operation::CreateReservation,
-    },
-    Route {
-        method: Method::GET,
-        template: "/v1/reservations/{reservation_id}",
-        op: Operation::GetReservation,
-    },
+pub static ROUTES: [Route; 6] = [
+    Route { method: Method::POST, template: "/v1/decide", op: Operation::Decide },
+    Route { method: Method::POST, template: "/v1/reservations", op: Operation::CreateReservation },
+    Route { method: Method::GET, template: "/v1/reservations/{reservation_id}", op: Operation::GetReservation },
     Route {
         method: Method::POST,
         template: "/v1/reservations/{reservation_id}/commit",
@@ -121,11 +112,7 @@ pub type Params = HashMap<String, String>;
 /// as `cargo lambda watch`'s `/lambda-url/<fn>` still matches); `exact` requires no prefix.
 pub fn match_template(template: &str, path: &str, exact: bool) -> Option<Params> {
     let want: Vec<&str> = template.trim_matches('/').split('/').collect();
-    let got: Vec<&str> = path
-        .trim_end_matches('/')
-        .trim_start_matches('/')
-        .split('/')
-        .collect();
+    let got: Vec<&str> = path.trim_end_matches('/').trim_start_matches('/').split('/').collect();
     if got.len() < want.len() || (exact && got.len() != want.len()) {
         return None;
     }
@@ -184,21 +171,15 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(status: u16, value: &impl Serialize) -> Answer {
-        Answer {
-            status,
-            body: serde_json::to_vec(value).expect("response types always serialize"),
-        }
+        Answer { status, body: serde_json::to_vec(value).expect("response types always serialize") }
     }
 }
 
 /// Runs one operation and turns its outcome into a response with the correlation headers.
 pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -> ApiResponse {
-    let mut ctx = Ctx {
-        request_id: new_request_id(),
-        trace: trace_from_headers(&req.headers),
-        tenant: None,
-    };
+    let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = match op {
+        Operation::Decide => reservations::decide(app, &mut ctx, &req).await,
         Operation::CreateReservation => reservations::create(app, &mut ctx, &req).await,
         Operation::CommitReservation => reservations::commit(app, &mut ctx, &req, &params).await,
         Operation::ReleaseReservation => reservations::release(app, &mut ctx, &req, &params).await,
@@ -210,18 +191,8 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
 
 /// The answer for a path no route matches (404 in the spec's error shape).
 pub fn not_found(req: &ApiRequest) -> ApiResponse {
-    let ctx = Ctx {
-        request_id: new_request_id(),
-        trace: trace_from_headers(&req.headers),
-        tenant: None,
-    };
-    respond(
-        &ctx,
-        Err(ApiError::not_found(format!(
-            "No route for {} {}",
-            req.method, req.path
-        ))),
-    )
+    let ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
+    respond(&ctx, Err(ApiError::not_found(format!("No route for {} {}", req.method, req.path))))
 }
 
 fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
@@ -233,10 +204,7 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
                     tenant = ctx.tenant.as_deref().unwrap_or(""), error = %e.message, "request failed");
             }
             let body = e.body(&ctx.request_id, &ctx.trace.trace_id);
-            (
-                e.code.status(),
-                serde_json::to_vec(&body).expect("error bodies always serialize"),
-            )
+            (e.code.status(), serde_json::to_vec(&body).expect("error bodies always serialize"))
         }
     };
     let mut headers = vec![
@@ -247,11 +215,7 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     if let Some(t) = &ctx.tenant {
         headers.push(("x-cycles-tenant", t.clone()));
     }
-    ApiResponse {
-        status,
-        headers,
-        body,
-    }
+    ApiResponse { status, headers, body }
 }
 
 #[cfg(test)]

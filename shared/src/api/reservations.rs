@@ -16,9 +16,9 @@ const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
 /// The header key, when present, must equal the body key exactly.
 fn check_idempotency_header(req: &ApiRequest, body_key: &str) -> ApiResult<()> {
     match req.headers.get(IDEMPOTENCY_HEADER) {
-        Some(h) if h.as_bytes() != body_key.as_bytes() => Err(ApiError::invalid(
-            "X-Idempotency-Key header does not match idempotency_key in request body",
-        )),
+        Some(h) if h.as_bytes() != body_key.as_bytes() => {
+            Err(ApiError::invalid("X-Idempotency-Key header does not match idempotency_key in request body"))
+        }
         _ => Ok(()),
     }
 }
@@ -37,9 +37,7 @@ async fn tenant_caller(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<
 }
 
 fn json_or_empty(v: &Option<impl serde::Serialize>) -> String {
-    v.as_ref()
-        .map(|v| serde_json::to_string(v).expect("serializable"))
-        .unwrap_or_default()
+    v.as_ref().map(|v| serde_json::to_string(v).expect("serializable")).unwrap_or_default()
 }
 
 fn retention_ms(app: &App) -> String {
@@ -47,8 +45,7 @@ fn retention_ms(app: &App) -> String {
 }
 
 fn int(s: &str) -> ApiResult<i64> {
-    s.parse()
-        .map_err(|_| ApiError::internal("Malformed amount in the budget store"))
+    s.parse().map_err(|_| ApiError::internal("Malformed amount in the budget store"))
 }
 
 /// Decodes the 9-strings-per-budget snapshot the scripts return into `Balance`s.
@@ -94,24 +91,35 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let (r, raw) = parse::<ReservationCreateRequest>(req)?;
     if let Some(t) = &r.subject.tenant {
         if *t != caller.tenant {
-            return Err(ApiError::forbidden(
-                "subject.tenant does not match the tenant of the API key",
-            ));
+            return Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"));
         }
     }
-    if r.dry_run == Some(true) {
-        return Err(ApiError::invalid(
-            "dry_run is not supported by this server yet",
-        ));
-    }
-    let hash = payload_hash(
-        &raw,
-        &[("grace_period_ms", json!(5000)), ("dry_run", json!(false))],
-    );
+    let hash = payload_hash(&raw, &[("grace_period_ms", json!(5000)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
     let token = ReservationId::token_for(&r.idempotency_key);
     let unit = r.estimate.unit;
+    if r.dry_run == Some(true) {
+        let record = keys.idempotency("reserve-dry-run", &[&r.idempotency_key]);
+        let live = keys.reservation(&token);
+        let ev = evaluate(app, &caller, &keys, [record, live], hash, &r.idempotency_key, &r.estimate, &scopes).await?;
+        let allowed = ev.decision != Decision::Deny;
+        return Ok(Answer::json(
+            200,
+            &ReservationCreateResponse {
+                decision: ev.decision,
+                reservation_id: None,
+                reserved: allowed.then(|| r.estimate.clone()),
+                expires_at_ms: None,
+                remaining_ttl_ms: None,
+                scope_path: scopes.last().cloned(),
+                affected_scopes: scopes,
+                caps: ev.caps,
+                reason_code: ev.reason_code,
+                balances: allowed.then_some(ev.balances),
+            },
+        ));
+    }
 
     let mut script_keys = vec![
         keys.tenant(),
@@ -132,40 +140,23 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         r.estimate.amount.to_string(),
         r.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
         r.grace_period_ms.unwrap_or(5000).to_string(),
-        r.overage_policy
-            .map(|p| p.as_str().to_string())
-            .unwrap_or_default(),
+        r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
         r.idempotency_key.clone(),
         serde_json::to_string(&r.subject).expect("serializable"),
         serde_json::to_string(&r.action).expect("serializable"),
         json_or_empty(&r.metadata),
         retention_ms(app),
     ];
-    args.extend(
-        scopes
-            .iter()
-            .map(|s| format!("{s}|{}", budget_code(s, unit))),
-    );
+    args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))));
 
-    let reply = app
-        .store
-        .run(&scripts::RESERVE, &script_keys, &args)
-        .await?;
+    let reply = app.store.run(&scripts::RESERVE, &script_keys, &args).await?;
     let res = &reply.result;
     if res.len() < 4 {
         return Err(ApiError::internal("Malformed reserve result"));
     }
     let expires_at_ms = int(&res[2])?;
-    let decision = if res[0] == "ALLOW_WITH_CAPS" {
-        Decision::AllowWithCaps
-    } else {
-        Decision::Allow
-    };
-    let caps = if res[3].is_empty() {
-        None
-    } else {
-        serde_json::from_str(&res[3]).ok()
-    };
+    let decision = if res[0] == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow };
+    let caps = if res[3].is_empty() { None } else { serde_json::from_str(&res[3]).ok() };
     Ok(Answer::json(
         200,
         &ReservationCreateResponse {
@@ -183,6 +174,87 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     ))
 }
 
+/// The outcome of an evaluation (dry_run or decide).
+struct Evaluation {
+    decision: Decision,
+    reason_code: Option<String>,
+    caps: Option<Value>,
+    balances: Vec<Balance>,
+}
+
+/// Runs the evaluation script: the live reserve's checks, reported as a decision and stored
+/// under the idempotency key (`records` = this namespace's record, and the live reservation
+/// the same key would name, for cross-mode mismatch detection).
+#[allow(clippy::too_many_arguments)]
+async fn evaluate(
+    app: &App,
+    caller: &TenantCaller,
+    keys: &TenantKeys,
+    records: [String; 2],
+    hash: String,
+    idempotency_key: &str,
+    estimate: &Amount,
+    scopes: &[String],
+) -> ApiResult<Evaluation> {
+    let [record, live] = records;
+    let mut script_keys = vec![keys.tenant(), keys.api_key(&caller.key_id), record, live, keys.scope_units()];
+    script_keys.extend(scopes.iter().map(|s| keys.budget(s, estimate.unit)));
+    let mut args = vec![
+        caller.digest.clone(),
+        Permission::ReservationsCreate.accepted().to_string(),
+        hash,
+        estimate.unit.as_str().to_string(),
+        estimate.amount.to_string(),
+        idempotency_key.to_string(),
+        EVALUATION_RETENTION_MS.to_string(),
+    ];
+    args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, estimate.unit))));
+    let reply = app.store.run(&scripts::EVALUATE, &script_keys, &args).await?;
+    let res = &reply.result;
+    if res.len() < 3 {
+        return Err(ApiError::internal("Malformed evaluation result"));
+    }
+    let decision = match res[0].as_str() {
+        "ALLOW" => Decision::Allow,
+        "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
+        _ => Decision::Deny,
+    };
+    Ok(Evaluation {
+        decision,
+        reason_code: (!res[1].is_empty()).then(|| res[1].clone()),
+        caps: if res[2].is_empty() { None } else { serde_json::from_str(&res[2]).ok() },
+        balances: balances(&res[3..])?,
+    })
+}
+
+/// dry_run and decide records are kept 24 hours (protocol.md §4.8).
+const EVALUATION_RETENTION_MS: u64 = 24 * 3_600_000;
+
+pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = tenant_caller(app, ctx, req).await?;
+    let (r, raw) = parse::<DecisionRequest>(req)?;
+    if let Some(t) = &r.subject.tenant {
+        if *t != caller.tenant {
+            return Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"));
+        }
+    }
+    let scopes = derive_scopes(&r.subject);
+    let keys = TenantKeys::new(&caller.tenant);
+    let record = keys.idempotency("decide", &[&r.idempotency_key]);
+    let hash = payload_hash(&raw, &[]);
+    let ev =
+        evaluate(app, &caller, &keys, [record.clone(), record], hash, &r.idempotency_key, &r.estimate, &scopes).await?;
+    Ok(Answer::json(
+        200,
+        &DecisionResponse {
+            decision: ev.decision,
+            caps: ev.caps,
+            reason_code: ev.reason_code,
+            affected_scopes: scopes,
+        },
+    ))
+}
+
 /// The reservation a `{reservation_id}` route addresses, with the caller's auth arguments.
 struct Target {
     id: String,
@@ -196,40 +268,23 @@ struct Target {
 
 impl Target {
     fn budget_keys(&self) -> impl Iterator<Item = String> + '_ {
-        self.rid
-            .budget_codes
-            .iter()
-            .map(|c| self.keys.budget_by_code(c))
+        self.rid.budget_codes.iter().map(|c| self.keys.budget_by_code(c))
     }
 }
 
 /// Resolves the path's reservation: 400 for a bad id, 404 when it cannot exist, and for a
 /// reservation of another tenant 403 (after verifying the caller's key) or 404.
-async fn target(
-    app: &App,
-    principal: Principal,
-    params: &Params,
-    permission: Permission,
-) -> ApiResult<Target> {
+async fn target(app: &App, principal: Principal, params: &Params, permission: Permission) -> ApiResult<Target> {
     let id = params.get("reservation_id").cloned().unwrap_or_default();
     let n = id.chars().count();
     if n == 0 || n > 128 {
-        return Err(ApiError::invalid(format!(
-            "reservation_id must be 1 to 128 characters (got {n})"
-        )));
+        return Err(ApiError::invalid(format!("reservation_id must be 1 to 128 characters (got {n})")));
     }
     Ok(match principal {
         Principal::Admin => {
             let rid = ReservationId::parse(&id).ok_or_else(reservation_not_found)?;
             let keys = TenantKeys::new(&rid.tenant);
-            Target {
-                auth_key: keys.tenant(),
-                keys,
-                rid,
-                id,
-                digest: String::new(),
-                admin: true,
-            }
+            Target { auth_key: keys.tenant(), keys, rid, id, digest: String::new(), admin: true }
         }
         Principal::Tenant(c) => {
             let keys = TenantKeys::new(&c.tenant);
@@ -242,14 +297,7 @@ async fn target(
                 verify_key(app, &auth_key, &c, permission).await?;
                 return Err(foreign_reservation(app, &rid, &id).await?);
             }
-            Target {
-                keys,
-                rid,
-                id,
-                auth_key,
-                digest: c.digest,
-                admin: false,
-            }
+            Target { keys, rid, id, auth_key, digest: c.digest, admin: false }
         }
     })
 }
@@ -260,10 +308,7 @@ fn reservation_not_found() -> ApiError {
 
 async fn verify_key(app: &App, auth_key: &str, c: &TenantCaller, p: Permission) -> ApiResult<()> {
     let args = [c.digest.clone(), p.accepted().to_string()];
-    app.store
-        .run(&scripts::AUTHENTICATE, &[auth_key.to_string()], &args)
-        .await
-        .map(|_| ())
+    app.store.run(&scripts::AUTHENTICATE, &[auth_key.to_string()], &args).await.map(|_| ())
 }
 
 /// 403 when the id names an existing reservation of another tenant, else 404.
@@ -278,21 +323,11 @@ async fn foreign_reservation(app: &App, rid: &ReservationId, id: &str) -> ApiRes
     })
 }
 
-pub async fn commit(
-    app: &App,
-    ctx: &mut Ctx,
-    req: &ApiRequest,
-    params: &Params,
-) -> ApiResult<Answer> {
+pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
     let principal = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<CommitRequest>(req)?;
     let t = target(app, principal, params, Permission::ReservationsCommit).await?;
-    let mut keys = vec![
-        t.keys.tenant(),
-        t.auth_key.clone(),
-        t.keys.reservation(&t.rid.token),
-        t.keys.expiry_index(),
-    ];
+    let mut keys = vec![t.keys.tenant(), t.auth_key.clone(), t.keys.reservation(&t.rid.token), t.keys.expiry_index()];
     keys.extend(t.budget_keys());
     let args = [
         t.digest.clone(),
@@ -316,30 +351,15 @@ pub async fn commit(
         200,
         &CommitResponse {
             status: "COMMITTED",
-            charged: Amount {
-                unit,
-                amount: int(&res[0])?,
-            },
-            released: if res[1].is_empty() {
-                None
-            } else {
-                Some(Amount {
-                    unit,
-                    amount: int(&res[1])?,
-                })
-            },
+            charged: Amount { unit, amount: int(&res[0])? },
+            released: if res[1].is_empty() { None } else { Some(Amount { unit, amount: int(&res[1])? }) },
             balances: Some(balances(&res[2..])?),
         },
     ))
 }
 
 /// Authenticates before the body is parsed (401 precedes 400) and records the tenant.
-async fn authenticate(
-    app: &App,
-    ctx: &mut Ctx,
-    req: &ApiRequest,
-    admin_allowed: bool,
-) -> ApiResult<Principal> {
+async fn authenticate(app: &App, ctx: &mut Ctx, req: &ApiRequest, admin_allowed: bool) -> ApiResult<Principal> {
     let principal = app.authenticate(&req.headers, admin_allowed).await?;
     if let Principal::Tenant(c) = &principal {
         ctx.tenant = Some(c.tenant.clone());
@@ -347,12 +367,7 @@ async fn authenticate(
     Ok(principal)
 }
 
-pub async fn release(
-    app: &App,
-    ctx: &mut Ctx,
-    req: &ApiRequest,
-    params: &Params,
-) -> ApiResult<Answer> {
+pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
     let principal = authenticate(app, ctx, req, true).await?;
     let (r, raw) = parse::<ReleaseRequest>(req)?;
     let t = target(app, principal, params, Permission::ReservationsRelease).await?;
@@ -401,21 +416,13 @@ pub async fn release(
         200,
         &ReleaseResponse {
             status: "RELEASED",
-            released: Amount {
-                unit,
-                amount: int(&res[0])?,
-            },
+            released: Amount { unit, amount: int(&res[0])? },
             balances: Some(balances(&res[2..])?),
         },
     ))
 }
 
-pub async fn extend(
-    app: &App,
-    ctx: &mut Ctx,
-    req: &ApiRequest,
-    params: &Params,
-) -> ApiResult<Answer> {
+pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
     let principal = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<ReservationExtendRequest>(req)?;
     let t = target(app, principal, params, Permission::ReservationsExtend).await?;
@@ -436,10 +443,7 @@ pub async fn extend(
         retention_ms(app),
     ];
     let reply = app.store.run(&scripts::EXTEND, &keys, &args).await?;
-    let expires_at_ms = int(reply
-        .result
-        .first()
-        .ok_or_else(|| ApiError::internal("Malformed extend result"))?)?;
+    let expires_at_ms = int(reply.result.first().ok_or_else(|| ApiError::internal("Malformed extend result"))?)?;
     Ok(Answer::json(
         200,
         &ReservationExtendResponse {
@@ -455,23 +459,11 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) ->
     let principal = authenticate(app, ctx, req, true).await?;
     let t = target(app, principal, params, Permission::ReservationsList).await?;
     let res_key = t.keys.reservation(&t.rid.token);
-    let auth_key = if t.admin {
-        res_key.clone()
-    } else {
-        t.auth_key.clone()
-    };
+    let auth_key = if t.admin { res_key.clone() } else { t.auth_key.clone() };
     let mut keys = vec![auth_key, res_key, t.keys.expiry_index()];
     keys.extend(t.budget_keys());
-    let args = [
-        t.digest.clone(),
-        Permission::ReservationsList.accepted().to_string(),
-        t.id.clone(),
-        retention_ms(app),
-    ];
-    let reply = app
-        .store
-        .run(&scripts::GET_RESERVATION, &keys, &args)
-        .await?;
+    let args = [t.digest.clone(), Permission::ReservationsList.accepted().to_string(), t.id.clone(), retention_ms(app)];
+    let reply = app.store.run(&scripts::GET_RESERVATION, &keys, &args).await?;
     let f = &reply.result;
     if f.len() != 13 {
         return Err(ApiError::internal("Malformed reservation record"));
@@ -494,11 +486,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) ->
             int(s).map(Some)
         }
     };
-    let committed = if f[0] == "COMMITTED" {
-        optional_int(&f[6])?.map(|amount| Amount { unit, amount })
-    } else {
-        None
-    };
+    let committed = if f[0] == "COMMITTED" { optional_int(&f[6])?.map(|amount| Amount { unit, amount }) } else { None };
     Ok(Answer::json(
         200,
         &ReservationDetail {
@@ -507,10 +495,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) ->
             idempotency_key: f[1].clone(),
             subject: serde_json::from_str(&f[2]).map_err(|_| bad())?,
             action: serde_json::from_str(&f[3]).map_err(|_| bad())?,
-            reserved: Amount {
-                unit,
-                amount: int(&f[5])?,
-            },
+            reserved: Amount { unit, amount: int(&f[5])? },
             committed,
             created_at_ms: int(&f[7])?,
             expires_at_ms: int(&f[8])?,

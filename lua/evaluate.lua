@@ -1,0 +1,42 @@
+-- Evaluation without reservation (dry_run and decide): the same checks as a live reserve,
+-- reported as a decision; only the idempotency record is written.
+-- KEYS[1] tenant record  KEYS[2] api key record  KEYS[3] idempotency record of this namespace
+-- KEYS[4] the live reservation this key would create (dry_run shares reserve's namespace; for
+-- decide the idempotency record again)  KEYS[5] scope -> units index
+-- KEYS[6..] one budget per derived scope, canonical order, in the request's unit
+-- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] payload hash  ARGV[4] unit
+-- ARGV[5] amount  ARGV[6] idempotency key  ARGV[7] record retention ms
+-- ARGV[8..] per budget key: "<scope>|<key code>" aligned with KEYS[6..]
+local now = now_ms()
+local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+if denied then return denied end
+
+local prior = redis.call('HMGET', KEYS[3], 'payload_hash', 'result')
+if prior[1] then
+  if prior[1] ~= ARGV[3] then
+    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
+  end
+  return {'REPLAY', prior[2], '', tostring(now)}
+end
+if KEYS[4] ~= KEYS[3] and redis.call('HGET', KEYS[4], 'idempotency_key') == ARGV[6] then
+  return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload (live reservation)')
+end
+
+local function decide(decision, reason, caps, budgets)
+  local out = {decision, reason or '', caps or ''}
+  if budgets then snapshot(out, budgets) end
+  local result = cjson.encode(out)
+  redis.call('HSET', KEYS[3], 'payload_hash', ARGV[3], 'result', result)
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
+  return {'OK', result, '', tostring(now)}
+end
+
+local tenant = tenant_record(KEYS[1])
+if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', 'Tenant record is malformed; status cannot be determined') end
+if tenant and tenant.status == 'CLOSED' then return decide('DENY', 'TENANT_CLOSED') end
+if tenant and tenant.status == 'SUSPENDED' then return decide('DENY', 'TENANT_SUSPENDED') end
+
+local e = evaluate(KEYS[5], 6, 8, ARGV[4], ARGV[5])
+if e.unit_error then return e.unit_error end
+if e.reason then return decide('DENY', e.reason) end
+return decide(e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', '', e.caps, e.budgets)

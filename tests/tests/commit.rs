@@ -1,0 +1,248 @@
+//! commitReservation: protocol.md §1.8 and §3.4, P-68..P-84.
+
+use cycles_shared::model::Unit;
+use cycles_tests::*;
+
+#[tokio::test]
+async fn commit_below_estimate_releases_the_rest() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    let r = h.commit(&t, &rid, 80).await;
+    let b = r.assert_ok();
+    // P-68
+    assert_eq!(b["status"], "COMMITTED");
+    assert_eq!(b["charged"], json!({"unit": "TOKENS", "amount": 80}));
+    assert_eq!(b["released"], json!({"unit": "TOKENS", "amount": 20}));
+    assert_eq!(b["balances"][0]["spent"]["amount"], 80);
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.reserved, l.spent, l.debt), (920, 0, 80, 0));
+    // P-70
+    let d = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
+    let d = d.assert_ok();
+    assert_eq!(d["status"], "COMMITTED");
+    assert_eq!(d["committed"]["amount"], 80);
+    assert!(d["finalized_at_ms"].as_i64().unwrap() >= d["created_at_ms"].as_i64().unwrap());
+}
+
+#[tokio::test]
+async fn commit_equal_to_estimate_has_no_released_field() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    let b = h.commit(&t, &rid, 100).await;
+    // P-69
+    assert!(b.assert_ok().get("released").is_none());
+    assert_eq!(h.root(&t).await.spent, 100);
+}
+
+#[tokio::test]
+async fn commit_unit_mismatch_is_400_with_details() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    let body = json!({"idempotency_key": "c", "actual": {"unit": "CREDITS", "amount": 1}});
+    let r = h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &body).await;
+    // P-71
+    r.assert_error(400, "UNIT_MISMATCH");
+    assert_eq!(r.body["details"]["expected_units"], json!(["TOKENS"]));
+    assert_eq!(r.body["details"]["requested_unit"], "CREDITS");
+    assert_eq!(h.root(&t).await.reserved, 100);
+}
+
+#[tokio::test]
+async fn reject_policy_refuses_any_overage_and_keeps_the_reservation() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 100, json!({"overage_policy": "REJECT"})).await;
+    // P-72
+    h.commit(&t, &rid, 101).await.assert_error(409, "BUDGET_EXCEEDED");
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.reserved, l.spent), (900, 100, 0));
+    // still ACTIVE: a smaller commit succeeds
+    h.commit(&t, &rid, 100).await.assert_ok();
+}
+
+#[tokio::test]
+async fn allow_if_available_covers_or_caps_the_overage() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    // P-73: coverable overage.
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    assert_eq!(h.commit(&t, &rid, 150).await.assert_ok()["charged"]["amount"], 150);
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.spent, l.reserved), (850, 150, 0));
+    // P-74: uncoverable overage is capped at what remains, never debt, flag set.
+    let rid = h.reserve_ok(&t, 800, json!({})).await; // remaining 50
+    let r = h.commit(&t, &rid, 900).await;
+    let b = r.assert_ok();
+    assert_eq!(b["charged"]["amount"], 850); // 800 + min(100, 50)
+    assert!(b.get("released").is_none());
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.spent, l.debt, l.is_over_limit), (0, 1000, 0, true));
+    // P-75: the flagged scope blocks new reservations.
+    h.budget(&t.id, &format!("tenant:{}/agent:x", t.id), Unit::Credits, 1).await;
+    h.reserve(&t, 0, json!({})).await.assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
+}
+
+#[tokio::test]
+async fn allow_if_available_flags_only_scopes_that_could_not_cover() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    let agent = format!("{root}/agent:a");
+    h.budget(&t.id, &root, Unit::Tokens, 130).await;
+    h.budget(&t.id, &agent, Unit::Tokens, 1000).await;
+    let rid = h.reserve_ok(&t, 100, json!({"subject": {"tenant": t.id, "agent": "a"}})).await;
+    let r = h.commit(&t, &rid, 200).await;
+    assert_eq!(r.assert_ok()["charged"]["amount"], 130);
+    let root_l = h.ledger(&t.id, &root, Unit::Tokens).await;
+    let agent_l = h.ledger(&t.id, &agent, Unit::Tokens).await;
+    assert_eq!((root_l.remaining, root_l.spent, root_l.is_over_limit), (0, 130, true));
+    assert_eq!((agent_l.remaining, agent_l.spent, agent_l.is_over_limit), (870, 130, false));
+}
+
+#[tokio::test]
+async fn overdraft_within_limit_accrues_only_the_shortfall_as_debt() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    h.overdraft_budget(&t.id, &root, 1000, 500).await;
+    let rid = h.reserve_ok(&t, 900, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await; // remaining 100
+    let second = h.reserve_ok(&t, 0, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await;
+    // P-76: overage 300, remaining 100 -> 100 funded, 200 debt.
+    let r = h.commit(&t, &rid, 1200).await;
+    assert_eq!(r.assert_ok()["charged"]["amount"], 1200);
+    assert!(r.body["balances"][0]["debt"]["amount"] == 200);
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.spent, l.debt, l.reserved, l.is_over_limit), (-200, 1000, 200, 0, false));
+    let rid = second;
+    // P-77: debt + shortfall beyond the limit -> 409, no change.
+    h.commit(&t, &rid, 301).await.assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
+    assert_eq!(h.root(&t).await.debt, 200);
+    // exactly at the limit is fine
+    h.commit(&t, &rid, 300).await.assert_ok();
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.debt, l.is_over_limit), (-500, 500, false));
+}
+
+#[tokio::test]
+async fn overdraft_with_zero_limit_behaves_like_allow_if_available() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let rid = h.reserve_ok(&t, 80, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await;
+    // P-78: capped at remaining (20), flagged, no debt, no 409.
+    let r = h.commit(&t, &rid, 200).await;
+    assert_eq!(r.assert_ok()["charged"]["amount"], 100);
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.spent, l.debt, l.is_over_limit), (0, 100, 0, true));
+}
+
+#[tokio::test]
+async fn overdraft_mixed_scopes_cap_on_zero_limit_and_debt_on_positive() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    let agent = format!("{root}/agent:a");
+    h.overdraft_budget(&t.id, &root, 100, 1000).await;
+    h.budget(&t.id, &agent, Unit::Tokens, 1000).await; // zero limit, plenty left
+    let sub = json!({"subject": {"tenant": t.id, "agent": "a"}, "overage_policy": "ALLOW_WITH_OVERDRAFT"});
+    let rid = h.reserve_ok(&t, 50, sub).await;
+    let r = h.commit(&t, &rid, 250).await; // overage 200; root has 50 left
+    assert_eq!(r.assert_ok()["charged"]["amount"], 250);
+    let root_l = h.ledger(&t.id, &root, Unit::Tokens).await;
+    let agent_l = h.ledger(&t.id, &agent, Unit::Tokens).await;
+    assert_eq!((root_l.remaining, root_l.spent, root_l.debt), (-150, 100, 150));
+    assert_eq!((agent_l.remaining, agent_l.spent, agent_l.debt, agent_l.is_over_limit), (750, 250, 0, false));
+}
+
+#[tokio::test]
+async fn policy_is_the_one_recorded_at_reserve_time() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 10, json!({"overage_policy": "REJECT"})).await;
+    // P-79: later ledger/tenant changes do not alter a recorded policy.
+    h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("commit_overage_policy", "ALLOW_IF_AVAILABLE")])
+        .await;
+    h.commit(&t, &rid, 11).await.assert_error(409, "BUDGET_EXCEEDED");
+}
+
+#[tokio::test]
+async fn commit_on_finalized_expired_and_unknown_reservations() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    h.commit(&t, &rid, 5).await.assert_ok();
+    // P-81: new key on a COMMITTED reservation.
+    h.commit(&t, &rid, 5).await.assert_error(409, "RESERVATION_FINALIZED");
+    let rid2 = h.reserve_ok(&t, 10, json!({})).await;
+    h.release(&t, &rid2).await.assert_ok();
+    h.commit(&t, &rid2, 5).await.assert_error(409, "RESERVATION_FINALIZED");
+    // P-83: never existed (well-formed id of this tenant, and garbage ids).
+    let forged = format!("{}.AAAAAAAAAAAAAA.AAAAAAAA", t.id);
+    h.commit(&t, &forged, 1).await.assert_error(404, "NOT_FOUND");
+    h.commit(&t, "no-such-reservation", 1).await.assert_error(404, "NOT_FOUND");
+    // P-99 / path bound: over 128 characters is a 400.
+    h.commit(&t, &"x".repeat(129), 1).await.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(h.root(&t).await.spent, 5);
+}
+
+#[tokio::test]
+async fn commit_window_includes_grace_and_ends_after_it() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let inside = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 3000})).await;
+    let after = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    // P-80 / P-86: inside grace -> accepted; past expires_at + grace -> 410 and the hold returns.
+    h.commit(&t, &inside, 7).await.assert_ok();
+    h.commit(&t, &after, 7).await.assert_error(410, "RESERVATION_EXPIRED");
+    // P-82: again on the now EXPIRED reservation.
+    h.commit(&t, &after, 7).await.assert_error(410, "RESERVATION_EXPIRED");
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.spent, l.remaining), (0, 7, 993));
+}
+
+#[tokio::test]
+async fn over_limit_scopes_still_settle_existing_reservations() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let a = h.reserve_ok(&t, 10, json!({})).await;
+    let b = h.reserve_ok(&t, 10, json!({})).await;
+    h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("is_over_limit", "true")]).await;
+    // P-84
+    h.commit(&t, &a, 10).await.assert_ok();
+    h.release(&t, &b).await.assert_ok();
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.spent), (0, 10));
+}
+
+#[tokio::test]
+async fn frozen_budget_blocks_commit_but_not_release() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let a = h.reserve_ok(&t, 10, json!({})).await;
+    h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("status", "FROZEN")]).await;
+    // D9: a commit on a FROZEN ledger is refused; release still returns the hold.
+    h.commit(&t, &a, 10).await.assert_error(409, "BUDGET_FROZEN");
+    h.release(&t, &a).await.assert_ok();
+    assert_eq!(h.root(&t).await.reserved, 0);
+}
+
+#[tokio::test]
+async fn commit_records_metrics_and_metadata() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 10, json!({"metadata": {"run": 7}})).await;
+    let body = json!({"idempotency_key": "c1", "actual": {"unit": "TOKENS", "amount": 3},
+        "metrics": {"tokens_input": 1, "tokens_output": 2, "latency_ms": 30, "model_version": "v1", "custom": {"x": 1}},
+        "metadata": {"note": "done"}});
+    h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &body).await.assert_ok();
+    let d = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
+    // P-100
+    assert_eq!(d.body["metadata"], json!({"run": 7}));
+    assert_eq!(d.body["committed_metadata"], json!({"note": "done"}));
+    let bad =
+        json!({"idempotency_key": "c2", "actual": {"unit": "TOKENS", "amount": 3}, "metrics": {"latency_ms": -1}});
+    h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &bad).await.assert_error(400, "INVALID_REQUEST");
+}

@@ -1,0 +1,111 @@
+//! dry_run and decide: protocol.md §3.2, §3.3, P-57..P-67, P-133, P-134, P-141.
+
+use cycles_shared::model::Unit;
+use cycles_shared::provision::NewBudget;
+use cycles_tests::*;
+
+async fn decide(h: &Harness, t: &Tenant, amount: i64, extra: serde_json::Value) -> Resp {
+    let mut body = json!({"idempotency_key": unique("d"), "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": amount}});
+    merge(&mut body, extra);
+    h.post(&t.key, "/v1/decide", &body).await
+}
+
+#[tokio::test]
+async fn dry_run_allows_without_touching_anything() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let r = h.reserve(&t, 60, json!({"dry_run": true})).await;
+    let b = r.assert_ok();
+    // P-57, P-58, P-59, P-63
+    assert_eq!(b["decision"], "ALLOW");
+    for f in ["reservation_id", "expires_at_ms", "remaining_ttl_ms", "reason_code", "caps"] {
+        assert!(b.get(f).is_none(), "{f} present");
+    }
+    assert_eq!(b["affected_scopes"], json!([format!("tenant:{}", t.id)]));
+    assert_eq!(b["reserved"]["amount"], 60);
+    assert_eq!(b["balances"][0]["remaining"]["amount"], 100, "pre-evaluation state");
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.reserved), (100, 0));
+}
+
+#[tokio::test]
+async fn dry_run_and_decide_deny_with_reason_codes() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let root = format!("tenant:{}", t.id);
+    // P-60 / P-65
+    let r = h.reserve(&t, 101, json!({"dry_run": true})).await;
+    let b = r.assert_ok();
+    assert_eq!((b["decision"].as_str(), b["reason_code"].as_str()), (Some("DENY"), Some("BUDGET_EXCEEDED")));
+    assert!(b.get("balances").is_none() && b.get("reserved").is_none());
+    assert!(b["affected_scopes"].is_array());
+    assert_eq!(decide(&h, &t, 101, json!({})).await.assert_ok()["reason_code"], "BUDGET_EXCEEDED");
+    // P-61
+    let states: [(&[(&str, &str)], &str); 4] = [
+        (&[("debt", "1"), ("remaining", "99")], "DEBT_OUTSTANDING"),
+        (&[("is_over_limit", "true")], "OVERDRAFT_LIMIT_EXCEEDED"),
+        (&[("status", "FROZEN")], "BUDGET_FROZEN"),
+        (&[("status", "CLOSED")], "BUDGET_CLOSED"),
+    ];
+    for (fields, reason) in states {
+        h.set_budget(&t.id, &root, Unit::Tokens, fields).await;
+        let r = h.reserve(&t, 1, json!({"dry_run": true})).await;
+        assert_eq!(r.assert_ok()["reason_code"], reason);
+        let r = decide(&h, &t, 1, json!({})).await;
+        assert_eq!(
+            (r.status, r.body["decision"].as_str(), r.body["reason_code"].as_str()),
+            (200, Some("DENY"), Some(reason))
+        );
+    }
+    // P-62 / P-66: no budget anywhere -> DENY; only another unit -> 400.
+    let r = h.reserve(&t, 1, json!({"dry_run": true, "subject": {"workspace": "none"}})).await;
+    assert_eq!(r.assert_ok()["reason_code"], "BUDGET_NOT_FOUND");
+    let r = decide(&h, &t, 1, json!({"estimate": {"unit": "CREDITS", "amount": 1}})).await;
+    r.assert_error(400, "UNIT_MISMATCH");
+    h.reserve(&t, 1, json!({"dry_run": true, "estimate": {"unit": "CREDITS", "amount": 1}}))
+        .await
+        .assert_error(400, "UNIT_MISMATCH");
+}
+
+#[tokio::test]
+async fn decide_shape_and_caps() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let mut b = NewBudget::new(&t.id, &format!("tenant:{}/agent:c", t.id), Unit::Tokens, 100);
+    b.caps = Some(json!({"max_steps_remaining": 3}));
+    h.budget_with(b).await;
+    let r = decide(&h, &t, 1, json!({"subject": {"tenant": t.id, "agent": "c"}})).await;
+    let body = r.assert_ok();
+    // P-64, P-67
+    assert_eq!(body["decision"], "ALLOW_WITH_CAPS");
+    assert_eq!(body["caps"], json!({"max_steps_remaining": 3}));
+    assert_eq!(body["affected_scopes"].as_array().unwrap().len(), 2);
+    for f in ["scope_path", "balances", "reservation_id"] {
+        assert!(body.get(f).is_none());
+    }
+    let r = decide(&h, &t, 1, json!({})).await;
+    assert!(r.assert_ok().get("caps").is_none());
+    assert_eq!(h.root(&t).await.reserved, 0);
+    // decide's 403 on a foreign subject.tenant
+    decide(&h, &t, 1, json!({"subject": {"tenant": "someone-else"}})).await.assert_error(403, "FORBIDDEN");
+}
+
+#[tokio::test]
+async fn evaluation_replays_reflect_the_original_decision() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let body = json!({"idempotency_key": "dec-1"});
+    let first = decide(&h, &t, 50, body.clone()).await;
+    assert_eq!(first.assert_ok()["decision"], "ALLOW");
+    h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("status", "FROZEN")]).await;
+    // P-133: the replay returns the original ALLOW, byte for byte.
+    let again = decide(&h, &t, 50, body.clone()).await;
+    assert_eq!(again.raw, first.raw);
+    decide(&h, &t, 51, body).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
+    let dry = h.reserve(&t, 5, json!({"idempotency_key": "dry-1", "dry_run": true})).await;
+    assert_eq!(dry.assert_ok()["reason_code"], "BUDGET_FROZEN");
+    assert_eq!(h.reserve(&t, 5, json!({"idempotency_key": "dry-1", "dry_run": true})).await.raw, dry.raw);
+    // P-134: the same key live -> mismatch (shared namespace)
+    h.reserve(&t, 5, json!({"idempotency_key": "dry-1"})).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
+}

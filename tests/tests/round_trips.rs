@@ -1,0 +1,59 @@
+//! A warm request makes exactly one Redis round trip: one EVALSHA, nothing else (observed
+//! with MONITOR on a Redis this test starts for itself).
+
+use cycles_shared::local::EmbeddedRedis;
+use cycles_tests::*;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+#[tokio::test]
+async fn one_evalsha_per_warm_request() {
+    // Always a private standalone server: other tests must not pollute the counters.
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server for the round-trip test");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(1_000_000).await;
+    // Warm up: scripts loaded, key lookup cached.
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    h.extend(&t, &rid, 10).await.assert_ok();
+    h.commit(&t, &rid, 5).await.assert_ok();
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    h.release(&t, &rid).await.assert_ok();
+    h.reserve(&t, 1, json!({"dry_run": true})).await.assert_ok();
+    h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
+
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    one_evalsha(&h, "reserve", h.reserve(&t, 10, json!({}))).await;
+    one_evalsha(&h, "dry_run", h.reserve(&t, 10, json!({"dry_run": true}))).await;
+    one_evalsha(&h, "extend", h.extend(&t, &rid, 10)).await;
+    one_evalsha(&h, "get", h.get(&t.key, &format!("/v1/reservations/{rid}"))).await;
+    one_evalsha(&h, "commit", h.commit(&t, &rid, 5)).await;
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    one_evalsha(&h, "release", h.release(&t, &rid)).await;
+}
+
+/// Runs `request` (futures are lazy: nothing is sent before MONITOR is listening) and asserts
+/// that exactly one command — an EVALSHA — reached Redis from a client. MONITOR lists the
+/// commands scripts run as `[0 lua]`; those are inside the one round trip and not counted.
+async fn one_evalsha(h: &Harness, name: &str, request: impl std::future::Future<Output = Resp>) {
+    let port = h.embedded.as_ref().unwrap().port;
+    let mut monitor = BufReader::new(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    monitor.get_mut().write_all(b"MONITOR\r\n").await.unwrap();
+    let mut line = String::new();
+    monitor.read_line(&mut line).await.unwrap();
+    assert_eq!(line.trim(), "+OK");
+    request.await.assert_ok();
+    let sentinel = format!("sentinel-{name}");
+    let _: String = redis::cmd("ECHO").arg(&sentinel).query_async(&mut h.store.conn()).await.unwrap();
+    let mut client_commands = Vec::new();
+    loop {
+        line.clear();
+        monitor.read_line(&mut line).await.unwrap();
+        if line.contains(&sentinel) {
+            break;
+        }
+        if !line.contains(" lua] ") {
+            client_commands.push(line.split("] ").nth(1).unwrap_or(&line).split(' ').next().unwrap().to_lowercase());
+        }
+    }
+    assert_eq!(client_commands, vec!["\"evalsha\"".to_string()], "{name} made other round trips");
+}
