@@ -59,3 +59,16 @@ async fn concurrent_reserves_never_oversubscribe() {
     let l = h.ledger(&t.id, &root, Unit::Tokens).await;
     assert_eq!((l.reserved, l.spent, l.remaining), (0, 20 * commits, 1_000 - 20 * commits));
 }
+
+#[tokio::test]
+async fn the_suite_runs_on_the_configured_deployment() {
+    let h = Harness::start().await;
+    // A comma-separated REDIS_URL is a cluster: make sure the store really runs in cluster mode,
+    // so a green cluster run means the scripts worked across real hash slots.
+    let cluster_configured = h.redis_url.contains(',');
+    assert_eq!(h.store.is_cluster(), cluster_configured);
+    if cluster_configured {
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query_async(&mut h.store.conn()).await.unwrap();
+        assert!(info.contains("cluster_size:3"), "{info}");
+    }
+}
