@@ -1,1 +1,249 @@
-fn main() {}
+//! `cycles-bench`: the benchmark suite of `../shared/docs/benchmarks.md` against the local
+//! gateway and a fresh Redis, with the machine's floors measured in the same run.
+//!
+//!   cargo run --release -p cycles-benches -- [--iterations N] [--warmup N] [--json FILE]
+//!
+//! Prints a markdown table (p50/p95/p99/min/max/mean, ops/s, errors, p50 ratio to the service
+//! floor) and optionally writes the same numbers as JSON.
+
+use std::time::{Duration, Instant};
+
+use cycles_shared::model::Unit;
+use cycles_shared::provision::NewBudget;
+use cycles_shared::store::scripts;
+use cycles_tests::{json, Harness, Tenant};
+use serde_json::Value;
+
+struct Opts {
+    iterations: usize,
+    warmup: usize,
+    json: Option<String>,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts { iterations: 200, warmup: 50, json: None };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut num = || it.next().and_then(|v| v.parse().ok()).expect("a number");
+        match a.as_str() {
+            "--iterations" => o.iterations = num(),
+            "--warmup" => o.warmup = num(),
+            "--json" => o.json = it.next(),
+            "--bench" => {} // passed by `cargo bench`
+            other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
+        }
+    }
+    o
+}
+
+/// Latency statistics of one case, in milliseconds.
+struct Stats {
+    name: String,
+    samples: Vec<f64>,
+    errors: usize,
+    wall: Duration,
+}
+
+impl Stats {
+    /// Percentile as benchmarks.md defines it: index min(ceil(x/100*N) - 1, N - 1).
+    fn pct(&self, x: f64) -> f64 {
+        let mut s = self.samples.clone();
+        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let n = s.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        let i = ((x / 100.0 * n as f64).ceil() as usize).saturating_sub(1).min(n - 1);
+        s[i]
+    }
+    fn mean(&self) -> f64 {
+        self.samples.iter().sum::<f64>() / self.samples.len().max(1) as f64
+    }
+    fn ops(&self) -> f64 {
+        self.samples.len() as f64 / self.wall.as_secs_f64()
+    }
+    fn to_json(&self, floor_p50: f64) -> Value {
+        json!({"case": self.name, "p50_ms": self.pct(50.0), "p95_ms": self.pct(95.0), "p99_ms": self.pct(99.0),
+            "min_ms": self.pct(0.0), "max_ms": self.pct(100.0), "mean_ms": self.mean(), "ops_per_s": self.ops(),
+            "errors": self.errors, "p50_ratio_to_service_floor": self.pct(50.0) / floor_p50})
+    }
+}
+
+/// Runs `op` `warmup` times untimed, then `n` times timed, sequentially.
+async fn measure<F, Fut>(name: &str, o: &Opts, mut op: F) -> Stats
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for i in 0..o.warmup {
+        op(i).await;
+    }
+    let mut samples = Vec::with_capacity(o.iterations);
+    let mut errors = 0;
+    let start = Instant::now();
+    for i in 0..o.iterations {
+        let t = Instant::now();
+        if !op(o.warmup + i).await {
+            errors += 1;
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    Stats { name: name.to_string(), samples, errors, wall: start.elapsed() }
+}
+
+fn reserve_body(t: &Tenant, key: &str) -> Value {
+    json!({"idempotency_key": key, "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "test-model"},
+        "estimate": {"unit": "TOKENS", "amount": 100}, "ttl_ms": 60000, "overage_policy": "REJECT"})
+}
+
+async fn reserve(h: &Harness, t: &Tenant, key: String) -> Option<String> {
+    let r = h.post(&t.key, "/v1/reservations", &reserve_body(t, &key)).await;
+    r.body["reservation_id"].as_str().map(str::to_string)
+}
+
+async fn pre_create(h: &Harness, t: &Tenant, prefix: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(reserve(h, t, format!("{prefix}-{i}")).await.expect("pre-create reservation"));
+    }
+    ids
+}
+
+#[tokio::main]
+async fn main() {
+    let o = opts();
+    let h = Harness::start().await;
+    let a = h.tenant().await;
+    h.budget_with(NewBudget {
+        overdraft_limit: 100_000,
+        ..NewBudget::new(&a.id, &format!("tenant:{}", a.id), Unit::Tokens, 1_000_000_000)
+    })
+    .await;
+    let n = o.warmup + o.iterations;
+    let mut cases = Vec::new();
+
+    // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
+    cases.push(
+        measure("Floor: HTTP", &o, |_| async { h.send("GET", "/_floor/http", &[], None).await.status == 200 }).await,
+    );
+    cases.push(
+        measure("Floor: Redis EVALSHA", &o, |_| async {
+            let mut c = h.store.conn();
+            scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut c).await.is_ok()
+        })
+        .await,
+    );
+    cases.push(
+        measure("Floor: service (HTTP + EVALSHA)", &o, |_| async {
+            h.send("GET", "/_floor/redis", &[], None).await.status == 200
+        })
+        .await,
+    );
+    let floor = cases[2].pct(50.0);
+
+    cases.push(
+        measure("Reserve", &o, |i| {
+            let (h, a) = (&h, &a);
+            async move { reserve(h, a, format!("r-{i}")).await.is_some() }
+        })
+        .await,
+    );
+    let ids = pre_create(&h, &a, "c", n).await;
+    cases.push(
+        measure("Commit", &o, |i| {
+            let (h, a, id) = (&h, &a, ids[i].clone());
+            async move { h.commit(a, &id, 80).await.status == 200 }
+        })
+        .await,
+    );
+    let ids = pre_create(&h, &a, "rl", n).await;
+    cases.push(
+        measure("Release", &o, |i| {
+            let (h, a, id) = (&h, &a, ids[i].clone());
+            async move { h.release(a, &id).await.status == 200 }
+        })
+        .await,
+    );
+    let ids = pre_create(&h, &a, "ex", n).await;
+    cases.push(
+        measure("Extend", &o, |i| {
+            let (h, a, id) = (&h, &a, ids[i].clone());
+            async move { h.extend(a, &id, 10_000).await.status == 200 }
+        })
+        .await,
+    );
+    cases.push(
+        measure("Decide", &o, |i| {
+            let (h, a) = (&h, &a);
+            async move {
+                let mut body = reserve_body(a, &format!("d-{i}"));
+                for f in ["ttl_ms", "overage_policy"] {
+                    body.as_object_mut().unwrap().remove(f);
+                }
+                h.post(&a.key, "/v1/decide", &body).await.status == 200
+            }
+        })
+        .await,
+    );
+    cases.push(
+        measure("Reserve+Commit", &o, |i| {
+            let (h, a) = (&h, &a);
+            async move {
+                match reserve(h, a, format!("rc-{i}")).await {
+                    Some(id) => h.commit(a, &id, 80).await.status == 200,
+                    None => false,
+                }
+            }
+        })
+        .await,
+    );
+    cases.push(
+        measure("Reserve+Release", &o, |i| {
+            let (h, a) = (&h, &a);
+            async move {
+                match reserve(h, a, format!("rr-{i}")).await {
+                    Some(id) => h.release(a, &id).await.status == 200,
+                    None => false,
+                }
+            }
+        })
+        .await,
+    );
+    let one = reserve(&h, &a, "get-one".into()).await.unwrap();
+    cases.push(
+        measure("GET reservation", &o, |_| {
+            let (h, a, id) = (&h, &a, one.clone());
+            async move { h.get(&a.key, &format!("/v1/reservations/{id}")).await.status == 200 }
+        })
+        .await,
+    );
+
+    println!("| case | p50 ms | p95 ms | p99 ms | min ms | max ms | mean ms | ops/s | errors | p50 / service floor |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for c in &cases {
+        println!(
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {} | {:.2} |",
+            c.name,
+            c.pct(50.0),
+            c.pct(95.0),
+            c.pct(99.0),
+            c.pct(0.0),
+            c.pct(100.0),
+            c.mean(),
+            c.ops(),
+            c.errors,
+            c.pct(50.0) / floor
+        );
+    }
+    if let Some(path) = &o.json {
+        let out = json!({"iterations": o.iterations, "warmup": o.warmup,
+            "cases": cases.iter().map(|c| c.to_json(floor)).collect::<Vec<_>>()});
+        std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
+    }
+    let errors: usize = cases.iter().map(|c| c.errors).sum();
+    if errors > 0 {
+        eprintln!("{errors} requests failed");
+        std::process::exit(1);
+    }
+}

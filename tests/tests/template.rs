@@ -1,0 +1,53 @@
+//! The SAM template declares exactly the route table, each route on the function (binary)
+//! that serves it, and every function binary exists.
+
+use std::collections::BTreeSet;
+
+use cycles_shared::api::ROUTES;
+
+fn template() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).expect("template.yaml")
+}
+
+/// (binary, method, path) for every HttpApi event, read from the template's function blocks.
+fn declared_routes(template: &str) -> BTreeSet<(String, String, String)> {
+    let mut routes = BTreeSet::new();
+    let mut binary = String::new();
+    for line in template.lines().map(str::trim) {
+        if let Some(b) = line.strip_prefix("Binary: ") {
+            binary = b.to_string();
+        }
+        if let Some(props) = line.strip_prefix("Properties: { ApiId: !Ref RuntimeApi, ") {
+            let props = props.trim_end_matches(" }");
+            let mut method = String::new();
+            let mut path = String::new();
+            for kv in props.split(", ") {
+                match kv.split_once(": ") {
+                    Some(("Method", m)) => method = m.to_string(),
+                    Some(("Path", p)) => path = p.to_string(),
+                    _ => panic!("unexpected route property {kv}"),
+                }
+            }
+            routes.insert((binary.clone(), method, path));
+        }
+    }
+    routes
+}
+
+#[test]
+fn template_routes_equal_the_route_table() {
+    let declared = declared_routes(&template());
+    let table: BTreeSet<_> = ROUTES
+        .iter()
+        .map(|r| (r.op.function_name().to_string(), r.method.to_string(), r.template.to_string()))
+        .collect();
+    assert_eq!(declared, table);
+}
+
+#[test]
+fn every_function_has_a_binary() {
+    for r in &ROUTES {
+        let path = format!("{}/../functions/src/bin/{}.rs", env!("CARGO_MANIFEST_DIR"), r.op.function_name());
+        assert!(std::path::Path::new(&path).exists(), "missing {path}");
+    }
+}
