@@ -111,8 +111,13 @@ impl EmbeddedRedis {
     /// Starts `redis-server` (from PATH, or `REDIS_SERVER_BIN`) with the given extra arguments
     /// and waits until it answers PING.
     pub async fn start(extra_args: &[&str]) -> Result<EmbeddedRedis, String> {
-        let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_string());
         let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        Self::start_on_port(port, extra_args).await
+    }
+
+    /// Like `start`, on a given port (e.g. to restart a server where it was).
+    pub async fn start_on_port(port: u16, extra_args: &[&str]) -> Result<EmbeddedRedis, String> {
+        let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_string());
         let dir = std::env::temp_dir().join(format!("cycles-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let port_s = port.to_string();
