@@ -1,6 +1,6 @@
 -- Commit: settle a reservation with its actual cost under the overage policy recorded at reserve.
 -- KEYS[1] tenant record  KEYS[2] api key record  KEYS[3] reservation  KEYS[4] expiry index
--- KEYS[5..] the reservation's budgets (decoded from its id)
+-- KEYS[5] event stream  KEYS[6..] the reservation's budgets (decoded from its id)
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] idempotency key
 -- ARGV[5] payload hash  ARGV[6] actual unit  ARGV[7] actual amount  ARGV[8] metrics json or ''
 -- ARGV[9] metadata json or ''  ARGV[10] retention ms (terminal records)
@@ -21,7 +21,8 @@ end
 local guard = tenant_guard(tenant_record(KEYS[1]))
 if guard then return guard end
 local retention = tonumber(ARGV[10])
-expire_if_overdue(KEYS[3], r, KEYS, 5, KEYS[4], now, retention)
+if r.corrupt then return err('INTERNAL_ERROR', 'Reservation record is corrupt') end
+expire_if_overdue(KEYS[3], r, keys_from(6), KEYS[4], KEYS[5], now, retention)
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
 if r.status ~= 'ACTIVE' then return err('RESERVATION_FINALIZED', 'Reservation is already ' .. r.status) end
 if ARGV[6] ~= r.unit then
@@ -29,7 +30,7 @@ if ARGV[6] ~= r.unit then
     cjson.encode({scope = r.scope_path, requested_unit = ARGV[6], expected_units = {r.unit}}))
 end
 
-local budgets = read_budgets(KEYS, 5)
+local budgets = read_budgets(KEYS, 6)
 for _, b in ipairs(budgets) do
   if b.status == 'FROZEN' then return err('BUDGET_FROZEN', 'Budget is frozen for scope ' .. b.scope) end
   if b.status == 'CLOSED' then return err('BUDGET_CLOSED', 'Budget is closed for scope ' .. b.scope) end

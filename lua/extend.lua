@@ -1,6 +1,7 @@
 -- Extend: push an ACTIVE reservation's expiry out by extend_by_ms (relative to its current expiry).
 -- KEYS[1] tenant record  KEYS[2] api key record  KEYS[3] reservation  KEYS[4] expiry index
--- KEYS[5] extend idempotency record  KEYS[6..] the reservation's budgets (for expire-on-touch)
+-- KEYS[5] extend idempotency record  KEYS[6] event stream
+-- KEYS[7..] the reservation's budgets (for expire-on-touch)
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] payload hash
 -- ARGV[5] extend_by_ms  ARGV[6] retention ms (terminal records)
 local now = now_ms()
@@ -20,7 +21,8 @@ end
 local guard = tenant_guard(tenant_record(KEYS[1]))
 if guard then return guard end
 local retention = tonumber(ARGV[6])
-expire_if_overdue(KEYS[3], r, KEYS, 6, KEYS[4], now, retention)
+if r.corrupt then return err('INTERNAL_ERROR', 'Reservation record is corrupt') end
+expire_if_overdue(KEYS[3], r, keys_from(7), KEYS[4], KEYS[6], now, retention)
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
 if r.status ~= 'ACTIVE' then return err('RESERVATION_FINALIZED', 'Reservation is already ' .. r.status) end
 if now > r.expires_at then return err('RESERVATION_EXPIRED', 'Reservation has expired (extend allows no grace period)') end

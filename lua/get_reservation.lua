@@ -1,6 +1,6 @@
 -- Read one reservation (expiring it first if it is overdue, so its status is never stale).
 -- KEYS[1] api key record (the reservation key again for admin calls)  KEYS[2] reservation
--- KEYS[3] expiry index  KEYS[4..] the reservation's budgets
+-- KEYS[3] expiry index  KEYS[4] event stream  KEYS[5..] the reservation's budgets
 -- ARGV[1] key digest ('' for admin)  ARGV[2] accepted permissions  ARGV[3] reservation id
 -- ARGV[4] retention ms
 local now = now_ms()
@@ -8,7 +8,8 @@ local denied = authorize(KEYS[1], ARGV[1], ARGV[2], now)
 if denied then return denied end
 local r = read_reservation(KEYS[2], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-expire_if_overdue(KEYS[2], r, KEYS, 4, KEYS[3], now, tonumber(ARGV[4]))
+if r.corrupt then return err('INTERNAL_ERROR', 'Reservation record is corrupt') end
+expire_if_overdue(KEYS[2], r, keys_from(5), KEYS[3], KEYS[4], now, tonumber(ARGV[4]))
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
 local f = redis.call('HMGET', KEYS[2], 'status', 'idempotency_key', 'subject', 'action', 'unit', 'estimate',
   'charged', 'created_at_ms', 'expires_at_ms', 'finalized_at_ms', 'scope_path', 'metadata', 'committed_metadata')

@@ -206,21 +206,69 @@ local function read_budgets(keys, first)
 end
 
 local RES_FIELDS = {'rid', 'status', 'unit', 'estimate', 'expires_at_ms', 'grace_ms', 'overage_policy',
-  'extensions', 'max_extensions', 'scope_path'}
+  'extensions', 'max_extensions', 'scope_path', 'created_at_ms'}
 
+-- Reads a reservation; nil when absent. A record whose essential fields do not parse is
+-- returned with `corrupt` set (never acted on: callers quarantine or fail).
 local function read_reservation(key, rid)
   local f = redis.call('HMGET', key, unpack(RES_FIELDS))
   if not f[1] or f[1] ~= rid then return nil end
-  return { rid = f[1], status = f[2], unit = f[3], estimate = f[4], expires_at = tonumber(f[5]),
+  local r = { rid = f[1], status = f[2], unit = f[3], estimate = f[4], expires_at = tonumber(f[5]),
     grace = tonumber(f[6]), policy = f[7], extensions = tonumber(f[8] or '0'),
-    max_extensions = tonumber(f[9] or '10'), scope_path = f[10] }
+    max_extensions = tonumber(f[9] or '10'), scope_path = f[10], created_at = tonumber(f[11]) }
+  local statuses = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
+  if not (r.expires_at and r.grace and r.created_at and statuses[r.status] and r.estimate
+      and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
+    r.corrupt = true
+  end
+  return r
+end
+
+-- RFC 3339 UTC with milliseconds, from epoch ms (civil-from-days; Lua in Redis has no os.date).
+local function iso8601(ms)
+  local secs, frac = math.floor(ms / 1000), ms % 1000
+  local days, rem = math.floor(secs / 86400), secs % 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = (mp < 10) and (mp + 3) or (mp - 9)
+  local y = yoe + era * 400 + ((m <= 2) and 1 or 0)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(rem / 3600),
+    math.floor(rem % 3600 / 60), rem % 60, frac)
+end
+
+-- Appends an event (the spec's `Event` JSON) to the tenant's event stream, in the same script
+-- as the state change that causes it. `data_json` is pre-built JSON (amounts as raw digits).
+local function emit(events_key, event_id, event_type, tenant, scope, actor_type, source, data_json, now)
+  local category = string.match(event_type, '^([^.]+)')
+  local json = '{"event_id":' .. cjson.encode(event_id) .. ',"event_type":' .. cjson.encode(event_type) ..
+    ',"category":' .. cjson.encode(category) .. ',"timestamp":"' .. iso8601(now) .. '","tenant_id":' ..
+    cjson.encode(tenant) .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
+    ',"actor":{"type":' .. cjson.encode(actor_type) .. '},"source":' .. cjson.encode(source) ..
+    ',"data":' .. data_json .. '}'
+  redis.call('XADD', events_key, '*', 'event_id', event_id, 'type', event_type, 'event', json)
+end
+
+-- KEYS[first..] as a list (a script's trailing budget keys).
+local function keys_from(first)
+  local out = {}
+  for i = first, #KEYS do out[#out + 1] = KEYS[i] end
+  return out
 end
 
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
--- scope exactly once. Used by every script that touches a reservation, and by the sweeper.
-local function expire_if_overdue(res_key, r, budget_keys, first, expiry_index, now, retention_ms)
+-- scope exactly once. Used by every script that touches a reservation, and by the sweep.
+local function expire_if_overdue(res_key, r, budget_keys, expiry_index, events_key, now, retention_ms)
   if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
-  local budgets = read_budgets(budget_keys, first)
+  local budgets = {}
+  for _, key in ipairs(budget_keys) do
+    local b = read_budget(key)
+    if b then budgets[#budgets + 1] = b end
+  end
   for _, b in ipairs(budgets) do
     b.reserved = d_sub(b.reserved, r.estimate)
     b.remaining = d_add(b.remaining, r.estimate)
@@ -231,6 +279,13 @@ local function expire_if_overdue(res_key, r, budget_keys, first, expiry_index, n
   redis.call('PEXPIRE', res_key, retention_ms)
   redis.call('ZREM', expiry_index, r.rid)
   r.status = 'EXPIRED'
+  local tenant = string.match(r.rid, '^([^.]+)%.')
+  local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..
+    ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
+    iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
+    string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
+  emit(events_key, 'evt_' .. string.sub(redis.sha1hex(r.rid .. '|expired'), 1, 16), 'reservation.expired',
+    tenant, r.scope_path, 'system', 'cycles-expiry', data, now)
   return true
 end
 

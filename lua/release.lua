@@ -1,6 +1,7 @@
 -- Release: return a reservation's whole hold to every budgeted scope.
 -- KEYS[1] tenant record  KEYS[2] api key record (the tenant record again for admin calls)
--- KEYS[3] reservation  KEYS[4] expiry index  KEYS[5] audit log  KEYS[6..] the reservation's budgets
+-- KEYS[3] reservation  KEYS[4] expiry index  KEYS[5] audit log  KEYS[6] event stream
+-- KEYS[7..] the reservation's budgets
 -- ARGV[1] key digest ('' for an admin-key call)  ARGV[2] accepted permissions  ARGV[3] reservation id
 -- ARGV[4] idempotency key  ARGV[5] payload hash  ARGV[6] reason or ''  ARGV[7] retention ms
 -- ARGV[8] audit entry json ('' unless an admin released on behalf of the tenant)
@@ -21,11 +22,12 @@ end
 local guard = tenant_guard(tenant_record(KEYS[1]))
 if guard then return guard end
 local retention = tonumber(ARGV[7])
-expire_if_overdue(KEYS[3], r, KEYS, 6, KEYS[4], now, retention)
+if r.corrupt then return err('INTERNAL_ERROR', 'Reservation record is corrupt') end
+expire_if_overdue(KEYS[3], r, keys_from(7), KEYS[4], KEYS[6], now, retention)
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
 if r.status ~= 'ACTIVE' then return err('RESERVATION_FINALIZED', 'Reservation is already ' .. r.status) end
 
-local budgets = read_budgets(KEYS, 6)
+local budgets = read_budgets(KEYS, 7)
 for _, b in ipairs(budgets) do
   b.reserved = d_sub(b.reserved, r.estimate)
   b.remaining = d_add(b.remaining, r.estimate)

@@ -7,7 +7,8 @@
 -- prefix ("<tenant>.<token>.")  ARGV[5] unit  ARGV[6] amount  ARGV[7] ttl_ms or ''
 -- ARGV[8] grace_ms  ARGV[9] overage policy or ''  ARGV[10] idempotency key  ARGV[11] subject json
 -- ARGV[12] action json  ARGV[13] metadata json or ''  ARGV[14] retention ms (terminal records)
--- ARGV[15..] per budget key: "<scope>|<key code>" aligned with KEYS[8..]
+-- ARGV[15..] per budget key: "<scope>|<key code>" aligned with KEYS[8..]; then 'reclaimed' on
+-- the retry after a lazy reclaim (so a reserve asks for a reclaim at most once)
 local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
@@ -35,6 +36,12 @@ local unit, amount = ARGV[5], ARGV[6]
 local e = evaluate(KEYS[5], 8, 15, unit, amount)
 if e.unit_error then return e.unit_error end
 if e.reason == 'BUDGET_NOT_FOUND' then return err('NOT_FOUND', e.message) end
+if e.reason == 'BUDGET_EXCEEDED' and ARGV[15 + #e.scopes] ~= 'reclaimed' then
+  -- Holds of dead reservations must never block a reserve: hand their ids back so the caller
+  -- expires them (their keys are unknown here) and retries once.
+  local overdue = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. now, 'LIMIT', 0, 50)
+  if #overdue > 0 then return {'RECLAIM', cjson.encode(overdue), '', tostring(now)} end
+end
 if e.reason then return err(e.reason, e.message) end
 local budgets = e.budgets
 

@@ -87,6 +87,14 @@ impl TenantKeys {
     pub fn created_index(&self) -> String {
         format!("{}:created", self.prefix)
     }
+    /// Stream of the tenant's events (the spec's `Event` JSON per entry), in time order.
+    pub fn events(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+    /// Reservations the sweep could not read: id -> reason. Never refunded automatically.
+    pub fn quarantine(&self) -> String {
+        format!("{}:quarantine", self.prefix)
+    }
     /// Append-only audit log of admin actions on this tenant's resources.
     pub fn audit_log(&self) -> String {
         format!("{}:audit", self.prefix)

@@ -1,6 +1,7 @@
 //! AWS Lambda front end: every function's `main` is `cycles_shared::lambda::run(op)`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use lambda_http::Error;
 use lambda_http::{service_fn, Body, Request, RequestExt, Response};
@@ -17,6 +18,40 @@ pub async fn run(op: Operation) -> Result<(), lambda_http::Error> {
     }))
     .await
 }
+
+/// The scheduled maintenance function: sweeps repeatedly until shortly before the
+/// invocation's deadline, so overdue holds return within seconds of a schedule tick.
+pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
+    use lambda_http::lambda_runtime::{self, LambdaEvent};
+    crate::init_tracing(true);
+    let config = crate::config::Config::from_env(None);
+    let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
+    let (store, config) = (Arc::new(store), Arc::new(config));
+    lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
+        let (store, config) = (store.clone(), config.clone());
+        async move {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+            // Leave a margin for the last sweep to finish before the function times out.
+            let left = Duration::from_millis(event.context.deadline.saturating_sub(now)).saturating_sub(MARGIN);
+            let deadline = std::time::Instant::now() + left;
+            let total =
+                crate::maintenance::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
+                    .await;
+            tracing::info!(
+                expired = total.expired,
+                dropped = total.dropped,
+                quarantined = total.quarantined,
+                tenants = total.tenants,
+                duration_ms = total.duration_ms,
+                "maintenance invocation done"
+            );
+            Ok::<_, lambda_http::Error>(serde_json::to_value(total)?)
+        }
+    }))
+    .await
+}
+
+const MARGIN: Duration = Duration::from_secs(5);
 
 /// Path parameters come from API Gateway when it provides them; otherwise (e.g. under
 /// `cargo lambda watch`) the route template is matched against the raw path.

@@ -11,6 +11,7 @@ pub mod keys;
 pub mod lambda;
 pub mod local;
 pub mod local_cli;
+pub mod maintenance;
 pub mod model;
 pub mod provision;
 pub mod store;

@@ -90,6 +90,11 @@ async fn run(args: Args) -> Result<(), String> {
     if args.seed_demo {
         seed_demo(&app, &base).await?;
     }
+    let sweeper = app.clone();
+    tokio::spawn(async move {
+        let opts = sweeper.config.sweep_options();
+        crate::maintenance::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
+    });
     eprintln!("cycles-local serving the runtime API on {base} (Redis: {url}); Ctrl-C stops it");
     tokio::select! {
         r = local::serve(app, listener) => r.map_err(|e| e.to_string()),

@@ -219,7 +219,10 @@ pub async fn create_budget(store: &Store, b: &NewBudget) -> ApiResult<bool> {
     for (f, v) in fields {
         args.extend([f.to_string(), v]);
     }
-    write(store, vec![keys.budget(&scope, b.unit), keys.scope_units()], args).await
+    let created = write(store, vec![keys.budget(&scope, b.unit), keys.scope_units()], args).await?;
+    // Tenants with budgets are what the expiry sweep visits.
+    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, &b.tenant_id).await?;
+    Ok(created)
 }
 
 #[cfg(test)]

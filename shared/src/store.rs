@@ -111,7 +111,8 @@ impl Store {
 }
 
 /// What a script answered: its stored result (a JSON array of strings) plus the record's
-/// current status and the server time, or an error.
+/// current status and the server time, or an error. A reserve may instead answer status
+/// `RECLAIM` with the ids of overdue reservations to expire before it is retried.
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub result: Vec<String>,
@@ -139,10 +140,10 @@ impl Reply {
                 }
                 Err(e)
             }
-            Some(tag @ ("OK" | "REPLAY")) if parts.len() == 4 => {
+            Some(tag @ ("OK" | "REPLAY" | "RECLAIM")) if parts.len() == 4 => {
                 let replay = tag == "REPLAY";
                 let now_ms = parts[3].parse().map_err(|_| bad())?;
-                let status = std::mem::take(&mut parts[2]);
+                let status = if tag == "RECLAIM" { tag.to_string() } else { std::mem::take(&mut parts[2]) };
                 let result = serde_json::from_str(&parts[1]).map_err(|_| bad())?;
                 Ok(Reply { result, status, now_ms, replay })
             }
@@ -169,6 +170,7 @@ pub mod scripts {
         LazyLock::new(|| with_lib(include_str!("../../lua/get_reservation.lua")));
     pub static PROVISION: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/provision.lua")));
     pub static EVALUATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/evaluate.lua")));
+    pub static EXPIRE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/expire.lua")));
     pub static AUTHENTICATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));

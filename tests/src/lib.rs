@@ -26,27 +26,57 @@ pub struct Harness {
     pub admin_key: String,
     /// Present when this harness started its own redis-server.
     pub embedded: Option<EmbeddedRedis>,
+    /// Keeps a Docker container (the testcontainers fallback) alive for the harness's life.
+    _container: Option<Container>,
     pub redis_url: String,
 }
 
 pub const ADMIN_KEY: &str = "test-admin-key";
 
-/// Starts Redis for the harness: `REDIS_URL` if set, else a fresh `redis-server` child, else
-/// a Docker container through testcontainers (not available on every machine), else a panic
-/// that says how to get one.
-pub async fn redis_for_tests() -> (String, Option<EmbeddedRedis>) {
+type Container = Box<dyn std::any::Any + Send + Sync>;
+
+/// Where the harness's Redis comes from: `REDIS_URL` if set, else a fresh `redis-server` child,
+/// else (with the `docker` feature, when a Docker engine answers) a container through
+/// testcontainers, else a panic that says how to get one.
+pub async fn redis_for_tests() -> (String, Option<EmbeddedRedis>, Option<Container>) {
     if let Ok(url) = std::env::var("REDIS_URL") {
         if !url.is_empty() {
-            return (url, None);
+            return (url, None, None);
         }
     }
-    match EmbeddedRedis::start(&[]).await {
-        Ok(r) => (r.url(), Some(r)),
-        Err(e) => panic!(
+    let local_error = match EmbeddedRedis::start(&[]).await {
+        Ok(r) => return (r.url(), Some(r), None),
+        Err(e) => e,
+    };
+    match docker_redis().await {
+        Ok((url, container)) => (url, None, Some(container)),
+        Err(docker_error) => panic!(
             "no Redis for the tests: set REDIS_URL, or install redis-server \
-             (Debian/Ubuntu: apt-get install -y redis-server). Details: {e}"
+             (Debian/Ubuntu: apt-get install -y redis-server), or build the tests with \
+             `--features docker` on a machine with a Docker engine. \
+             redis-server: {local_error}; docker: {docker_error}"
         ),
     }
+}
+
+#[cfg(feature = "docker")]
+async fn docker_redis() -> Result<(String, Container), String> {
+    use testcontainers::core::{IntoContainerPort, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::GenericImage;
+    let container = GenericImage::new("redis", "7-alpine")
+        .with_exposed_port(6379.tcp())
+        .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = container.get_host_port_ipv4(6379).await.map_err(|e| e.to_string())?;
+    Ok((format!("redis://127.0.0.1:{port}"), Box::new(container)))
+}
+
+#[cfg(not(feature = "docker"))]
+async fn docker_redis() -> Result<(String, Container), String> {
+    Err("built without the `docker` feature".to_string())
 }
 
 /// Unique ids so tests sharing one Redis never see each other's data.
@@ -126,8 +156,10 @@ pub struct Ledger {
 
 impl Harness {
     pub async fn start() -> Harness {
-        let (url, embedded) = redis_for_tests().await;
-        Self::start_on(url, embedded).await
+        let (url, embedded, container) = redis_for_tests().await;
+        let mut h = Self::start_on(url, embedded).await;
+        h._container = container;
+        h
     }
 
     pub async fn start_on(url: String, embedded: Option<EmbeddedRedis>) -> Harness {
@@ -142,7 +174,7 @@ impl Harness {
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(local::serve(app, listener));
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
-        Harness { base, store, http, admin_key: ADMIN_KEY.to_string(), embedded, redis_url: url }
+        Harness { base, store, http, admin_key: ADMIN_KEY.to_string(), embedded, _container: None, redis_url: url }
     }
 
     /// A fresh ACTIVE tenant with a default-permission key.

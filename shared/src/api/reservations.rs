@@ -8,6 +8,7 @@ use crate::domain::{derive_scopes, leaf_segment, payload_hash, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::ids::ReservationId;
 use crate::keys::{budget_code, TenantKeys};
+use crate::maintenance::expire_reservations;
 use crate::model::*;
 use crate::store::{scripts, Reply};
 
@@ -149,7 +150,14 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     ];
     args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))));
 
-    let reply = app.store.run(&scripts::RESERVE, &script_keys, &args).await?;
+    let mut reply = app.store.run(&scripts::RESERVE, &script_keys, &args).await?;
+    if reply.status == "RECLAIM" {
+        // Lazy reclaim: expire the tenant's overdue reservations, then evaluate once more.
+        let opts = app.config.sweep_options();
+        expire_reservations(&app.store, &caller.tenant, &reply.result, &opts).await?;
+        args.push("reclaimed".to_string());
+        reply = app.store.run(&scripts::RESERVE, &script_keys, &args).await?;
+    }
     let res = &reply.result;
     if res.len() < 4 {
         return Err(ApiError::internal("Malformed reserve result"));
@@ -327,7 +335,13 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
     let principal = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<CommitRequest>(req)?;
     let t = target(app, principal, params, Permission::ReservationsCommit).await?;
-    let mut keys = vec![t.keys.tenant(), t.auth_key.clone(), t.keys.reservation(&t.rid.token), t.keys.expiry_index()];
+    let mut keys = vec![
+        t.keys.tenant(),
+        t.auth_key.clone(),
+        t.keys.reservation(&t.rid.token),
+        t.keys.expiry_index(),
+        t.keys.events(),
+    ];
     keys.extend(t.budget_keys());
     let args = [
         t.digest.clone(),
@@ -394,6 +408,7 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params
         t.keys.reservation(&t.rid.token),
         t.keys.expiry_index(),
         t.keys.audit_log(),
+        t.keys.events(),
     ];
     keys.extend(t.budget_keys());
     let args = [
@@ -432,6 +447,7 @@ pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
         t.keys.reservation(&t.rid.token),
         t.keys.expiry_index(),
         t.keys.idempotency("extend", &[&t.id, &r.idempotency_key]),
+        t.keys.events(),
     ];
     keys.extend(t.budget_keys());
     let args = [
@@ -460,7 +476,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) ->
     let t = target(app, principal, params, Permission::ReservationsList).await?;
     let res_key = t.keys.reservation(&t.rid.token);
     let auth_key = if t.admin { res_key.clone() } else { t.auth_key.clone() };
-    let mut keys = vec![auth_key, res_key, t.keys.expiry_index()];
+    let mut keys = vec![auth_key, res_key, t.keys.expiry_index(), t.keys.events()];
     keys.extend(t.budget_keys());
     let args = [t.digest.clone(), Permission::ReservationsList.accepted().to_string(), t.id.clone(), retention_ms(app)];
     let reply = app.store.run(&scripts::GET_RESERVATION, &keys, &args).await?;

@@ -1,0 +1,169 @@
+//! Scheduled maintenance: the expiry sweep. It finds work without a keyspace scan (the tenant
+//! registry, then each tenant's expiry index), works in bounded batches of one tenant (one slot)
+//! per script, and is safe to run concurrently with itself or to be killed at any point: every
+//! expiry re-checks status and time inside its script, so nothing is refunded twice or lost.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde::Serialize;
+
+use crate::error::{ApiError, ApiResult};
+use crate::ids::ReservationId;
+use crate::keys::{TenantKeys, TENANT_REGISTRY};
+use crate::store::{scripts, Store};
+
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// Reservations per script call.
+    pub batch: usize,
+    /// Stop a tenant after this many batches (None = until its due work is done).
+    pub max_batches_per_tenant: Option<usize>,
+    /// Retention of finished reservation records.
+    pub retention: Duration,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        SweepOptions { batch: 200, max_batches_per_tenant: None, retention: Duration::from_secs(30 * 86_400) }
+    }
+}
+
+/// Counters of one sweep (logged per run).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    pub tenants: u64,
+    pub expired: u64,
+    /// Index entries of reservations already finalized or gone.
+    pub dropped: u64,
+    pub quarantined: u64,
+    pub duration_ms: u64,
+}
+
+impl SweepReport {
+    fn add(&mut self, other: &SweepReport) {
+        self.tenants += other.tenants;
+        self.expired += other.expired;
+        self.dropped += other.dropped;
+        self.quarantined += other.quarantined;
+        self.duration_ms += other.duration_ms;
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// One pass over every registered tenant.
+pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport> {
+    let started = Instant::now();
+    let mut report = SweepReport::default();
+    let mut conn = store.conn();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, tenants): (u64, Vec<String>) =
+            redis::cmd("SSCAN").arg(TENANT_REGISTRY).arg(cursor).arg("COUNT").arg(500).query_async(&mut conn).await?;
+        for tenant in tenants {
+            report.tenants += 1;
+            sweep_tenant(store, &tenant, opts, &mut report).await?;
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// Expires one tenant's due reservations, batch by batch.
+pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    let keys = TenantKeys::new(tenant);
+    let mut conn = store.conn();
+    let mut batches = 0;
+    loop {
+        // Selection uses this host's clock; the script decides with Redis TIME.
+        let due: Vec<String> =
+            conn.zrangebyscore_limit(keys.expiry_index(), "-inf", now_ms(), 0, opts.batch as isize).await?;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let batch = expire_reservations(store, tenant, &due, opts).await?;
+        report.add(&batch);
+        batches += 1;
+        let progressed = batch.expired + batch.dropped + batch.quarantined > 0;
+        if due.len() < opts.batch || !progressed || opts.max_batches_per_tenant.is_some_and(|m| batches >= m) {
+            return Ok(());
+        }
+    }
+}
+
+/// Expires the given reservations of one tenant where they are overdue (one script, one slot;
+/// ids are re-checked inside it). Also the lazy reclaim a reserve runs when dead holds block it.
+pub async fn expire_reservations(
+    store: &Store,
+    tenant: &str,
+    ids: &[String],
+    opts: &SweepOptions,
+) -> ApiResult<SweepReport> {
+    let keys = TenantKeys::new(tenant);
+    let mut script_keys = vec![keys.expiry_index(), keys.events(), keys.quarantine()];
+    let mut args = vec![opts.retention.as_millis().to_string(), ids.len().to_string()];
+    for id in ids {
+        match ReservationId::parse(id).filter(|r| r.tenant == tenant) {
+            Some(rid) => {
+                script_keys.push(keys.reservation(&rid.token));
+                script_keys.extend(rid.budget_codes.iter().map(|c| keys.budget_by_code(c)));
+                args.extend([id.clone(), rid.budget_codes.len().to_string()]);
+            }
+            // Not one of ours: the script finds no record under it and drops the entry.
+            None => {
+                script_keys.push(keys.reservation("-"));
+                args.extend([id.clone(), "0".to_string()]);
+            }
+        }
+    }
+    let reply = store.run(&scripts::EXPIRE, &script_keys, &args).await?;
+    let count = |i: usize| -> ApiResult<u64> {
+        reply.result.get(i).and_then(|v| v.parse().ok()).ok_or_else(|| ApiError::internal("Malformed sweep result"))
+    };
+    Ok(SweepReport { expired: count(0)?, dropped: count(1)?, quarantined: count(2)?, ..Default::default() })
+}
+
+/// Sweeps every `interval` until `deadline` (a Lambda invocation) or forever (local gateway).
+pub async fn sweep_loop(
+    store: &Store,
+    opts: &SweepOptions,
+    interval: Duration,
+    deadline: Option<Instant>,
+) -> SweepReport {
+    let mut total = SweepReport::default();
+    loop {
+        match sweep(store, opts).await {
+            Ok(r) => {
+                if r.expired + r.quarantined > 0 {
+                    tracing::info!(
+                        tenants = r.tenants,
+                        expired = r.expired,
+                        dropped = r.dropped,
+                        quarantined = r.quarantined,
+                        duration_ms = r.duration_ms,
+                        "expiry sweep"
+                    );
+                }
+                if r.quarantined > 0 {
+                    tracing::warn!(
+                        quarantined = r.quarantined,
+                        "corrupt reservations quarantined; see each tenant's quarantine hash"
+                    );
+                }
+                total.add(&r);
+            }
+            Err(e) => tracing::error!(error = %e.message, "expiry sweep failed"),
+        }
+        match deadline {
+            Some(d) if Instant::now() + interval >= d => return total,
+            _ => tokio::time::sleep(interval).await,
+        }
+    }
+}

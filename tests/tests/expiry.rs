@@ -1,0 +1,183 @@
+//! The expiry sweep (issue: scheduled maintenance): exactly-once expiry with the hold returned
+//! and one event, grace respected, safe overlap, clean resume, quarantine of corrupt records.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cycles_shared::keys::TenantKeys;
+use cycles_shared::maintenance::{sweep, sweep_tenant, SweepOptions, SweepReport};
+use cycles_shared::model::Unit;
+use cycles_tests::*;
+use redis::AsyncCommands;
+
+async fn sweep_one(h: &Harness, t: &Tenant, opts: &SweepOptions) -> SweepReport {
+    let mut report = SweepReport::default();
+    sweep_tenant(&h.store, &t.id, opts, &mut report).await.unwrap();
+    report
+}
+
+async fn events(h: &Harness, t: &Tenant) -> Vec<serde_json::Value> {
+    let entries: redis::streams::StreamRangeReply =
+        h.store.conn().xrange_all(TenantKeys::new(&t.id).events()).await.unwrap();
+    entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn overdue_reservations_expire_once_and_return_their_hold() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    h.budget(&t.id, &root, Unit::Tokens, 1000).await;
+    h.budget(&t.id, &format!("{root}/agent:a"), Unit::Tokens, 500).await;
+    let sub = json!({"subject": {"tenant": t.id, "agent": "a"}, "ttl_ms": 1000, "grace_period_ms": 0});
+    let due = h.reserve_ok(&t, 100, sub.clone()).await;
+    let in_grace = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 30000})).await;
+    let alive = h.reserve_ok(&t, 1, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = sweep_one(&h, &t, &SweepOptions::default()).await;
+    assert_eq!((r.expired, r.quarantined), (1, 0));
+    // The hold is back on both budgeted scopes; grace and live reservations are untouched.
+    let l = h.ledger(&t.id, &root, Unit::Tokens).await;
+    assert_eq!((l.reserved, l.remaining), (11, 989));
+    assert_eq!(h.ledger(&t.id, &format!("{root}/agent:a"), Unit::Tokens).await.reserved, 0);
+    h.get(&t.key, &format!("/v1/reservations/{due}")).await.assert_error(410, "RESERVATION_EXPIRED");
+    h.commit(&t, &in_grace, 10).await.assert_ok();
+    h.get(&t.key, &format!("/v1/reservations/{alive}")).await.assert_ok();
+    // Exactly once: a second sweep finds nothing, and one event was written.
+    assert_eq!(sweep_one(&h, &t, &SweepOptions::default()).await.expired, 0);
+    let ev = events(&h, &t).await;
+    assert_eq!(ev.len(), 1);
+    let e = &ev[0];
+    assert_eq!(e["event_type"], "reservation.expired");
+    assert_eq!(e["category"], "reservation");
+    assert_eq!(e["tenant_id"], t.id.as_str());
+    assert_eq!(e["actor"]["type"], "system");
+    assert_eq!(e["data"]["reservation_id"], due.as_str());
+    assert_eq!(e["data"]["estimated_amount"], 100);
+    assert_eq!(e["data"]["ttl_ms"], 1000);
+    assert_eq!(e["data"]["extensions_used"], 0);
+    assert_eq!(e["scope"], format!("{root}/agent:a"));
+    let ts = e["timestamp"].as_str().unwrap();
+    assert!(ts.len() == 24 && ts.ends_with('Z') && &ts[10..11] == "T", "{ts}");
+    assert!(e["event_id"].as_str().unwrap().starts_with("evt_"));
+}
+
+#[tokio::test]
+async fn expire_on_touch_and_sweep_never_double_count() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 50, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    h.release(&t, &rid).await.assert_error(410, "RESERVATION_EXPIRED");
+    let r = sweep_one(&h, &t, &SweepOptions::default()).await;
+    assert_eq!(r.expired, 0);
+    assert_eq!(events(&h, &t).await.len(), 1);
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.remaining), (0, 1000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_sweeps_never_double_refund() {
+    let h = Arc::new(Harness::start().await);
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    h.budget(&t.id, &root, Unit::Tokens, 100_000).await;
+    h.budget(&t.id, &format!("{root}/workspace:w"), Unit::Tokens, 100_000).await;
+    let n = 240;
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (h, t) = (h.clone(), t.clone());
+        tasks.push(tokio::spawn(async move {
+            let ws = if i % 2 == 0 { json!({"tenant": t.id, "workspace": "w"}) } else { json!({"tenant": t.id}) };
+            h.reserve_ok(&t, 7, json!({"subject": ws, "ttl_ms": 1000, "grace_period_ms": 0})).await
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let opts = SweepOptions { batch: 25, ..Default::default() };
+    let sweeps: Vec<_> = (0..3)
+        .map(|_| {
+            let (h, t, opts) = (h.clone(), t.clone(), opts.clone());
+            tokio::spawn(async move { sweep_one(&h, &t, &opts).await })
+        })
+        .collect();
+    let mut expired = 0;
+    for s in sweeps {
+        expired += s.await.unwrap().expired;
+    }
+    assert_eq!(expired, n as u64, "every reservation expired exactly once across overlapping sweeps");
+    let l = h.ledger(&t.id, &root, Unit::Tokens).await;
+    assert_eq!((l.reserved, l.remaining), (0, 100_000));
+    let l = h.ledger(&t.id, &format!("{root}/workspace:w"), Unit::Tokens).await;
+    assert_eq!((l.reserved, l.remaining), (0, 100_000));
+    assert_eq!(events(&h, &t).await.len(), n);
+}
+
+#[tokio::test]
+async fn an_interrupted_sweep_resumes_where_it_stopped() {
+    let h = Harness::start().await;
+    let t = h.funded(10_000).await;
+    for _ in 0..35 {
+        h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // A sweep that dies after its first batch (the work of each batch is atomic)...
+    let killed = SweepOptions { batch: 10, max_batches_per_tenant: Some(1), ..Default::default() };
+    assert_eq!(sweep_one(&h, &t, &killed).await.expired, 10);
+    assert_eq!(h.root(&t).await.reserved, 250);
+    // ...is finished by the next one.
+    assert_eq!(sweep_one(&h, &t, &SweepOptions { batch: 10, ..Default::default() }).await.expired, 25);
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.remaining), (0, 10_000));
+}
+
+#[tokio::test]
+async fn corrupt_reservations_are_quarantined_not_refunded() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let bad = h.reserve_ok(&t, 40, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    let good = h.reserve_ok(&t, 60, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    let token = cycles_shared::ids::ReservationId::parse(&bad).unwrap().token;
+    let key = TenantKeys::new(&t.id).reservation(&token);
+    let _: () = h.store.conn().hset(&key, "estimate", "forty").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = sweep_one(&h, &t, &SweepOptions::default()).await;
+    assert_eq!((r.expired, r.quarantined), (1, 1));
+    let reason: Option<String> = h.store.conn().hget(TenantKeys::new(&t.id).quarantine(), &bad).await.unwrap();
+    assert!(reason.is_some());
+    // The corrupt hold stays on the ledger (an operator decides); the good one came back.
+    assert_eq!(h.root(&t).await.reserved, 40);
+    h.commit(&t, &bad, 1).await.assert_error(500, "INTERNAL_ERROR");
+    h.get(&t.key, &format!("/v1/reservations/{good}")).await.assert_error(410, "RESERVATION_EXPIRED");
+}
+
+#[tokio::test]
+async fn the_sweep_visits_every_registered_tenant() {
+    let h = Harness::start().await;
+    let a = h.funded(100).await;
+    let b = h.funded(100).await;
+    h.reserve_ok(&a, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    h.reserve_ok(&b, 20, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = sweep(&h.store, &SweepOptions::default()).await.unwrap();
+    assert!(r.tenants >= 2 && r.expired >= 2, "{r:?}");
+    assert_eq!((h.root(&a).await.reserved, h.root(&b).await.reserved), (0, 0));
+}
+
+#[tokio::test]
+async fn dead_holds_never_block_a_reserve() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    h.reserve_ok(&t, 60, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    h.reserve_ok(&t, 30, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // No sweep has run: the reserve reclaims the tenant's overdue holds itself.
+    h.reserve(&t, 80, json!({})).await.assert_ok();
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.remaining), (80, 20));
+    assert_eq!(events(&h, &t).await.len(), 2);
+    // A genuine shortage is still a 409 after the reclaim attempt.
+    h.reserve(&t, 21, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+}
