@@ -15,6 +15,8 @@ pub struct Config {
     pub key_pepper: String,
     /// How long finished reservations (and their idempotency records) are kept.
     pub retention: Duration,
+    /// How long events are kept.
+    pub event_retention: Duration,
     /// Pause between expiry sweeps (maintenance function and local gateway).
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
@@ -35,11 +37,13 @@ impl Config {
             batch: self.sweep_batch,
             max_batches_per_tenant: None,
             retention: self.retention,
+            event_retention: self.event_retention,
         }
     }
 
     /// Reads `REDIS_URL`, `REDIS_TIMEOUT_MS`, `ADMIN_API_KEY`, `CYCLES_KEY_PEPPER`,
-    /// `CYCLES_RETENTION_MS`, `CYCLES_SWEEP_INTERVAL_MS` and `CYCLES_SWEEP_BATCH`; `redis_url`
+    /// `CYCLES_RETENTION_MS`, `CYCLES_EVENT_RETENTION_MS`, `CYCLES_SWEEP_INTERVAL_MS` and
+    /// `CYCLES_SWEEP_BATCH`; `redis_url`
     /// falls back to the given default.
     pub fn from_env(default_redis_url: Option<&str>) -> Config {
         let key_pepper = env("CYCLES_KEY_PEPPER").unwrap_or_else(|| {
@@ -54,6 +58,7 @@ impl Config {
             admin_api_key: env("ADMIN_API_KEY"),
             key_pepper,
             retention: env_ms("CYCLES_RETENTION_MS", 30 * 24 * 3_600_000),
+            event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env("CYCLES_SWEEP_BATCH").and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(200),
         }

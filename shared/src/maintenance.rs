@@ -21,11 +21,18 @@ pub struct SweepOptions {
     pub max_batches_per_tenant: Option<usize>,
     /// Retention of finished reservation records.
     pub retention: Duration,
+    /// Retention of events.
+    pub event_retention: Duration,
 }
 
 impl Default for SweepOptions {
     fn default() -> Self {
-        SweepOptions { batch: 200, max_batches_per_tenant: None, retention: Duration::from_secs(30 * 86_400) }
+        SweepOptions {
+            batch: 200,
+            max_batches_per_tenant: None,
+            retention: Duration::from_secs(30 * 86_400),
+            event_retention: Duration::from_secs(90 * 86_400),
+        }
     }
 }
 
@@ -37,6 +44,10 @@ pub struct SweepReport {
     /// Index entries of reservations already finalized or gone.
     pub dropped: u64,
     pub quarantined: u64,
+    /// Created-index entries of reservations whose records are gone.
+    pub trimmed_index: u64,
+    /// Events past their retention.
+    pub trimmed_events: u64,
     pub duration_ms: u64,
 }
 
@@ -46,6 +57,8 @@ impl SweepReport {
         self.expired += other.expired;
         self.dropped += other.dropped;
         self.quarantined += other.quarantined;
+        self.trimmed_index += other.trimmed_index;
+        self.trimmed_events += other.trimmed_events;
         self.duration_ms += other.duration_ms;
     }
 }
@@ -86,16 +99,40 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
         let due: Vec<String> =
             conn.zrangebyscore_limit(keys.expiry_index(), "-inf", now_ms(), 0, opts.batch as isize).await?;
         if due.is_empty() {
-            return Ok(());
+            return trim_tenant(store, tenant, opts, report).await;
         }
         let batch = expire_reservations(store, tenant, &due, opts).await?;
         report.add(&batch);
         batches += 1;
         let progressed = batch.expired + batch.dropped + batch.quarantined > 0;
-        if due.len() < opts.batch || !progressed || opts.max_batches_per_tenant.is_some_and(|m| batches >= m) {
+        if opts.max_batches_per_tenant.is_some_and(|m| batches >= m) {
             return Ok(());
         }
+        if due.len() < opts.batch || !progressed {
+            return trim_tenant(store, tenant, opts, report).await;
+        }
     }
+}
+
+/// Retention: drops events older than their retention and the created-index entries (older
+/// than the record retention) whose reservation records have expired. One batch per sweep.
+async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    let keys = TenantKeys::new(tenant);
+    let horizon = now_ms() - opts.retention.as_millis() as i64;
+    let old: Vec<String> =
+        store.conn().zrangebyscore_limit(keys.created_index(), "-inf", horizon, 0, opts.batch as isize).await?;
+    let mut script_keys = vec![keys.created_index(), keys.events()];
+    let mut args = vec![(now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string()];
+    for id in &old {
+        let token = ReservationId::parse(id).filter(|r| r.tenant == tenant).map(|r| r.token);
+        script_keys.push(keys.reservation(token.as_deref().unwrap_or("-")));
+        args.push(id.clone());
+    }
+    let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
+    let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    report.trimmed_index += count(0);
+    report.trimmed_events += count(1);
+    Ok(())
 }
 
 /// Expires the given reservations of one tenant where they are overdue (one script, one slot;
@@ -141,14 +178,16 @@ pub async fn sweep_loop(
     loop {
         match sweep(store, opts).await {
             Ok(r) => {
-                if r.expired + r.quarantined > 0 {
+                if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events > 0 {
                     tracing::info!(
                         tenants = r.tenants,
                         expired = r.expired,
                         dropped = r.dropped,
                         quarantined = r.quarantined,
+                        trimmed_index = r.trimmed_index,
+                        trimmed_events = r.trimmed_events,
                         duration_ms = r.duration_ms,
-                        "expiry sweep"
+                        "sweep"
                     );
                 }
                 if r.quarantined > 0 {

@@ -181,3 +181,39 @@ async fn dead_holds_never_block_a_reserve() {
     // A genuine shortage is still a 409 after the reclaim attempt.
     h.reserve(&t, 21, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
 }
+
+#[tokio::test]
+async fn retention_removes_history_and_keeps_live_records() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let keys = TenantKeys::new(&t.id);
+    let opts = SweepOptions {
+        retention: Duration::from_millis(1000),
+        event_retention: Duration::from_millis(1000),
+        ..Default::default()
+    };
+    let finished = h.reserve_ok(&t, 10, json!({})).await;
+    let expiring = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    let live = h.reserve_ok(&t, 10, json!({"ttl_ms": 600000})).await;
+    // Finished records carry the retention as their TTL (the harness' gateway uses 30 days, so
+    // give this one the short retention by hand).
+    h.commit(&t, &finished, 5).await.assert_ok();
+    let token = |id: &str| cycles_shared::ids::ReservationId::parse(id).unwrap().token;
+    let _: () = h.store.conn().pexpire(keys.reservation(&token(&finished)), 1000).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let first = sweep_one(&h, &t, &opts).await;
+    assert_eq!(first.expired, 1);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = sweep_one(&h, &t, &opts).await;
+    // The committed record expired by TTL and its index entry went; the expired one too (its
+    // record took the sweep's 1 s retention); the live one stays, record and index entry.
+    assert_eq!(first.trimmed_index + r.trimmed_index, 2, "{first:?} {r:?}");
+    let indexed: Vec<String> = h.store.conn().zrange(keys.created_index(), 0, -1).await.unwrap();
+    assert_eq!(indexed, vec![live.clone()]);
+    h.get(&t.key, &format!("/v1/reservations/{live}")).await.assert_ok();
+    h.get(&t.key, &format!("/v1/reservations/{expiring}")).await.assert_error(404, "NOT_FOUND");
+    // The one reservation.expired event is older than its 1 s retention now: trimmed.
+    assert_eq!(r.trimmed_events, 1);
+    assert!(events(&h, &t).await.is_empty());
+    assert_eq!(h.root(&t).await.reserved, 10);
+}
