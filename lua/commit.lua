@@ -10,12 +10,11 @@ if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-local prior = redis.call('HMGET', KEYS[3], 'commit_key', 'commit_hash', 'commit_result')
-if r.status == 'COMMITTED' and prior[1] == ARGV[4] then
-  if prior[2] ~= ARGV[5] then
+if r.status == 'COMMITTED' and r.rec.ck == ARGV[4] then
+  if r.rec.ch ~= ARGV[5] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
   end
-  return {'REPLAY', prior[3], r.status, tostring(now)}
+  return {'REPLAY', cjson.encode(r.rec.cr), r.status, tostring(now), r.rec.subject, r.unit}
 end
 
 local guard = tenant_guard(tenant_record(KEYS[1]))
@@ -88,10 +87,12 @@ if failed then return failed end
 
 local released = ''
 if d_cmp(charged, E) < 0 then released = d_sub(E, charged) end
-local result = cjson.encode(snapshot({charged, released}, budgets))
-redis.call('HSET', KEYS[3], 'status', 'COMMITTED', 'charged', charged, 'finalized_at_ms', now,
-  'commit_key', ARGV[4], 'commit_hash', ARGV[5], 'commit_result', result,
-  'metrics', ARGV[8], 'committed_metadata', ARGV[9])
+local result = snapshot({charged, released}, budgets)
+local rec = r.rec
+rec.status, rec.charged, rec.finalized, rec.ck, rec.ch, rec.cr = 'COMMITTED', charged, tostring(now), ARGV[4], ARGV[5], result
+if ARGV[8] ~= '' then rec.metrics = ARGV[8] end
+if ARGV[9] ~= '' then rec.cmeta = ARGV[9] end
+save_record(KEYS[3], rec)
 redis.call('PEXPIRE', KEYS[3], retention)
 redis.call('ZREM', KEYS[4], r.rid)
-return {'OK', result, 'COMMITTED', tostring(now)}
+return {'OK', cjson.encode(result), 'COMMITTED', tostring(now), rec.subject, rec.unit}

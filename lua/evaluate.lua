@@ -18,13 +18,14 @@ if prior[1] then
   end
   return {'REPLAY', prior[2], '', tostring(now)}
 end
-if KEYS[4] ~= KEYS[3] and redis.call('HGET', KEYS[4], 'idempotency_key') == ARGV[6] then
+local live = (KEYS[4] ~= KEYS[3]) and load_record(KEYS[4])
+if live and live.ik == ARGV[6] then
   return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload (live reservation)')
 end
 
-local function decide(decision, reason, caps, budgets)
-  local out = {decision, reason or '', caps or ''}
-  if budgets then snapshot(out, budgets) end
+local function decide(decision, reason, caps, e)
+  local out = {decision, reason or '', caps or '', e and table.concat(e.codes) or ''}
+  if e then snapshot(out, e.budgets) end
   local result = cjson.encode(out)
   redis.call('HSET', KEYS[3], 'payload_hash', ARGV[3], 'result', result)
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
@@ -39,4 +40,4 @@ if tenant and tenant.status == 'SUSPENDED' then return decide('DENY', 'TENANT_SU
 local e = evaluate(KEYS[5], 6, 8, ARGV[4], ARGV[5])
 if e.unit_error then return e.unit_error end
 if e.reason then return decide('DENY', e.reason) end
-return decide(e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', '', e.caps, e.budgets)
+return decide(e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', '', e.caps, e)

@@ -31,7 +31,8 @@ if r.extensions >= r.max_extensions then
 end
 
 local expires_at = r.expires_at + tonumber(ARGV[5])
-redis.call('HSET', KEYS[3], 'expires_at_ms', expires_at, 'extensions', r.extensions + 1)
+r.rec.expires, r.rec.ext = tostring(expires_at), tostring(r.extensions + 1)
+save_record(KEYS[3], r.rec)
 redis.call('ZADD', KEYS[4], expires_at + r.grace, r.rid)
 local result = cjson.encode({tostring(expires_at)})
 redis.call('HSET', KEYS[5], 'payload_hash', ARGV[4], 'result', result)

@@ -11,7 +11,8 @@ if not r then return err('NOT_FOUND', 'Reservation not found') end
 if r.corrupt then return err('INTERNAL_ERROR', 'Reservation record is corrupt') end
 expire_if_overdue(KEYS[2], r, keys_from(5), KEYS[3], KEYS[4], now, tonumber(ARGV[4]))
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
-local f = redis.call('HMGET', KEYS[2], 'status', 'idempotency_key', 'subject', 'action', 'unit', 'estimate',
-  'charged', 'created_at_ms', 'expires_at_ms', 'finalized_at_ms', 'scope_path', 'metadata', 'committed_metadata')
+local rec = r.rec
+local f = {rec.status, rec.ik, rec.subject, rec.action, rec.unit, rec.estimate, rec.charged, rec.created,
+  rec.expires, rec.finalized, r.scope_path, rec.metadata, rec.cmeta}
 for i = 1, 13 do f[i] = f[i] or '' end
-return {'OK', cjson.encode(f), f[1], tostring(now)}
+return {'OK', cjson.encode(f), rec.status, tostring(now)}

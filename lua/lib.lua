@@ -185,13 +185,13 @@ local function write_budgets(budgets, now)
   return nil
 end
 
--- The balance snapshot the responses carry: 9 strings per budget.
+-- The balance snapshot the responses carry: 7 strings per budget, in canonical scope order
+-- (the handler knows the scopes and the unit, so replay records do not repeat them).
 local function snapshot(out, budgets)
   for _, b in ipairs(budgets) do
-    out[#out + 1] = b.scope; out[#out + 1] = b.unit; out[#out + 1] = b.allocated
-    out[#out + 1] = b.remaining; out[#out + 1] = b.reserved; out[#out + 1] = b.spent
-    out[#out + 1] = b.debt; out[#out + 1] = b.overdraft_limit
-    out[#out + 1] = b.over and 'true' or 'false'
+    out[#out + 1] = b.allocated; out[#out + 1] = b.remaining; out[#out + 1] = b.reserved
+    out[#out + 1] = b.spent; out[#out + 1] = b.debt; out[#out + 1] = b.overdraft_limit
+    out[#out + 1] = b.over and '1' or '0'
   end
   return out
 end
@@ -205,19 +205,61 @@ local function read_budgets(keys, first)
   return budgets
 end
 
-local RES_FIELDS = {'rid', 'status', 'unit', 'estimate', 'expires_at_ms', 'grace_ms', 'overage_policy',
-  'extensions', 'max_extensions', 'scope_path', 'created_at_ms'}
+-- A reservation is one JSON string (every value a string, or an array of strings), which
+-- keeps a finished reservation, replay records included, well under 1 KB. Fields:
+--   codes (the budget codes of its id) status ik (reserve idempotency key) ph (its payload
+--   hash) result (reserve replay) unit estimate subject action metadata created expires grace
+--   policy ext max_ext
+--   (grace, ext and max_ext are omitted at their defaults 5000, 0 and 10)
+--   on commit: ck ch cr (key, payload hash, replay) charged metrics cmeta finalized
+--   on release: rk rh rr reason finalized;  on expiry: expired
+local function load_record(key)
+  local raw = redis.call('GET', key)
+  if not raw then return nil end
+  local ok, rec = pcall(cjson.decode, raw)
+  if not ok or type(rec) ~= 'table' then return {} end
+  return rec
+end
 
--- Reads a reservation; nil when absent. A record whose essential fields do not parse is
--- returned with `corrupt` set (never acted on: callers quarantine or fail).
+-- A reserve replay with the reservation id put back in second place.
+local function with_id(result, rid)
+  local out = {result[1], rid}
+  for i = 2, #result do out[#out + 1] = result[i] end
+  return out
+end
+
+local function save_record(key, rec)
+  redis.call('SET', key, cjson.encode(rec), 'KEEPTTL')
+end
+
+local LEVELS = {'tenant', 'workspace', 'app', 'workflow', 'agent', 'toolset'}
+
+-- The deepest canonical scope of a subject (levels in order, values lower-cased), as the
+-- handlers derive it; records keep only the subject.
+local function scope_path_of(subject)
+  local parts = {}
+  for _, level in ipairs(LEVELS) do
+    if type(subject[level]) == 'string' then parts[#parts + 1] = level .. ':' .. string.lower(subject[level]) end
+  end
+  return table.concat(parts, '/')
+end
+
+-- Reads a reservation; nil when absent (or when the id does not match the record). A record
+-- whose essential fields do not parse is returned with `corrupt` set (never acted on:
+-- callers quarantine or fail).
 local function read_reservation(key, rid)
-  local f = redis.call('HMGET', key, unpack(RES_FIELDS))
-  if not f[1] or f[1] ~= rid then return nil end
-  local r = { rid = f[1], status = f[2], unit = f[3], estimate = f[4], expires_at = tonumber(f[5]),
-    grace = tonumber(f[6]), policy = f[7], extensions = tonumber(f[8] or '0'),
-    max_extensions = tonumber(f[9] or '10'), scope_path = f[10], created_at = tonumber(f[11]) }
+  local rec = load_record(key)
+  if not rec then return nil end
+  -- The id names the ledgers whose keys the caller declared: it must be this record's id.
+  if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
+  local r = { rec = rec, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
+    expires_at = tonumber(rec.expires), grace = tonumber(rec.grace or '5000'), policy = rec.policy,
+    extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext or '10'),
+    created_at = tonumber(rec.created) }
   local statuses = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
-  if not (r.expires_at and r.grace and r.created_at and statuses[r.status] and r.estimate
+  local subject_ok, subject = pcall(cjson.decode, rec.subject or '')
+  if subject_ok and type(subject) == 'table' then r.scope_path = scope_path_of(subject) end
+  if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and statuses[r.status] and type(r.estimate) == 'string'
       and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
     r.corrupt = true
   end
@@ -275,7 +317,8 @@ local function expire_if_overdue(res_key, r, budget_keys, expiry_index, events_k
   end
   local e = write_budgets(budgets, now)
   if e then error(e[3]) end
-  redis.call('HSET', res_key, 'status', 'EXPIRED', 'expired_at_ms', now)
+  r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
+  save_record(res_key, r.rec)
   redis.call('PEXPIRE', res_key, retention_ms)
   redis.call('ZREM', expiry_index, r.rid)
   r.status = 'EXPIRED'

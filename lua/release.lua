@@ -11,12 +11,11 @@ if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-local prior = redis.call('HMGET', KEYS[3], 'release_key', 'release_hash', 'release_result')
-if r.status == 'RELEASED' and prior[1] == ARGV[4] then
-  if prior[2] ~= ARGV[5] then
+if r.status == 'RELEASED' and r.rec.rk == ARGV[4] then
+  if r.rec.rh ~= ARGV[5] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
   end
-  return {'REPLAY', prior[3], r.status, tostring(now)}
+  return {'REPLAY', cjson.encode(r.rec.rr), r.status, tostring(now), r.rec.subject, r.unit}
 end
 
 local guard = tenant_guard(tenant_record(KEYS[1]))
@@ -35,9 +34,11 @@ end
 local failed = write_budgets(budgets, now)
 if failed then return failed end
 
-local result = cjson.encode(snapshot({r.estimate, r.unit}, budgets))
-redis.call('HSET', KEYS[3], 'status', 'RELEASED', 'finalized_at_ms', now, 'release_key', ARGV[4],
-  'release_hash', ARGV[5], 'release_result', result, 'release_reason', ARGV[6])
+local result = snapshot({r.estimate}, budgets)
+local rec = r.rec
+rec.status, rec.finalized, rec.rk, rec.rh, rec.rr = 'RELEASED', tostring(now), ARGV[4], ARGV[5], result
+if ARGV[6] ~= '' then rec.reason = ARGV[6] end
+save_record(KEYS[3], rec)
 redis.call('PEXPIRE', KEYS[3], retention)
 redis.call('ZREM', KEYS[4], r.rid)
 if ARGV[8] ~= '' then
@@ -46,4 +47,4 @@ if ARGV[8] ~= '' then
   entry.timestamp_ms = now
   redis.call('RPUSH', KEYS[5], cjson.encode(entry))
 end
-return {'OK', result, 'RELEASED', tostring(now)}
+return {'OK', cjson.encode(result), 'RELEASED', tostring(now), rec.subject, rec.unit}

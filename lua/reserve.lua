@@ -13,13 +13,13 @@ local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
-local existing = redis.call('HMGET', KEYS[3], 'payload_hash', 'result', 'status', 'idempotency_key')
-if existing[1] then
-  if existing[4] ~= ARGV[10] then return err('INTERNAL_ERROR', 'Reservation id collision; retry with another idempotency_key') end
-  if existing[1] ~= ARGV[3] then
+local existing = load_record(KEYS[3])
+if existing then
+  if existing.ik ~= ARGV[10] then return err('INTERNAL_ERROR', 'Reservation id collision; retry with another idempotency_key') end
+  if existing.ph ~= ARGV[3] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
   end
-  return {'REPLAY', existing[2], existing[3], tostring(now)}
+  return {'REPLAY', cjson.encode(with_id(existing.result, ARGV[4] .. existing.codes)), existing.status, tostring(now)}
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload (dry_run)')
@@ -70,13 +70,15 @@ local rid = ARGV[4] .. table.concat(e.codes)
 local expires_at = now + ttl
 local grace = tonumber(ARGV[8])
 local decision = e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
-local result = cjson.encode(snapshot({decision, rid, tostring(expires_at), e.caps or ''}, budgets))
-
-redis.call('HSET', KEYS[3], 'rid', rid, 'status', 'ACTIVE', 'idempotency_key', ARGV[10],
-  'payload_hash', ARGV[3], 'result', result, 'unit', unit, 'estimate', amount,
-  'subject', ARGV[11], 'action', ARGV[12], 'metadata', ARGV[13], 'scope_path', e.scopes[#e.scopes],
-  'created_at_ms', now, 'expires_at_ms', expires_at, 'grace_ms', grace, 'overage_policy', policy,
-  'extensions', 0, 'max_extensions', max_ext)
+-- The stored replay omits the id (the record has it); answers carry it second.
+local result = snapshot({decision, tostring(expires_at), e.caps or ''}, budgets)
+local rec = {codes = table.concat(e.codes), status = 'ACTIVE', ik = ARGV[10], ph = ARGV[3], result = result,
+  unit = unit, estimate = amount, subject = ARGV[11], action = ARGV[12],
+  created = tostring(now), expires = tostring(expires_at), policy = policy}
+if grace ~= 5000 then rec.grace = tostring(grace) end
+if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end
+if ARGV[13] ~= '' then rec.metadata = ARGV[13] end
+save_record(KEYS[3], rec)
 redis.call('ZADD', KEYS[6], expires_at + grace, rid)
-redis.call('ZADD', KEYS[7], now, rid)
-return {'OK', result, 'ACTIVE', tostring(now)}
+redis.call('ZADD', KEYS[7], now, string.match(rid, '^[^.]+%.([^.]+)%.'))
+return {'OK', cjson.encode(with_id(result, rid)), 'ACTIVE', tostring(now)}

@@ -2,13 +2,14 @@
 -- and created-index entries whose reservation record has expired (records carry their own
 -- TTL once finished) are removed, so indexes do not grow with history. Live records stay.
 -- KEYS[1] created index  KEYS[2] event stream  KEYS[3..] candidate reservation records
--- ARGV[1] oldest event time to keep (ms)  ARGV[2..] candidate ids aligned with KEYS[3..]
+-- ARGV[1] oldest event time to keep (ms)  ARGV[2..] candidate tokens (index members) aligned
+-- with KEYS[3..]
 local events = redis.call('XTRIM', KEYS[2], 'MINID', ARGV[1])
 local removed = 0
 for i = 3, #KEYS do
-  local rid = ARGV[i - 1]
-  if redis.call('HGET', KEYS[i], 'rid') ~= rid then
-    redis.call('ZREM', KEYS[1], rid)
+  local token = ARGV[i - 1]
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    redis.call('ZREM', KEYS[1], token)
     removed = removed + 1
   end
 end

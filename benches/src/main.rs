@@ -110,6 +110,94 @@ async fn pre_create(h: &Harness, t: &Tenant, prefix: &str, n: usize) -> Vec<Stri
     ids
 }
 
+async fn used_memory(h: &Harness) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut h.store.conn()).await.unwrap();
+    info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap()
+}
+
+/// Reserves `n` reservations with `body` from 16 concurrent clients.
+async fn fill(h: &Harness, t: &Tenant, prefix: &str, n: usize, extra: Value) -> Vec<String> {
+    let ids = std::sync::Mutex::new(Vec::with_capacity(n));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let worker = || async {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= n {
+                return;
+            }
+            let mut body = reserve_body(t, &format!("{prefix}-{i}"));
+            cycles_tests::merge(&mut body, extra.clone());
+            let r = h.post(&t.key, "/v1/reservations", &body).await;
+            ids.lock().unwrap().push(r.body["reservation_id"].as_str().expect("reserve").to_string());
+        }
+    };
+    futures_join(16, worker).await;
+    ids.into_inner().unwrap()
+}
+
+async fn futures_join<F, Fut>(n: usize, make: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut set = Vec::with_capacity(n);
+    for _ in 0..n {
+        set.push(make());
+    }
+    for f in set {
+        f.await;
+    }
+}
+
+/// Memory per finished reservation and expiry-sweep throughput.
+async fn extras(h: &Harness, o: &Opts) -> Value {
+    let n = (o.iterations * 25).max(100);
+    // Memory: a finished reservation keeps one hash (its own idempotency record for reserve,
+    // commit and release included) and one created-index entry until retention removes them.
+    let t = h.funded(i64::MAX / 2).await;
+    let before = used_memory(h).await;
+    let ids = fill(h, &t, "mem", n, json!({})).await;
+    for id in &ids {
+        assert_eq!(h.commit(&t, id, 80).await.status, 200);
+    }
+    let per_reservation = (used_memory(h).await - before) / n as i64;
+    // The same, attributed key by key: the records plus the tenant's created index.
+    let keys = cycles_shared::keys::TenantKeys::new(&t.id);
+    let mut attributed: i64 = 0;
+    for id in &ids {
+        let token = cycles_shared::ids::ReservationId::parse(id).unwrap().token;
+        let usage: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(keys.reservation(&token))
+            .query_async(&mut h.store.conn())
+            .await
+            .unwrap();
+        attributed += usage.unwrap_or(0);
+    }
+    let index: Option<i64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(keys.created_index())
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut h.store.conn())
+        .await
+        .unwrap();
+    let attributed = (attributed + index.unwrap_or(0)) / n as i64;
+    // Sweep throughput: n overdue reservations of one tenant.
+    let t = h.funded(i64::MAX / 2).await;
+    fill(h, &t, "exp", n, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let started = Instant::now();
+    let mut report = cycles_shared::maintenance::SweepReport::default();
+    let opts = cycles_shared::maintenance::SweepOptions::default();
+    cycles_shared::maintenance::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(report.expired, n as u64);
+    json!({"finished_reservations": n, "memory_bytes_per_finished_reservation": per_reservation,
+        "memory_bytes_per_finished_reservation_by_key": attributed,
+        "expiries": report.expired, "expiries_per_second": (report.expired as f64 / secs).round()})
+}
+
 #[tokio::main]
 async fn main() {
     let o = opts();
@@ -239,6 +327,18 @@ async fn main() {
     if let Some(path) = &o.json {
         let out = json!({"iterations": o.iterations, "warmup": o.warmup,
             "cases": cases.iter().map(|c| c.to_json(floor)).collect::<Vec<_>>()});
+        std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
+    }
+    let extra = extras(&h, &o).await;
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    for (k, v) in extra.as_object().unwrap() {
+        println!("| {k} | {v} |");
+    }
+    if let Some(path) = &o.json {
+        let mut out: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        out["extra"] = extra;
         std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
     }
     let errors: usize = cases.iter().map(|c| c.errors).sum();

@@ -1,5 +1,7 @@
 //! Pure rules: canonical scope derivation, payload hashing for idempotency, permissions.
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -29,7 +31,7 @@ pub fn leaf_segment(scope_path: &str) -> &str {
     scope_path.rsplit('/').next().unwrap_or(scope_path)
 }
 
-/// sha256 (hex) of the canonical JSON of a request: object keys sorted (serde_json's map is
+/// sha256 (first 128 bits, base64url) of the canonical JSON of a request: object keys sorted (serde_json's map is
 /// ordered), defaults for `grace_period_ms` and `dry_run` materialized, `client_time_ms`
 /// excluded (it must not take part in idempotency decisions).
 pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
@@ -41,7 +43,7 @@ pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
         }
     }
     let bytes = serde_json::to_vec(&canonical).expect("JSON values always serialize");
-    hex::encode(Sha256::digest(&bytes))
+    URL_SAFE_NO_PAD.encode(&Sha256::digest(&bytes)[..16])
 }
 
 /// Runtime operations and the key permissions that allow them (admin-and-events.md §6.2).

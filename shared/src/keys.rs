@@ -83,7 +83,8 @@ impl TenantKeys {
     pub fn expiry_index(&self) -> String {
         format!("{}:exp", self.prefix)
     }
-    /// Sorted set of reservation ids scored by created_at.
+    /// Sorted set of reservation tokens (the record key suffix, see `reservation`) scored by
+    /// created_at: the per-tenant listing index.
     pub fn created_index(&self) -> String {
         format!("{}:created", self.prefix)
     }

@@ -123,10 +123,9 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
         store.conn().zrangebyscore_limit(keys.created_index(), "-inf", horizon, 0, opts.batch as isize).await?;
     let mut script_keys = vec![keys.created_index(), keys.events()];
     let mut args = vec![(now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string()];
-    for id in &old {
-        let token = ReservationId::parse(id).filter(|r| r.tenant == tenant).map(|r| r.token);
-        script_keys.push(keys.reservation(token.as_deref().unwrap_or("-")));
-        args.push(id.clone());
+    for token in &old {
+        script_keys.push(keys.reservation(token));
+        args.push(token.clone());
     }
     let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
     let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);

@@ -119,6 +119,8 @@ pub struct Reply {
     pub status: String,
     pub now_ms: i64,
     pub replay: bool,
+    /// Further values some scripts return (commit/release: the reservation's subject and unit).
+    pub context: Vec<String>,
 }
 
 impl Reply {
@@ -140,12 +142,13 @@ impl Reply {
                 }
                 Err(e)
             }
-            Some(tag @ ("OK" | "REPLAY" | "RECLAIM")) if parts.len() == 4 => {
+            Some(tag @ ("OK" | "REPLAY" | "RECLAIM")) if parts.len() >= 4 => {
                 let replay = tag == "REPLAY";
                 let now_ms = parts[3].parse().map_err(|_| bad())?;
                 let status = if tag == "RECLAIM" { tag.to_string() } else { std::mem::take(&mut parts[2]) };
                 let result = serde_json::from_str(&parts[1]).map_err(|_| bad())?;
-                Ok(Reply { result, status, now_ms, replay })
+                let context = parts.split_off(4);
+                Ok(Reply { result, status, now_ms, replay, context })
             }
             _ => Err(bad()),
         }

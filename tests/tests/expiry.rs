@@ -141,7 +141,17 @@ async fn corrupt_reservations_are_quarantined_not_refunded() {
     let good = h.reserve_ok(&t, 60, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     let token = cycles_shared::ids::ReservationId::parse(&bad).unwrap().token;
     let key = TenantKeys::new(&t.id).reservation(&token);
-    let _: () = h.store.conn().hset(&key, "estimate", "forty").await.unwrap();
+    let raw: String = h.store.conn().get(&key).await.unwrap();
+    let _: () = h
+        .store
+        .conn()
+        .set_options(
+            &key,
+            raw.replace("\"estimate\":\"40\"", "\"estimate\":\"forty\""),
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::KEEPTTL),
+        )
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let r = sweep_one(&h, &t, &SweepOptions::default()).await;
     assert_eq!((r.expired, r.quarantined), (1, 1));
@@ -209,11 +219,36 @@ async fn retention_removes_history_and_keeps_live_records() {
     // record took the sweep's 1 s retention); the live one stays, record and index entry.
     assert_eq!(first.trimmed_index + r.trimmed_index, 2, "{first:?} {r:?}");
     let indexed: Vec<String> = h.store.conn().zrange(keys.created_index(), 0, -1).await.unwrap();
-    assert_eq!(indexed, vec![live.clone()]);
+    assert_eq!(indexed, vec![token(&live)]);
     h.get(&t.key, &format!("/v1/reservations/{live}")).await.assert_ok();
     h.get(&t.key, &format!("/v1/reservations/{expiring}")).await.assert_error(404, "NOT_FOUND");
     // The one reservation.expired event is older than its 1 s retention now: trimmed.
     assert_eq!(r.trimmed_events, 1);
     assert!(events(&h, &t).await.is_empty());
     assert_eq!(h.root(&t).await.reserved, 10);
+}
+
+/// The expiry predicate at the exact boundary, with an injected clock: a reservation is still
+/// live at `expires_at + grace` (inclusive) and expires one millisecond later.
+#[tokio::test]
+async fn grace_boundary_is_inclusive() {
+    let h = Harness::start().await;
+    let lib = include_str!("../../lua/lib.lua");
+    let probe = r#"
+local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace = 500,
+  scope_path = 'tenant:x', unit = 'TOKENS', created_at = 0, extensions = 0, rec = {}}
+local at = expire_if_overdue(KEYS[1], r, {}, KEYS[2], KEYS[3], 1500, 1000)
+local after = expire_if_overdue(KEYS[1], r, {}, KEYS[2], KEYS[3], 1501, 1000)
+return {at and 1 or 0, after and 1 or 0}
+"#;
+    let script = redis::Script::new(&format!("{lib}\n{probe}"));
+    let keys = TenantKeys::new(&unique("boundary"));
+    let out: Vec<i64> = script
+        .key(keys.reservation("tok"))
+        .key(keys.expiry_index())
+        .key(keys.events())
+        .invoke_async(&mut h.store.conn())
+        .await
+        .unwrap();
+    assert_eq!(out, vec![0, 1]);
 }

@@ -49,33 +49,48 @@ fn int(s: &str) -> ApiResult<i64> {
     s.parse().map_err(|_| ApiError::internal("Malformed amount in the budget store"))
 }
 
-/// Decodes the 9-strings-per-budget snapshot the scripts return into `Balance`s.
-fn balances(snapshot: &[String]) -> ApiResult<Vec<Balance>> {
-    snapshot
-        .chunks(9)
-        .map(|b| {
-            if b.len() != 9 {
-                return Err(ApiError::internal("Malformed balance snapshot"));
-            }
-            let unit = Unit::parse(&b[1]).ok_or_else(|| ApiError::internal("Malformed unit"))?;
+/// The budgeted scopes of a subject in a unit: the derived scopes whose ledger codes are
+/// among `codes` (those of a reservation id, or of an evaluation), in canonical order.
+fn budgeted_scopes(subject: &Subject, unit: Unit, codes: &[String]) -> Vec<String> {
+    derive_scopes(subject).into_iter().filter(|s| codes.contains(&budget_code(s, unit))).collect()
+}
+
+/// Decodes the 7-strings-per-budget snapshot the scripts return (canonical order) into
+/// `Balance`s of the given scopes.
+fn balances(scopes: &[String], unit: Unit, snapshot: &[String]) -> ApiResult<Vec<Balance>> {
+    if snapshot.len() != scopes.len() * 7 {
+        return Err(ApiError::internal("Malformed balance snapshot"));
+    }
+    scopes
+        .iter()
+        .zip(snapshot.chunks(7))
+        .map(|(scope, b)| {
             let amount = |s: &str| int(s).map(|amount| Amount { unit, amount });
             let optional = |s: &str| -> ApiResult<Option<Amount>> {
                 let a = amount(s)?;
                 Ok((a.amount != 0).then_some(a))
             };
             Ok(Balance {
-                scope: leaf_segment(&b[0]).to_string(),
-                scope_path: b[0].clone(),
-                remaining: amount(&b[3])?,
-                reserved: Some(amount(&b[4])?),
-                spent: Some(amount(&b[5])?),
-                allocated: Some(amount(&b[2])?),
-                debt: optional(&b[6])?,
-                overdraft_limit: optional(&b[7])?,
-                is_over_limit: (b[8] == "true").then_some(true),
+                scope: leaf_segment(scope).to_string(),
+                scope_path: scope.clone(),
+                remaining: amount(&b[1])?,
+                reserved: Some(amount(&b[2])?),
+                spent: Some(amount(&b[3])?),
+                allocated: Some(amount(&b[0])?),
+                debt: optional(&b[4])?,
+                overdraft_limit: optional(&b[5])?,
+                is_over_limit: (b[6] == "1").then_some(true),
             })
         })
         .collect()
+}
+
+/// Subject and unit of the reservation a commit/release script reported.
+fn reservation_context(reply: &Reply) -> ApiResult<(Subject, Unit)> {
+    let bad = || ApiError::internal("Malformed reservation record");
+    let subject = reply.context.first().and_then(|s| serde_json::from_str(s).ok()).ok_or_else(bad)?;
+    let unit = reply.context.get(1).and_then(|u| Unit::parse(u)).ok_or_else(bad)?;
+    Ok((subject, unit))
 }
 
 /// `max(0, expires_at - now)` while the reservation is ACTIVE, else 0 (recomputed on replays).
@@ -163,6 +178,8 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         return Err(ApiError::internal("Malformed reserve result"));
     }
     let expires_at_ms = int(&res[2])?;
+    let codes = ReservationId::parse(&res[1]).map(|r| r.budget_codes).unwrap_or_default();
+    let budgeted = budgeted_scopes(&r.subject, unit, &codes);
     let decision = if res[0] == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow };
     let caps = if res[3].is_empty() { None } else { serde_json::from_str(&res[3]).ok() };
     Ok(Answer::json(
@@ -177,7 +194,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             affected_scopes: scopes,
             caps,
             reason_code: None,
-            balances: Some(balances(&res[4..])?),
+            balances: Some(balances(&budgeted, unit, &res[4..])?),
         },
     ))
 }
@@ -219,9 +236,12 @@ async fn evaluate(
     args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, estimate.unit))));
     let reply = app.store.run(&scripts::EVALUATE, &script_keys, &args).await?;
     let res = &reply.result;
-    if res.len() < 3 {
+    if res.len() < 4 {
         return Err(ApiError::internal("Malformed evaluation result"));
     }
+    let codes: Vec<String> = res[3].as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect();
+    let budgeted: Vec<String> =
+        scopes.iter().filter(|s| codes.contains(&budget_code(s, estimate.unit))).cloned().collect();
     let decision = match res[0].as_str() {
         "ALLOW" => Decision::Allow,
         "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
@@ -231,7 +251,7 @@ async fn evaluate(
         decision,
         reason_code: (!res[1].is_empty()).then(|| res[1].clone()),
         caps: if res[2].is_empty() { None } else { serde_json::from_str(&res[2]).ok() },
-        balances: balances(&res[3..])?,
+        balances: balances(&budgeted, estimate.unit, &res[4..])?,
     })
 }
 
@@ -303,7 +323,7 @@ async fn target(app: &App, principal: Principal, params: &Params, permission: Pe
             };
             if rid.tenant != c.tenant {
                 verify_key(app, &auth_key, &c, permission).await?;
-                return Err(foreign_reservation(app, &rid, &id).await?);
+                return Err(foreign_reservation(app, &rid).await?);
             }
             Target { keys, rid, id, auth_key, digest: c.digest, admin: false }
         }
@@ -320,11 +340,13 @@ async fn verify_key(app: &App, auth_key: &str, c: &TenantCaller, p: Permission) 
 }
 
 /// 403 when the id names an existing reservation of another tenant, else 404.
-async fn foreign_reservation(app: &App, rid: &ReservationId, id: &str) -> ApiResult<ApiError> {
+async fn foreign_reservation(app: &App, rid: &ReservationId) -> ApiResult<ApiError> {
     use redis::AsyncCommands;
     let key = TenantKeys::new(&rid.tenant).reservation(&rid.token);
-    let stored: Option<String> = app.store.conn().hget(key, "rid").await?;
-    Ok(if stored.as_deref() == Some(id) {
+    let record: Option<String> = app.store.conn().get(key).await?;
+    let codes =
+        record.and_then(|r| serde_json::from_str::<Value>(&r).ok()).and_then(|r| r["codes"].as_str().map(String::from));
+    Ok(if codes == Some(rid.budget_codes.concat()) {
         ApiError::forbidden("Reservation belongs to another tenant")
     } else {
         reservation_not_found()
@@ -360,14 +382,15 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
     if res.len() < 2 {
         return Err(ApiError::internal("Malformed commit result"));
     }
-    let unit = r.actual.unit;
+    let (subject, unit) = reservation_context(&reply)?;
+    let budgeted = budgeted_scopes(&subject, unit, &t.rid.budget_codes);
     Ok(Answer::json(
         200,
         &CommitResponse {
             status: "COMMITTED",
             charged: Amount { unit, amount: int(&res[0])? },
             released: if res[1].is_empty() { None } else { Some(Amount { unit, amount: int(&res[1])? }) },
-            balances: Some(balances(&res[2..])?),
+            balances: Some(balances(&budgeted, unit, &res[2..])?),
         },
     ))
 }
@@ -423,16 +446,17 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params
     ];
     let reply = app.store.run(&scripts::RELEASE, &keys, &args).await?;
     let res = &reply.result;
-    if res.len() < 2 {
+    if res.is_empty() {
         return Err(ApiError::internal("Malformed release result"));
     }
-    let unit = Unit::parse(&res[1]).ok_or_else(|| ApiError::internal("Malformed unit"))?;
+    let (subject, unit) = reservation_context(&reply)?;
+    let budgeted = budgeted_scopes(&subject, unit, &t.rid.budget_codes);
     Ok(Answer::json(
         200,
         &ReleaseResponse {
             status: "RELEASED",
             released: Amount { unit, amount: int(&res[0])? },
-            balances: Some(balances(&res[2..])?),
+            balances: Some(balances(&budgeted, unit, &res[1..])?),
         },
     ))
 }
