@@ -3,7 +3,7 @@
 -- KEYS[5] event stream  KEYS[6..] the reservation's budgets (decoded from its id)
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] idempotency key
 -- ARGV[5] payload hash  ARGV[6] actual unit  ARGV[7] actual amount  ARGV[8] metrics json or ''
--- ARGV[9] metadata json or ''  ARGV[10] retention ms (terminal records)
+-- ARGV[9] metadata json or ''  ARGV[10] retention ms (terminal records)  ARGV[11] request context json
 local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
@@ -36,54 +36,25 @@ for _, b in ipairs(budgets) do
 end
 
 local E, X = r.estimate, ARGV[7]
-local delta = d_sub(X, E)
-local charged, c = X, '0'
-if d_pos(delta) then
-  if r.policy == 'REJECT' then
-    return err('BUDGET_EXCEEDED', 'Actual ' .. X .. ' exceeds the reserved ' .. E .. ' under overage policy REJECT')
-  end
-  c = delta
-  for _, b in ipairs(budgets) do
-    local zero_limit = not d_pos(b.overdraft_limit)
-    if (r.policy == 'ALLOW_IF_AVAILABLE' or zero_limit) and d_cmp(b.remaining, delta) < 0 then
-      c = d_min(c, d_max(b.remaining, '0'))
-    end
-  end
-  if r.policy == 'ALLOW_WITH_OVERDRAFT' then
-    for _, b in ipairs(budgets) do
-      if d_pos(b.overdraft_limit) and d_cmp(b.remaining, c) < 0 then
-        local shortfall = d_sub(c, d_max(b.remaining, '0'))
-        if d_cmp(d_add(b.debt, shortfall), b.overdraft_limit) > 0 then
-          return err('OVERDRAFT_LIMIT_EXCEEDED', 'Commit would exceed the overdraft limit of scope ' .. b.scope)
-        end
-      end
-    end
-  end
-  charged = d_add(E, c)
+if r.policy == 'REJECT' and d_cmp(X, E) > 0 then
+  return err('BUDGET_EXCEEDED', 'Actual ' .. X .. ' exceeds the reserved ' .. E .. ' under overage policy REJECT')
 end
-
-local capped = d_cmp(c, delta) < 0
-for _, b in ipairs(budgets) do
-  local funded = c
-  if d_pos(c) and d_cmp(b.remaining, c) < 0 then
-    funded = d_max(b.remaining, '0')
-    b.debt = d_add(b.debt, d_sub(c, funded))
-    if d_pos(b.overdraft_limit) and d_cmp(b.debt, b.overdraft_limit) > 0 then b.over = true end
-  end
-  if capped and d_cmp(b.remaining, delta) < 0 and (r.policy == 'ALLOW_IF_AVAILABLE' or not d_pos(b.overdraft_limit)) then
-    b.over = true
-  end
-  if d_pos(delta) then
-    b.remaining = d_sub(b.remaining, c)
-    b.spent = d_add(b.spent, d_add(funded, E))
-  else
-    b.remaining = d_add(b.remaining, d_sub(E, X))
-    b.spent = d_add(b.spent, X)
-  end
-  b.reserved = d_sub(b.reserved, E)
+local charged, overflow = settle(budgets, E, X, r.policy)
+if overflow then
+  return err('OVERDRAFT_LIMIT_EXCEEDED', 'Commit would exceed the overdraft limit of scope ' .. overflow.scope)
 end
 local failed = write_budgets(budgets, now)
 if failed then return failed end
+local ctx = request_context(ARGV[11])
+budget_events(KEYS[5], budgets, ctx, now, r.unit, r.rid, r.policy)
+if ctx and d_cmp(X, E) > 0 then
+  local debt = '0'
+  for _, b in ipairs(budgets) do debt = d_max(debt, d_sub(b.debt, b.before.debt)) end
+  emit(KEYS[5], 'evt_' .. string.sub(redis.sha1hex(r.rid .. '|overage'), 1, 16), 'reservation.commit_overage',
+    ctx.tenant, r.scope_path, ctx, 'cycles-server', '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' ..
+    cjson.encode(r.scope_path) .. ',"unit":"' .. r.unit .. '","estimated_amount":' .. E .. ',"actual_amount":' .. X ..
+    ',"overage":' .. d_sub(X, E) .. ',"overage_policy":"' .. r.policy .. '","debt_incurred":' .. debt .. '}', now)
+end
 
 local released = ''
 if d_cmp(charged, E) < 0 then released = d_sub(E, charged) end

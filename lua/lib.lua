@@ -166,9 +166,61 @@ local function read_budget(key, scope)
   local f = redis.call('HMGET', key, unpack(BUDGET_FIELDS))
   if not f[2] then return nil end
   if scope and f[1] ~= scope then error('budget key collision at ' .. key) end
-  return { key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
+  local b = { key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
     remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
     overdraft_limit = f[9] or '0', over = (f[10] == 'true'), caps = f[11], policy = f[12] }
+  b.before = {remaining = b.remaining, debt = b.debt, over = b.over}
+  return b
+end
+
+-- Charges the actual amount X against holds of E on every budget (protocol.md §1.8, §1.9):
+-- X <= E releases the rest; an overage c is capped at what every scope without an overdraft
+-- limit (or, under ALLOW_IF_AVAILABLE, every scope) can cover; under ALLOW_WITH_OVERDRAFT the
+-- unfunded shortfall becomes debt within each positive limit. Checks first, then mutates the
+-- budget tables (nothing is written here). Returns the charged amount, or nil and the scope
+-- whose overdraft limit would be exceeded.
+local function settle(budgets, E, X, policy)
+  local delta = d_sub(X, E)
+  local c = '0'
+  if d_pos(delta) then
+    c = delta
+    for _, b in ipairs(budgets) do
+      local zero_limit = not d_pos(b.overdraft_limit)
+      if (policy ~= 'ALLOW_WITH_OVERDRAFT' or zero_limit) and d_cmp(b.remaining, delta) < 0 then
+        c = d_min(c, d_max(b.remaining, '0'))
+      end
+    end
+    if policy == 'ALLOW_WITH_OVERDRAFT' then
+      for _, b in ipairs(budgets) do
+        if d_pos(b.overdraft_limit) and d_cmp(b.remaining, c) < 0 then
+          local shortfall = d_sub(c, d_max(b.remaining, '0'))
+          if d_cmp(d_add(b.debt, shortfall), b.overdraft_limit) > 0 then return nil, b end
+        end
+      end
+    end
+  end
+  local capped = d_cmp(c, delta) < 0
+  for _, b in ipairs(budgets) do
+    local funded = c
+    if d_pos(c) and d_cmp(b.remaining, c) < 0 then
+      funded = d_max(b.remaining, '0')
+      b.debt = d_add(b.debt, d_sub(c, funded))
+      if d_pos(b.overdraft_limit) and d_cmp(b.debt, b.overdraft_limit) > 0 then b.over = true end
+    end
+    if capped and d_cmp(b.remaining, delta) < 0 and (policy ~= 'ALLOW_WITH_OVERDRAFT' or not d_pos(b.overdraft_limit)) then
+      b.over = true
+    end
+    if d_pos(delta) then
+      b.remaining = d_sub(b.remaining, c)
+      b.spent = d_add(b.spent, d_add(funded, E))
+    else
+      b.remaining = d_add(b.remaining, d_sub(E, X))
+      b.spent = d_add(b.spent, X)
+    end
+    b.reserved = d_sub(b.reserved, E)
+  end
+  if d_pos(delta) then return d_add(E, c) end
+  return X
 end
 
 -- Checks that every new value fits int64, then writes all budgets (never half way).
@@ -285,13 +337,20 @@ end
 
 -- Appends an event (the spec's `Event` JSON) to the tenant's event stream, in the same script
 -- as the state change that causes it. `data_json` is pre-built JSON (amounts as raw digits).
-local function emit(events_key, event_id, event_type, tenant, scope, actor_type, source, data_json, now)
+-- `ctx` carries the causing request (request_id, trace_id, actor, key_id, tenant); nil for
+-- system work such as the expiry sweep.
+local function emit(events_key, event_id, event_type, tenant, scope, ctx, source, data_json, now)
   local category = string.match(event_type, '^([^.]+)')
+  local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
+  if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
   local json = '{"event_id":' .. cjson.encode(event_id) .. ',"event_type":' .. cjson.encode(event_type) ..
     ',"category":' .. cjson.encode(category) .. ',"timestamp":"' .. iso8601(now) .. '","tenant_id":' ..
     cjson.encode(tenant) .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
-    ',"actor":{"type":' .. cjson.encode(actor_type) .. '},"source":' .. cjson.encode(source) ..
-    ',"data":' .. data_json .. '}'
+    ',"actor":' .. actor .. '},"source":' .. cjson.encode(source) .. ',"data":' .. data_json
+  if ctx then
+    json = json .. ',"request_id":' .. cjson.encode(ctx.request_id) .. ',"trace_id":' .. cjson.encode(ctx.trace_id)
+  end
+  json = json .. '}'
   redis.call('XADD', events_key, '*', 'event_id', event_id, 'type', event_type, 'event', json)
 end
 
@@ -328,7 +387,7 @@ local function expire_if_overdue(res_key, r, budget_keys, expiry_index, events_k
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
     string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
   emit(events_key, 'evt_' .. string.sub(redis.sha1hex(r.rid .. '|expired'), 1, 16), 'reservation.expired',
-    tenant, r.scope_path, 'system', 'cycles-expiry', data, now)
+    tenant, r.scope_path, nil, 'cycles-expiry', data, now)
   return true
 end
 
@@ -347,7 +406,9 @@ local DENIAL_CHECKS = {
   {'BUDGET_EXCEEDED', 'Insufficient budget on scope ', function(b, amount) return d_cmp(b.remaining, amount) < 0 end},
 }
 
-local function evaluate(units_key, first_key, first_arg, unit, amount)
+-- The budgets of the derived scopes in `unit`; `unit_error` / `reason = 'BUDGET_NOT_FOUND'`
+-- when no derived scope has one.
+local function scoped_budgets(units_key, first_key, first_arg, unit)
   local e = {budgets = {}, scopes = {}, codes = {}}
   for i = first_key, #KEYS do
     local scope, code = string.match(ARGV[i - first_key + first_arg], '^(.*)|(.*)$')
@@ -372,8 +433,13 @@ local function evaluate(units_key, first_key, first_arg, unit, amount)
     end
     e.reason = 'BUDGET_NOT_FOUND'
     e.message = 'Budget not found for provided scope: ' .. e.scopes[#e.scopes]
-    return e
   end
+  return e
+end
+
+local function evaluate(units_key, first_key, first_arg, unit, amount)
+  local e = scoped_budgets(units_key, first_key, first_arg, unit)
+  if e.unit_error or e.reason then return e end
   for _, check in ipairs(DENIAL_CHECKS) do
     for _, b in ipairs(e.budgets) do
       if check[3](b, amount) then
@@ -386,4 +452,48 @@ local function evaluate(units_key, first_key, first_arg, unit, amount)
   local deepest = e.budgets[#e.budgets]
   if deepest.scope == e.scopes[#e.scopes] and deepest.caps and deepest.caps ~= '' then e.caps = deepest.caps end
   return e
+end
+
+-- The request context scripts receive as one JSON argument (strings only).
+local function request_context(json)
+  local ok, ctx = pcall(cjson.decode, json)
+  if ok and type(ctx) == 'table' then return ctx end
+  return nil
+end
+
+local function ratio(a, b)
+  local x, y = tonumber(a), tonumber(b)
+  if not y or y == 0 then return '0' end
+  return string.format('%.4f', x / y)
+end
+
+-- Budget events on real transitions of the budgets a script just wrote: remaining reached 0
+-- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered), debt grew
+-- (budget.debt_incurred, with `reservation_id` when a commit caused it). Ids are derived from
+-- the request id, so the same request never produces an event twice.
+local function budget_events(events_key, budgets, ctx, now, unit, reservation_id, policy)
+  if not ctx then return end
+  for _, b in ipairs(budgets) do
+    local scope = cjson.encode(b.scope)
+    local function id(kind) return 'evt_' .. string.sub(redis.sha1hex(ctx.request_id .. '|' .. b.scope .. '|' .. kind), 1, 16) end
+    if d_pos(b.before.remaining) and b.remaining == '0' then
+      local used = d_add(b.spent, b.reserved)
+      emit(events_key, id('exhausted'), 'budget.exhausted', ctx.tenant, b.scope, ctx, 'cycles-server',
+        '{"scope":' .. scope .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
+        ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
+        ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
+    end
+    if b.over and not b.before.over then
+      emit(events_key, id('over_limit'), 'budget.over_limit_entered', ctx.tenant, b.scope, ctx, 'cycles-server',
+        '{"scope":' .. scope .. ',"unit":"' .. unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
+        b.overdraft_limit .. ',"is_over_limit":true,"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
+    end
+    if d_cmp(b.debt, b.before.debt) > 0 then
+      emit(events_key, id('debt'), 'budget.debt_incurred', ctx.tenant, b.scope, ctx, 'cycles-server',
+        '{"scope":' .. scope .. ',"unit":"' .. unit .. '"' ..
+        (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
+        ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..
+        ',"overdraft_limit":' .. b.overdraft_limit .. ',"overage_policy":"' .. policy .. '"}', now)
+    end
+  end
 end

@@ -181,6 +181,23 @@ pub struct DecisionRequest {
     pub metadata: Option<Metadata>,
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventCreateRequest {
+    pub idempotency_key: String,
+    pub subject: Subject,
+    pub action: Action,
+    pub actual: Amount,
+    #[serde(default)]
+    pub overage_policy: Option<OveragePolicy>,
+    #[serde(default)]
+    pub metrics: Option<StandardMetrics>,
+    #[serde(default)]
+    pub client_time_ms: Option<i64>,
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+}
+
 // ---------------------------------------------------------------------------------------------
 // Validation
 
@@ -328,6 +345,22 @@ impl Validate for DecisionRequest {
     }
 }
 
+impl Validate for EventCreateRequest {
+    fn validate(&self) -> ApiResult<()> {
+        check_idempotency_key(&self.idempotency_key)?;
+        self.subject.validate()?;
+        self.action.validate()?;
+        self.actual.validate("actual")?;
+        if let Some(m) = &self.metrics {
+            m.validate()?;
+        }
+        check_non_negative("client_time_ms", self.client_time_ms)
+    }
+    fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
 impl Validate for CommitRequest {
     fn validate(&self) -> ApiResult<()> {
         check_idempotency_key(&self.idempotency_key)?;
@@ -447,6 +480,16 @@ pub struct DecisionResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
     pub affected_scopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventCreateResponse {
+    pub status: &'static str,
+    pub event_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

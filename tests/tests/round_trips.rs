@@ -19,6 +19,14 @@ async fn one_evalsha_per_warm_request() {
     let rid = h.reserve_ok(&t, 10, json!({})).await;
     h.release(&t, &rid).await.assert_ok();
     h.reserve(&t, 1, json!({"dry_run": true})).await.assert_ok();
+    let warm = |key: &str| {
+        json!({"idempotency_key": key, "subject": {"tenant": t.id}, "action": {"kind": "k", "name": "n"},
+            "actual": {"unit": "TOKENS", "amount": 1}})
+    };
+    assert_eq!(h.post(&t.key, "/v1/events", &warm("warm-event")).await.status, 201);
+    let mut warm_decide = warm("warm-decide");
+    merge(&mut warm_decide, json!({"actual": null, "estimate": {"unit": "TOKENS", "amount": 1}}));
+    h.post(&t.key, "/v1/decide", &warm_decide).await.assert_ok();
     h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
 
     let rid = h.reserve_ok(&t, 10, json!({})).await;
@@ -27,6 +35,18 @@ async fn one_evalsha_per_warm_request() {
     one_evalsha(&h, "extend", h.extend(&t, &rid, 10)).await;
     one_evalsha(&h, "get", h.get(&t.key, &format!("/v1/reservations/{rid}"))).await;
     one_evalsha(&h, "commit", h.commit(&t, &rid, 5)).await;
+    let event = json!({"idempotency_key": "ev-1", "subject": {"tenant": t.id}, "action": {"kind": "k", "name": "n"},
+        "actual": {"unit": "TOKENS", "amount": 1}});
+    let (body, path) = (event.to_string(), "/v1/events");
+    one_evalsha(&h, "event", async {
+        let r = h.send("POST", path, &[("x-cycles-api-key", &t.key)], Some(&body)).await;
+        assert_eq!(r.status, 201);
+        Resp { status: 200, ..r }
+    })
+    .await;
+    let decide = json!({"idempotency_key": "d-1", "subject": {"tenant": t.id}, "action": {"kind": "k", "name": "n"},
+        "estimate": {"unit": "TOKENS", "amount": 1}});
+    one_evalsha(&h, "decide", h.post(&t.key, "/v1/decide", &decide)).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
     one_evalsha(&h, "release", h.release(&t, &rid)).await;
 }

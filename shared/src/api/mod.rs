@@ -57,6 +57,7 @@ pub struct ApiResponse {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     Decide,
+    CreateEvent,
     CreateReservation,
     CommitReservation,
     ReleaseReservation,
@@ -69,6 +70,7 @@ impl Operation {
     pub fn function_name(self) -> &'static str {
         match self {
             Self::Decide => "decide",
+            Self::CreateEvent => "create-event",
             Self::CreateReservation => "create-reservation",
             Self::CommitReservation => "commit-reservation",
             Self::ReleaseReservation => "release-reservation",
@@ -85,8 +87,9 @@ pub struct Route {
 }
 
 /// The single source of truth for method + path -> operation.
-pub static ROUTES: [Route; 6] = [
+pub static ROUTES: [Route; 7] = [
     Route { method: Method::POST, template: "/v1/decide", op: Operation::Decide },
+    Route { method: Method::POST, template: "/v1/events", op: Operation::CreateEvent },
     Route { method: Method::POST, template: "/v1/reservations", op: Operation::CreateReservation },
     Route { method: Method::GET, template: "/v1/reservations/{reservation_id}", op: Operation::GetReservation },
     Route {
@@ -180,6 +183,7 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = match op {
         Operation::Decide => reservations::decide(app, &mut ctx, &req).await,
+        Operation::CreateEvent => reservations::create_event(app, &mut ctx, &req).await,
         Operation::CreateReservation => reservations::create(app, &mut ctx, &req).await,
         Operation::CommitReservation => reservations::commit(app, &mut ctx, &req, &params).await,
         Operation::ReleaseReservation => reservations::release(app, &mut ctx, &req, &params).await,

@@ -283,6 +283,69 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     ))
 }
 
+/// The request context scripts stamp on the events they write (P-148).
+fn event_context(ctx: &Ctx, caller: Option<&TenantCaller>, tenant: &str) -> String {
+    json!({
+        "request_id": ctx.request_id,
+        "trace_id": ctx.trace.trace_id,
+        "actor": if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
+        "key_id": caller.map(|c| c.key_id.as_str()).unwrap_or(""),
+        "tenant": tenant,
+    })
+    .to_string()
+}
+
+/// Post-only accounting: debit `actual` without a reservation (201).
+pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = tenant_caller(app, ctx, req).await?;
+    let (r, raw) = parse::<EventCreateRequest>(req)?;
+    if let Some(t) = &r.subject.tenant {
+        if *t != caller.tenant {
+            return Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"));
+        }
+    }
+    let scopes = derive_scopes(&r.subject);
+    let keys = TenantKeys::new(&caller.tenant);
+    let unit = r.actual.unit;
+    let mut script_keys = vec![
+        keys.tenant(),
+        keys.api_key(&caller.key_id),
+        keys.idempotency("event", &[&r.idempotency_key]),
+        keys.scope_units(),
+        keys.events(),
+    ];
+    script_keys.extend(scopes.iter().map(|s| keys.budget(s, unit)));
+    let mut args = vec![
+        caller.digest.clone(),
+        Permission::ReservationsCommit.accepted().to_string(),
+        payload_hash(&raw, &[]),
+        format!("evt_{}", uuid::Uuid::new_v4().simple()),
+        unit.as_str().to_string(),
+        r.actual.amount.to_string(),
+        r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
+        retention_ms(app),
+        event_context(ctx, Some(&caller), &caller.tenant),
+        String::from_utf8_lossy(&req.body).into_owned(),
+    ];
+    args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))));
+    let reply = app.store.run(&scripts::EVENT, &script_keys, &args).await?;
+    let res = &reply.result;
+    if res.len() < 3 {
+        return Err(ApiError::internal("Malformed event result"));
+    }
+    let codes: Vec<String> = res[2].as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect();
+    let budgeted = budgeted_scopes(&r.subject, unit, &codes);
+    Ok(Answer::json(
+        201,
+        &EventCreateResponse {
+            status: "APPLIED",
+            event_id: res[0].clone(),
+            charged: if res[1].is_empty() { None } else { Some(Amount { unit, amount: int(&res[1])? }) },
+            balances: Some(balances(&budgeted, unit, &res[3..])?),
+        },
+    ))
+}
+
 /// The reservation a `{reservation_id}` route addresses, with the caller's auth arguments.
 struct Target {
     id: String,
@@ -292,6 +355,8 @@ struct Target {
     auth_key: String,
     digest: String,
     admin: bool,
+    /// The tenant key behind the call (None for admin-key calls).
+    caller: Option<TenantCaller>,
 }
 
 impl Target {
@@ -312,7 +377,7 @@ async fn target(app: &App, principal: Principal, params: &Params, permission: Pe
         Principal::Admin => {
             let rid = ReservationId::parse(&id).ok_or_else(reservation_not_found)?;
             let keys = TenantKeys::new(&rid.tenant);
-            Target { auth_key: keys.tenant(), keys, rid, id, digest: String::new(), admin: true }
+            Target { auth_key: keys.tenant(), keys, rid, id, digest: String::new(), admin: true, caller: None }
         }
         Principal::Tenant(c) => {
             let keys = TenantKeys::new(&c.tenant);
@@ -325,7 +390,7 @@ async fn target(app: &App, principal: Principal, params: &Params, permission: Pe
                 verify_key(app, &auth_key, &c, permission).await?;
                 return Err(foreign_reservation(app, &rid).await?);
             }
-            Target { keys, rid, id, auth_key, digest: c.digest, admin: false }
+            Target { keys, rid, id, auth_key, digest: c.digest.clone(), admin: false, caller: Some(c) }
         }
     })
 }
@@ -376,6 +441,7 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
         json_or_empty(&r.metrics),
         json_or_empty(&r.metadata),
         retention_ms(app),
+        event_context(ctx, t.caller.as_ref(), &t.rid.tenant),
     ];
     let reply = app.store.run(&scripts::COMMIT, &keys, &args).await?;
     let res = &reply.result;
