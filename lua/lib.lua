@@ -443,7 +443,7 @@ local function evaluate(units_key, first_key, first_arg, unit, amount)
   for _, check in ipairs(DENIAL_CHECKS) do
     for _, b in ipairs(e.budgets) do
       if check[3](b, amount) then
-        e.reason, e.message = check[1], check[2] .. b.scope
+        e.reason, e.message, e.denied_by = check[1], check[2] .. b.scope, b
         return e
       end
     end

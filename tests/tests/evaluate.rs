@@ -109,3 +109,29 @@ async fn evaluation_replays_reflect_the_original_decision() {
     // P-134: the same key live -> mismatch (shared namespace)
     h.reserve(&t, 5, json!({"idempotency_key": "dry-1"})).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
 }
+
+#[tokio::test]
+async fn denials_are_recorded_as_events_once() {
+    use redis::AsyncCommands;
+    let h = Harness::start().await;
+    let t = h.funded(10).await;
+    decide(&h, &t, 5, json!({})).await.assert_ok();
+    let body = json!({"idempotency_key": "deny-1"});
+    let r = decide(&h, &t, 50, body.clone()).await;
+    assert_eq!(r.assert_ok()["decision"], "DENY");
+    decide(&h, &t, 50, body).await.assert_ok();
+    h.reserve(&t, 99, json!({"dry_run": true})).await.assert_ok();
+    let key = cycles_shared::keys::TenantKeys::new(&t.id).events();
+    let entries: redis::streams::StreamRangeReply = h.store.conn().xrange_all(key).await.unwrap();
+    let ev: Vec<serde_json::Value> =
+        entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect();
+    assert_eq!(ev.len(), 2, "one per fresh DENY, none for ALLOW or replays: {ev:?}");
+    assert_eq!(ev[0]["event_type"], "reservation.denied");
+    assert_eq!(ev[0]["data"]["reason_code"], "BUDGET_EXCEEDED");
+    assert_eq!(ev[0]["data"]["requested_amount"], 50);
+    assert_eq!(ev[0]["data"]["remaining"], 10, "{}", ev[0]);
+    assert_eq!(ev[0]["data"]["scope"], format!("tenant:{}", t.id));
+    assert_eq!(ev[0]["data"]["subject"]["tenant"], t.id.as_str());
+    assert_eq!(ev[0]["request_id"], r.headers["x-request-id"].as_str());
+    assert_eq!(ev[1]["data"]["requested_amount"], 99);
+}

@@ -118,7 +118,15 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     if r.dry_run == Some(true) {
         let record = keys.idempotency("reserve-dry-run", &[&r.idempotency_key]);
         let live = keys.reservation(&token);
-        let ev = evaluate(app, &caller, &keys, [record, live], hash, &r.idempotency_key, &r.estimate, &scopes).await?;
+        let ask = Ask {
+            idempotency_key: &r.idempotency_key,
+            subject: &r.subject,
+            action: &r.action,
+            estimate: &r.estimate,
+            scopes: &scopes,
+            hash,
+        };
+        let ev = evaluate(app, ctx, &caller, [record, live], ask).await?;
         let allowed = ev.decision != Decision::Deny;
         return Ok(Answer::json(
             200,
@@ -210,19 +218,28 @@ struct Evaluation {
 /// Runs the evaluation script: the live reserve's checks, reported as a decision and stored
 /// under the idempotency key (`records` = this namespace's record, and the live reservation
 /// the same key would name, for cross-mode mismatch detection).
-#[allow(clippy::too_many_arguments)]
+/// What dry_run and decide evaluate.
+struct Ask<'a> {
+    idempotency_key: &'a str,
+    subject: &'a Subject,
+    action: &'a Action,
+    estimate: &'a Amount,
+    scopes: &'a [String],
+    hash: String,
+}
+
 async fn evaluate(
     app: &App,
+    ctx: &Ctx,
     caller: &TenantCaller,
-    keys: &TenantKeys,
     records: [String; 2],
-    hash: String,
-    idempotency_key: &str,
-    estimate: &Amount,
-    scopes: &[String],
+    ask: Ask<'_>,
 ) -> ApiResult<Evaluation> {
+    let Ask { idempotency_key, subject, action, estimate, scopes, hash } = ask;
+    let keys = TenantKeys::new(&caller.tenant);
     let [record, live] = records;
-    let mut script_keys = vec![keys.tenant(), keys.api_key(&caller.key_id), record, live, keys.scope_units()];
+    let mut script_keys =
+        vec![keys.tenant(), keys.api_key(&caller.key_id), record, live, keys.scope_units(), keys.events()];
     script_keys.extend(scopes.iter().map(|s| keys.budget(s, estimate.unit)));
     let mut args = vec![
         caller.digest.clone(),
@@ -232,6 +249,9 @@ async fn evaluate(
         estimate.amount.to_string(),
         idempotency_key.to_string(),
         EVALUATION_RETENTION_MS.to_string(),
+        event_context(ctx, Some(caller), &caller.tenant),
+        serde_json::to_string(subject).expect("serializable"),
+        serde_json::to_string(action).expect("serializable"),
     ];
     args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, estimate.unit))));
     let reply = app.store.run(&scripts::EVALUATE, &script_keys, &args).await?;
@@ -251,7 +271,7 @@ async fn evaluate(
         decision,
         reason_code: (!res[1].is_empty()).then(|| res[1].clone()),
         caps: if res[2].is_empty() { None } else { serde_json::from_str(&res[2]).ok() },
-        balances: balances(&budgeted, estimate.unit, &res[4..])?,
+        balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, estimate.unit, &res[4..])? },
     })
 }
 
@@ -269,9 +289,15 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
     let record = keys.idempotency("decide", &[&r.idempotency_key]);
-    let hash = payload_hash(&raw, &[]);
-    let ev =
-        evaluate(app, &caller, &keys, [record.clone(), record], hash, &r.idempotency_key, &r.estimate, &scopes).await?;
+    let ask = Ask {
+        idempotency_key: &r.idempotency_key,
+        subject: &r.subject,
+        action: &r.action,
+        estimate: &r.estimate,
+        scopes: &scopes,
+        hash: payload_hash(&raw, &[]),
+    };
+    let ev = evaluate(app, ctx, &caller, [record.clone(), record], ask).await?;
     Ok(Answer::json(
         200,
         &DecisionResponse {
