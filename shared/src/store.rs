@@ -176,6 +176,8 @@ pub mod scripts {
     pub static EXPIRE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/expire.lua")));
     pub static TRIM: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/trim.lua")));
     pub static EVENT: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/event.lua")));
+    pub static BALANCES: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/balances.lua")));
+    pub static READ_BUDGETS: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/read_budgets.lua")));
     pub static AUTHENTICATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));

@@ -2,6 +2,7 @@
 //! dispatcher every front end (Lambda, the local gateway) calls.
 
 pub mod auth;
+mod balances;
 mod reservations;
 
 use std::collections::HashMap;
@@ -56,6 +57,7 @@ pub struct ApiResponse {
 /// The operations this service exposes; each is one Lambda function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
+    GetBalances,
     Decide,
     CreateEvent,
     CreateReservation,
@@ -69,6 +71,7 @@ impl Operation {
     /// The Lambda function (binary) serving this operation.
     pub fn function_name(self) -> &'static str {
         match self {
+            Self::GetBalances => "get-balances",
             Self::Decide => "decide",
             Self::CreateEvent => "create-event",
             Self::CreateReservation => "create-reservation",
@@ -87,7 +90,8 @@ pub struct Route {
 }
 
 /// The single source of truth for method + path -> operation.
-pub static ROUTES: [Route; 7] = [
+pub static ROUTES: [Route; 8] = [
+    Route { method: Method::GET, template: "/v1/balances", op: Operation::GetBalances },
     Route { method: Method::POST, template: "/v1/decide", op: Operation::Decide },
     Route { method: Method::POST, template: "/v1/events", op: Operation::CreateEvent },
     Route { method: Method::POST, template: "/v1/reservations", op: Operation::CreateReservation },
@@ -132,6 +136,20 @@ pub fn match_template(template: &str, path: &str, exact: bool) -> Option<Params>
         }
     }
     Some(params)
+}
+
+/// Query parameters (percent-decoded, `+` as space); a repeated name keeps its first value.
+pub fn parse_query(query: &str) -> ApiResult<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let decode = |s: &str| {
+            percent_decode(&s.replace('+', " "))
+                .ok_or_else(|| ApiError::invalid(format!("Malformed query parameter encoding: {pair}")))
+        };
+        out.entry(decode(k)?).or_insert(decode(v)?);
+    }
+    Ok(out)
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -182,6 +200,7 @@ impl Answer {
 pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -> ApiResponse {
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = match op {
+        Operation::GetBalances => balances::get(app, &mut ctx, &req).await,
         Operation::Decide => reservations::decide(app, &mut ctx, &req).await,
         Operation::CreateEvent => reservations::create_event(app, &mut ctx, &req).await,
         Operation::CreateReservation => reservations::create(app, &mut ctx, &req).await,

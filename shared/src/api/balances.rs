@@ -1,0 +1,127 @@
+//! `GET /v1/balances` (runtime contract): the effective tenant's ledgers whose scope contains
+//! every supplied subject segment, in a stable order (scope, unit) with opaque cursors.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+
+use super::auth::Principal;
+use super::{parse_query, Answer, ApiRequest, App, Ctx};
+use crate::domain::{leaf_segment, Permission};
+use crate::error::{ApiError, ApiResult};
+use crate::keys::{digest, TenantKeys};
+use crate::model::{Amount, Balance, Unit};
+use crate::store::scripts;
+
+const FILTERS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "toolset"];
+
+#[derive(serde::Serialize)]
+struct BalanceResponse {
+    balances: Vec<Balance>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
+    has_more: bool,
+}
+
+/// Parses `limit` (1..=max, default 50).
+pub fn parse_limit(value: Option<&String>, max: usize) -> ApiResult<usize> {
+    match value.map(String::as_str) {
+        None | Some("") => Ok(50),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(ApiError::invalid(format!("limit must be an integer between 1 and {max}"))),
+        },
+    }
+}
+
+/// A cursor: the last (scope, unit) served, bound to the filters that produced it.
+fn encode_cursor(scope: &str, unit: &str, filters: &str) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}\n{scope}\n{unit}", digest(&[filters])))
+}
+
+fn decode_cursor(cursor: &str, filters: &str) -> ApiResult<(String, String)> {
+    let bad = || ApiError::invalid("cursor is malformed or was issued for different filters");
+    let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
+    let text = String::from_utf8(raw).map_err(|_| bad())?;
+    let mut parts = text.split('\n');
+    let (hash, scope, unit) =
+        (parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?);
+    if hash != digest(&[filters]) {
+        return Err(bad());
+    }
+    Ok((scope.to_string(), unit.to_string()))
+}
+
+pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = match app.authenticate(&req.headers, false).await? {
+        Principal::Tenant(c) => c,
+        Principal::Admin => return Err(ApiError::unauthorized("Invalid or missing API key")),
+    };
+    ctx.tenant = Some(caller.tenant.clone());
+    let query = parse_query(&req.query)?;
+    let given = |name: &str| query.get(name).filter(|v| !v.is_empty());
+    if FILTERS.iter().all(|f| given(f).is_none()) {
+        return Err(ApiError::invalid("at least one of tenant, workspace, app, workflow, agent, toolset is required"));
+    }
+    if let Some(t) = given("tenant") {
+        if *t != caller.tenant {
+            return Err(ApiError::forbidden("tenant does not match the tenant of the API key"));
+        }
+    }
+    let limit = parse_limit(query.get("limit"), 200)?;
+    // Each supplied filter must appear as a whole `level:value` segment (case-insensitive).
+    let segments: Vec<String> =
+        FILTERS.iter().filter_map(|f| given(f).map(|v| format!("{f}:{}", v.to_ascii_lowercase()))).collect();
+    let filter_key = segments.join("/");
+
+    let keys = TenantKeys::new(&caller.tenant);
+    let args = [caller.digest.clone(), Permission::BalancesRead.accepted().to_string()];
+    let listed = app.store.run(&scripts::BALANCES, &[keys.api_key(&caller.key_id), keys.scope_units()], &args).await?;
+    let mut ledgers: Vec<(String, Unit)> = listed
+        .result
+        .chunks(2)
+        .filter(|pair| pair.len() == 2 && segments.iter().all(|s| pair[0].split('/').any(|seg| seg == s)))
+        .flat_map(|pair| pair[1].split(',').filter_map(Unit::parse).map(|u| (pair[0].clone(), u)).collect::<Vec<_>>())
+        .collect();
+    ledgers.sort_by(|a, b| (a.0.as_str(), a.1.as_str()).cmp(&(b.0.as_str(), b.1.as_str())));
+    if let Some(cursor) = query.get("cursor").filter(|c| !c.is_empty()) {
+        let (scope, unit) = decode_cursor(cursor, &filter_key)?;
+        ledgers.retain(|(s, u)| (s.as_str(), u.as_str()) > (scope.as_str(), unit.as_str()));
+    }
+    let has_more = ledgers.len() > limit;
+    ledgers.truncate(limit);
+
+    let budget_keys: Vec<String> = ledgers.iter().map(|(s, u)| keys.budget(s, *u)).collect();
+    let snapshot = if budget_keys.is_empty() {
+        Vec::new()
+    } else {
+        app.store.run(&scripts::READ_BUDGETS, &budget_keys, &[]).await?.result
+    };
+    let mut balances = Vec::with_capacity(ledgers.len());
+    for ((scope, unit), values) in ledgers.iter().zip(snapshot.chunks(7)) {
+        if values.iter().all(String::is_empty) {
+            continue; // removed between the two reads
+        }
+        let amount = |s: &str| {
+            s.parse::<i64>()
+                .map(|amount| Amount { unit: *unit, amount })
+                .map_err(|_| ApiError::internal("Malformed ledger"))
+        };
+        let optional = |s: &str| amount(s).map(|a| (a.amount != 0).then_some(a));
+        balances.push(Balance {
+            scope: leaf_segment(scope).to_string(),
+            scope_path: scope.clone(),
+            allocated: Some(amount(&values[0])?),
+            remaining: amount(&values[1])?,
+            reserved: Some(amount(&values[2])?),
+            spent: Some(amount(&values[3])?),
+            debt: optional(&values[4])?,
+            overdraft_limit: optional(&values[5])?,
+            is_over_limit: (values[6] == "1").then_some(true),
+        });
+    }
+    let next_cursor = match (has_more, ledgers.last()) {
+        (true, Some((scope, unit))) => Some(encode_cursor(scope, unit.as_str(), &filter_key)),
+        _ => None,
+    };
+    Ok(Answer::json(200, &BalanceResponse { balances, has_more: next_cursor.is_some(), next_cursor }))
+}
