@@ -80,5 +80,7 @@ if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end
 if ARGV[13] ~= '' then rec.metadata = ARGV[13] end
 save_record(KEYS[3], rec)
 redis.call('ZADD', KEYS[6], expires_at + grace, rid)
-redis.call('ZADD', KEYS[7], now, string.match(rid, '^[^.]+%.([^.]+)%.'))
+-- Created index: lexicographic members "<13-digit created ms><token>", so one index serves
+-- time windows, both directions and stable cursors (ZRANGE ... BYLEX).
+redis.call('ZADD', KEYS[7], 0, string.format('%013d', now) .. string.match(rid, '^[^.]+%.([^.]+)%.'))
 return {'OK', cjson.encode(with_id(result, rid)), 'ACTIVE', tostring(now)}

@@ -134,3 +134,79 @@ mod tests {
         assert_ne!(a, c);
     }
 }
+
+/// Parses an RFC 3339 date-time (`2026-05-02T10:15:30Z`, fractional seconds and numeric
+/// offsets allowed) into epoch milliseconds.
+pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut millis = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let ms: String = frac[..digits].chars().chain("000".chars()).take(3).collect();
+        millis = ms.parse::<i64>().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+            let h: i64 = o[1..3].parse().ok()?;
+            let m: i64 = o[4..6].parse().ok()?;
+            let v = h * 60 + m;
+            if o.starts_with('-') {
+                -v
+            } else {
+                v
+            }
+        }
+        _ => return None,
+    };
+    // days from civil (Howard Hinnant)
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + hour * 3_600 + minute * 60 + second) - offset_min * 60) * 1_000 + millis)
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::parse_rfc3339_ms;
+
+    #[test]
+    fn rfc3339_parses_to_epoch_ms() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339_ms("2026-05-02T10:15:30.412Z"), Some(1_777_716_930_412));
+        assert_eq!(parse_rfc3339_ms("2026-05-02T12:15:30.412+02:00"), Some(1_777_716_930_412));
+        assert_eq!(parse_rfc3339_ms("2000-02-29T00:00:00.5Z"), Some(951_782_400_500));
+        for bad in
+            ["", "2026-05-02", "2026-13-02T00:00:00Z", "2026-05-02T00:00:00", "yesterday", "2026-05-02T00:00:00.Z"]
+        {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
+    }
+}

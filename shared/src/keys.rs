@@ -83,8 +83,8 @@ impl TenantKeys {
     pub fn expiry_index(&self) -> String {
         format!("{}:exp", self.prefix)
     }
-    /// Sorted set of reservation tokens (the record key suffix, see `reservation`) scored by
-    /// created_at: the per-tenant listing index.
+    /// The per-tenant listing index: members `<13-digit created_at ms><token>` (token = the
+    /// record key suffix, see `reservation`), all scored 0, ordered with ZRANGE BYLEX.
     pub fn created_index(&self) -> String {
         format!("{}:created", self.prefix)
     }

@@ -119,13 +119,21 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
 async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     let keys = TenantKeys::new(tenant);
     let horizon = now_ms() - opts.retention.as_millis() as i64;
-    let old: Vec<String> =
-        store.conn().zrangebyscore_limit(keys.created_index(), "-inf", horizon, 0, opts.batch as isize).await?;
+    let old: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys.created_index())
+        .arg("-")
+        .arg(format!("({:013}", horizon.max(0)))
+        .arg("BYLEX")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(opts.batch)
+        .query_async(&mut store.conn())
+        .await?;
     let mut script_keys = vec![keys.created_index(), keys.events()];
     let mut args = vec![(now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string()];
-    for token in &old {
-        script_keys.push(keys.reservation(token));
-        args.push(token.clone());
+    for member in &old {
+        script_keys.push(keys.reservation(member.get(13..).unwrap_or("-")));
+        args.push(member.clone());
     }
     let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
     let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);

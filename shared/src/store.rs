@@ -178,6 +178,8 @@ pub mod scripts {
     pub static EVENT: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/event.lua")));
     pub static BALANCES: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/balances.lua")));
     pub static READ_BUDGETS: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/read_budgets.lua")));
+    pub static LIST: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/list.lua")));
+    pub static READ_RECORDS: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/read_records.lua")));
     pub static AUTHENTICATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));

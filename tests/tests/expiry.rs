@@ -219,7 +219,8 @@ async fn retention_removes_history_and_keeps_live_records() {
     // record took the sweep's 1 s retention); the live one stays, record and index entry.
     assert_eq!(first.trimmed_index + r.trimmed_index, 2, "{first:?} {r:?}");
     let indexed: Vec<String> = h.store.conn().zrange(keys.created_index(), 0, -1).await.unwrap();
-    assert_eq!(indexed, vec![token(&live)]);
+    assert_eq!(indexed.len(), 1);
+    assert!(indexed[0].ends_with(&token(&live)));
     h.get(&t.key, &format!("/v1/reservations/{live}")).await.assert_ok();
     h.get(&t.key, &format!("/v1/reservations/{expiring}")).await.assert_error(404, "NOT_FOUND");
     // The one reservation.expired event is older than its 1 s retention now: trimmed.

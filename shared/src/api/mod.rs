@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod balances;
+mod list;
 mod reservations;
 
 use std::collections::HashMap;
@@ -58,6 +59,7 @@ pub struct ApiResponse {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     GetBalances,
+    ListReservations,
     Decide,
     CreateEvent,
     CreateReservation,
@@ -72,6 +74,7 @@ impl Operation {
     pub fn function_name(self) -> &'static str {
         match self {
             Self::GetBalances => "get-balances",
+            Self::ListReservations => "list-reservations",
             Self::Decide => "decide",
             Self::CreateEvent => "create-event",
             Self::CreateReservation => "create-reservation",
@@ -90,7 +93,8 @@ pub struct Route {
 }
 
 /// The single source of truth for method + path -> operation.
-pub static ROUTES: [Route; 8] = [
+pub static ROUTES: [Route; 9] = [
+    Route { method: Method::GET, template: "/v1/reservations", op: Operation::ListReservations },
     Route { method: Method::GET, template: "/v1/balances", op: Operation::GetBalances },
     Route { method: Method::POST, template: "/v1/decide", op: Operation::Decide },
     Route { method: Method::POST, template: "/v1/events", op: Operation::CreateEvent },
@@ -201,6 +205,7 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = match op {
         Operation::GetBalances => balances::get(app, &mut ctx, &req).await,
+        Operation::ListReservations => list::list(app, &mut ctx, &req).await,
         Operation::Decide => reservations::decide(app, &mut ctx, &req).await,
         Operation::CreateEvent => reservations::create_event(app, &mut ctx, &req).await,
         Operation::CreateReservation => reservations::create(app, &mut ctx, &req).await,

@@ -1,0 +1,241 @@
+//! `GET /v1/reservations`: P-101..P-114, P-22, P-24, P-26, P-27, P-97.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use cycles_tests::*;
+
+fn ids(r: &Resp) -> Vec<String> {
+    r.body["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["reservation_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Follows cursors from `first` and returns every id visited, asserting P-102 on each page.
+async fn walk(h: &Harness, key: &str, first: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut path = first.to_string();
+    loop {
+        let r = h.get(key, &path).await;
+        let b = r.assert_ok().clone();
+        seen.extend(ids(&r));
+        assert_eq!(b["has_more"].as_bool().unwrap(), b.get("next_cursor").is_some());
+        match b.get("next_cursor").and_then(|c| c.as_str()) {
+            Some(c) => path = format!("{first}&cursor={c}"),
+            None => return seen,
+        }
+    }
+}
+
+#[tokio::test]
+async fn listing_filters_and_orders() {
+    let h = Harness::start().await;
+    let t = h.funded(100_000).await;
+    let other = h.funded(100_000).await;
+    h.reserve_ok(&other, 1, json!({})).await;
+    let mut created = Vec::new();
+    for i in 0..6 {
+        let agent = if i % 2 == 0 { "even" } else { "odd" };
+        let rid = h
+            .reserve_ok(
+                &t,
+                10 + i,
+                json!({"subject": {"tenant": t.id, "agent": agent}, "metadata": {"i": i},
+            "idempotency_key": format!("list-{i}")}),
+            )
+            .await;
+        created.push(rid);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    h.commit(&t, &created[0], 5).await.assert_ok();
+    let body = json!({"idempotency_key": "cm", "actual": {"unit": "TOKENS", "amount": 5}, "metadata": {"done": true}});
+    h.post(&t.key, &format!("/v1/reservations/{}/commit", created[2]), &body).await.assert_ok();
+    h.release(&t, &created[1]).await.assert_ok();
+
+    // P-24 / P-110: only this tenant, newest first by default.
+    let r = h.get(&t.key, "/v1/reservations").await;
+    let mut newest_first = created.clone();
+    newest_first.reverse();
+    assert_eq!(ids(&r), newest_first);
+    // P-114: committed shows without include; P-112: heavy fields only with include.
+    let rows = r.body["reservations"].as_array().unwrap();
+    let c0 = rows.iter().find(|x| x["reservation_id"] == created[0].as_str()).unwrap();
+    assert_eq!(c0["committed"]["amount"], 5);
+    assert!(c0["finalized_at_ms"].is_i64());
+    assert!(c0.get("metadata").is_none());
+    let active = rows.iter().find(|x| x["reservation_id"] == created[5].as_str()).unwrap();
+    assert!(active.get("finalized_at_ms").is_none() && active.get("committed").is_none());
+    let r = h.get(&t.key, "/v1/reservations?include=metadata,,COMMITTED_METADATA,bogus").await;
+    let c2 = r.body["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["reservation_id"] == created[2].as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(c2["metadata"], json!({"i": 2}));
+    assert_eq!(c2["committed_metadata"], json!({"done": true}));
+    // P-103, P-105, P-104
+    assert_eq!(ids(&h.get(&t.key, "/v1/reservations?status=ACTIVE&sort_dir=asc").await), created[3..].to_vec());
+    assert_eq!(ids(&h.get(&t.key, "/v1/reservations?status=RELEASED").await), vec![created[1].clone()]);
+    let odd = ids(&h.get(&t.key, "/v1/reservations?agent=ODD&sort_dir=asc").await);
+    assert_eq!(odd, vec![created[1].clone(), created[3].clone(), created[5].clone()]);
+    assert_eq!(ids(&h.get(&t.key, "/v1/reservations?idempotency_key=list-4").await), vec![created[4].clone()]);
+    assert!(ids(&h.get(&t.key, "/v1/reservations?workspace=none").await).is_empty());
+    // P-110: other sort keys, both directions.
+    let by_amount = ids(&h.get(&t.key, "/v1/reservations?sort_by=reserved&sort_dir=asc").await);
+    assert_eq!(by_amount, created);
+    let by_id = ids(&h.get(&t.key, "/v1/reservations?sort_by=RESERVATION_ID&sort_dir=asc").await);
+    let mut sorted = created.clone();
+    sorted.sort();
+    assert_eq!(by_id, sorted);
+    let by_status = ids(&h.get(&t.key, "/v1/reservations?sort_by=status").await);
+    assert_eq!(by_status.first(), Some(&created[1])); // RELEASED sorts last asc, first desc
+}
+
+#[tokio::test]
+async fn listing_time_windows() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let a = h.reserve_ok(&t, 1, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let b = h.reserve_ok(&t, 1, json!({})).await;
+    let detail = |id: String| {
+        let h = &h;
+        let key = t.key.clone();
+        async move { h.get(&key, &format!("/v1/reservations/{id}")).await.body }
+    };
+    let (da, db) = (detail(a.clone()).await, detail(b.clone()).await);
+    let iso = |ms: i64| {
+        // RFC 3339 from epoch ms (UTC)
+        let secs = ms.div_euclid(1000);
+        let days = secs.div_euclid(86_400);
+        let (y, m, d) = civil(days);
+        let rem = secs.rem_euclid(86_400);
+        format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60,
+            ms.rem_euclid(1000)
+        )
+    };
+    let ca = da["created_at_ms"].as_i64().unwrap();
+    let cb = db["created_at_ms"].as_i64().unwrap();
+    // P-106: inclusive bounds on created_at_ms.
+    let r = h.get(&t.key, &format!("/v1/reservations?from={}&to={}", iso(ca), iso(ca))).await;
+    assert_eq!(ids(&r), vec![a.clone()]);
+    let r = h.get(&t.key, &format!("/v1/reservations?from={}", iso(cb))).await;
+    assert_eq!(ids(&r), vec![b.clone()]);
+    let ea = da["expires_at_ms"].as_i64().unwrap();
+    let r = h.get(&t.key, &format!("/v1/reservations?expires_to={}", iso(ea))).await;
+    assert_eq!(ids(&r), vec![a.clone()]);
+    // P-107: finalized bounds exclude ACTIVE rows.
+    h.commit(&t, &a, 1).await.assert_ok();
+    let r = h.get(&t.key, "/v1/reservations?finalized_from=2000-01-01T00:00:00Z").await;
+    assert_eq!(ids(&r), vec![a.clone()]);
+    // P-108: inverted windows; P-109: blank bounds are absent; bad dates are 400.
+    h.get(&t.key, &format!("/v1/reservations?from={}&to={}", iso(cb), iso(ca)))
+        .await
+        .assert_error(400, "INVALID_REQUEST");
+    h.get(&t.key, "/v1/reservations?expires_from=2030-01-01T00:00:00Z&expires_to=2020-01-01T00:00:00Z")
+        .await
+        .assert_error(400, "INVALID_REQUEST");
+    assert_eq!(ids(&h.get(&t.key, "/v1/reservations?from=&finalized_to=&to=").await).len(), 2);
+    h.get(&t.key, "/v1/reservations?from=yesterday").await.assert_error(400, "INVALID_REQUEST");
+    let r = h.get(&t.key, "/v1/reservations?from=2000-01-01T01:00:00%2B01:00").await;
+    assert_eq!(ids(&r).len(), 2);
+}
+
+fn civil(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[tokio::test]
+async fn listing_pagination_and_cursor_binding() {
+    let h = Harness::start().await;
+    let t = h.funded(100_000).await;
+    let mut all = HashSet::new();
+    for _ in 0..23 {
+        all.insert(h.reserve_ok(&t, 1, json!({})).await);
+    }
+    // P-101: default 50, bounds 1..200.
+    assert_eq!(ids(&h.get(&t.key, "/v1/reservations").await).len(), 23);
+    for bad in ["0", "201", "x", "-1"] {
+        h.get(&t.key, &format!("/v1/reservations?limit={bad}")).await.assert_error(400, "INVALID_REQUEST");
+    }
+    // P-102: every row exactly once across pages, in both modes.
+    for first in [
+        "/v1/reservations?limit=5",
+        "/v1/reservations?limit=4&sort_dir=asc",
+        "/v1/reservations?limit=6&sort_by=reserved",
+    ] {
+        let seen = walk(&h, &t.key, first).await;
+        assert_eq!(seen.len(), 23, "{first}");
+        assert_eq!(seen.iter().cloned().collect::<HashSet<_>>(), all, "{first}");
+    }
+    // Cursors are stable under concurrent inserts: new rows do not duplicate old ones.
+    let page = h.get(&t.key, "/v1/reservations?limit=10").await;
+    let c = page.body["next_cursor"].as_str().unwrap().to_string();
+    h.reserve_ok(&t, 1, json!({})).await;
+    let next = ids(&h.get(&t.key, &format!("/v1/reservations?limit=10&cursor={c}&include=metadata")).await);
+    assert!(next.iter().all(|id| !ids(&page).contains(id)), "P-113: include does not break the cursor");
+    // P-111 / A-23: other windows, filters or sort with a cursor -> 400; a garbage cursor -> 400.
+    for changed in ["from=2000-01-01T00:00:00Z", "status=ACTIVE", "sort_by=reserved", "sort_dir=asc", "agent=x"] {
+        h.get(&t.key, &format!("/v1/reservations?limit=10&cursor={c}&{changed}"))
+            .await
+            .assert_error(400, "INVALID_REQUEST");
+    }
+    h.get(&t.key, "/v1/reservations?cursor=not-a-cursor").await.assert_error(400, "INVALID_REQUEST");
+    h.get(&t.key, "/v1/reservations?sort_by=bogus").await.assert_error(400, "INVALID_REQUEST");
+    h.get(&t.key, "/v1/reservations?sort_dir=up").await.assert_error(400, "INVALID_REQUEST");
+    h.get(&t.key, "/v1/reservations?status=DONE").await.assert_error(400, "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn listing_tenancy_and_admin() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let other = h.funded(1000).await;
+    let mine = h.reserve_ok(&t, 1, json!({})).await;
+    let theirs = h.reserve_ok(&other, 1, json!({})).await;
+    // P-22
+    h.get(&t.key, &format!("/v1/reservations?tenant={}", other.id)).await.assert_error(403, "FORBIDDEN");
+    assert_eq!(ids(&h.get(&t.key, &format!("/v1/reservations?tenant={}", t.id)).await), vec![mine.clone()]);
+    // P-26 / P-27
+    let admin = [("x-admin-api-key", ADMIN_KEY)];
+    let r = h.send("GET", "/v1/reservations", &admin, None).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(r.body["message"], "tenant query parameter is required when using admin key authentication");
+    let r = h.send("GET", &format!("/v1/reservations?tenant={}", other.id), &admin, None).await;
+    assert_eq!(ids(&r), vec![theirs]);
+    let r = h.send("GET", "/v1/reservations?tenant=nobody-here", &admin, None).await;
+    assert!(ids(&r).is_empty());
+    // listing needs reservations:list
+    let no_list = h.key(&t.id, Some(vec!["reservations:create".into()])).await;
+    h.get(&no_list.secret, "/v1/reservations").await.assert_error(403, "FORBIDDEN");
+}
+
+#[tokio::test]
+async fn expired_reservations_are_listed_with_their_status() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_error(410, "RESERVATION_EXPIRED");
+    // P-97: the list still shows it, as EXPIRED.
+    let r = h.get(&t.key, "/v1/reservations?status=EXPIRED").await;
+    assert_eq!(ids(&r), vec![rid]);
+    assert!(r.body["reservations"][0].get("finalized_at_ms").is_none());
+}
