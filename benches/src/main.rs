@@ -298,6 +298,17 @@ async fn main() {
         })
         .await,
     );
+    cases.push(
+        measure("Event", &o, |i| {
+            let (h, a) = (&h, &a);
+            async move {
+                let body = json!({"idempotency_key": format!("ev-{i}"), "subject": {"tenant": a.id},
+                    "action": {"kind": "llm.completion", "name": "test-model"}, "actual": {"unit": "TOKENS", "amount": 50}});
+                h.post(&a.key, "/v1/events", &body).await.status == 201
+            }
+        })
+        .await,
+    );
     let one = reserve(&h, &a, "get-one".into()).await.unwrap();
     cases.push(
         measure("GET reservation", &o, |_| {
@@ -306,6 +317,47 @@ async fn main() {
         })
         .await,
     );
+
+    let balances_path = format!("/v1/balances?tenant={}", a.id);
+    cases.push(
+        measure("GET balances", &o, |_| {
+            let (h, a, p) = (&h, &a, balances_path.clone());
+            async move { h.get(&a.key, &p).await.status == 200 }
+        })
+        .await,
+    );
+    let lt = h.funded(1_000_000).await;
+    fill(&h, &lt, "ten", 10, json!({})).await;
+    cases.push(
+        measure("LIST reservations (limit=10)", &o, |_| {
+            let (h, lt) = (&h, &lt);
+            async move { h.get(&lt.key, "/v1/reservations?limit=10").await.status == 200 }
+        })
+        .await,
+    );
+    // Sorted listing at 1k and 10k rows (half in each of two tenants; the listed tenant holds half).
+    // Seed both datasets first, then measure (10k first), so drift cannot favour either size.
+    let mut datasets = Vec::new();
+    for total in [1_000usize, 10_000] {
+        let (x, y) = (h.funded(i64::MAX / 4).await, h.funded(i64::MAX / 4).await);
+        fill(&h, &x, &format!("sx{total}"), total / 2, json!({})).await;
+        fill(&h, &y, &format!("sy{total}"), total / 2, json!({})).await;
+        datasets.push((total, x));
+    }
+    let mut sorted_cases = Vec::new();
+    for (total, x) in datasets.into_iter().rev() {
+        let name = format!("Sorted list, {total} rows");
+        sorted_cases.push(
+            measure(&name, &o, |_| {
+                let (h, x) = (&h, &x);
+                async move {
+                    h.get(&x.key, "/v1/reservations?limit=20&sort_by=created_at_ms&sort_dir=desc").await.status == 200
+                }
+            })
+            .await,
+        );
+    }
+    cases.extend(sorted_cases.into_iter().rev());
 
     println!("| case | p50 ms | p95 ms | p99 ms | min ms | max ms | mean ms | ops/s | errors | p50 / service floor |");
     println!("|---|---|---|---|---|---|---|---|---|---|");

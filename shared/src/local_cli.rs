@@ -96,9 +96,16 @@ async fn run(args: Args) -> Result<(), String> {
         crate::maintenance::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
     });
     eprintln!("cycles-local serving the runtime API on {base} (Redis: {url}); Ctrl-C stops it");
+    // Stop on Ctrl-C or SIGTERM; returning drops the embedded redis-server, which stops it.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
     tokio::select! {
         r = local::serve(app, listener) => r.map_err(|e| e.to_string()),
         _ = tokio::signal::ctrl_c() => {
+            eprintln!("stopping");
+            Ok(())
+        }
+        _ = term.recv() => {
             eprintln!("stopping");
             Ok(())
         }

@@ -351,7 +351,8 @@ async fn walk_index(
         let token = c.lrid.split('.').nth(1).unwrap_or("");
         format!("({}{token}", pad(c.lsv.as_i64().unwrap_or(0)))
     });
-    let chunk = (query.limit * 2).clamp(64, 500);
+    // First read just enough for a full page plus the look-ahead row; grow when filters skip rows.
+    let mut chunk = query.limit + 1;
     let mut rows: Vec<Row> = Vec::new();
     let mut scanned = 0;
     loop {
@@ -386,6 +387,7 @@ async fn walk_index(
         if members.len() < chunk {
             return Ok((rows, None));
         }
+        chunk = (chunk * 2).min(500);
     }
 }
 
