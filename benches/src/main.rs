@@ -344,20 +344,27 @@ async fn main() {
         fill(&h, &y, &format!("sy{total}"), total / 2, json!({})).await;
         datasets.push((total, x));
     }
-    let mut sorted_cases = Vec::new();
-    for (total, x) in datasets.into_iter().rev() {
-        let name = format!("Sorted list, {total} rows");
-        sorted_cases.push(
-            measure(&name, &o, |_| {
-                let (h, x) = (&h, &x);
-                async move {
-                    h.get(&x.key, "/v1/reservations?limit=20&sort_by=created_at_ms&sort_dir=desc").await.status == 200
-                }
-            })
-            .await,
-        );
+
+    // Interleaved, request by request, so machine noise hits both sizes alike.
+    let path = "/v1/reservations?limit=20&sort_by=created_at_ms&sort_dir=desc";
+    let mut sorted: Vec<Stats> = datasets
+        .iter()
+        .map(|(total, _)| Stats { name: format!("Sorted list, {total} rows"), samples: Vec::new(), errors: 0, wall: Duration::ZERO })
+        .collect();
+    for i in 0..o.warmup + o.iterations {
+        for (k, (_, x)) in datasets.iter().enumerate() {
+            let t = Instant::now();
+            let ok = h.get(&x.key, path).await.status == 200;
+            let elapsed = t.elapsed();
+            if i >= o.warmup {
+                let st = &mut sorted[k];
+                st.samples.push(elapsed.as_secs_f64() * 1000.0);
+                st.wall += elapsed;
+                st.errors += usize::from(!ok);
+            }
+        }
     }
-    cases.extend(sorted_cases.into_iter().rev());
+    cases.extend(sorted);
 
     println!("| case | p50 ms | p95 ms | p99 ms | min ms | max ms | mean ms | ops/s | errors | p50 / service floor |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
