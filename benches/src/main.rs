@@ -349,7 +349,12 @@ async fn main() {
     let path = "/v1/reservations?limit=20&sort_by=created_at_ms&sort_dir=desc";
     let mut sorted: Vec<Stats> = datasets
         .iter()
-        .map(|(total, _)| Stats { name: format!("Sorted list, {total} rows"), samples: Vec::new(), errors: 0, wall: Duration::ZERO })
+        .map(|(total, _)| Stats {
+            name: format!("Sorted list, {total} rows"),
+            samples: Vec::new(),
+            errors: 0,
+            wall: Duration::ZERO,
+        })
         .collect();
     for i in 0..o.warmup + o.iterations {
         for (k, (_, x)) in datasets.iter().enumerate() {
