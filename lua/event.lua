@@ -38,13 +38,7 @@ for _, b in ipairs(budgets) do
   if b.status == 'CLOSED' then return err('BUDGET_CLOSED', 'Budget is closed for scope ' .. b.scope) end
 end
 
-local policy = ARGV[7]
-if policy == '' then
-  for i = #budgets, 1, -1 do
-    if budgets[i].policy and budgets[i].policy ~= '' then policy = budgets[i].policy; break end
-  end
-end
-if policy == '' then policy = (tenant and tenant.default_policy) or 'ALLOW_IF_AVAILABLE' end
+local policy = resolve_policy(ARGV[7], budgets, tenant)
 if policy == 'REJECT' then
   for _, b in ipairs(budgets) do
     if d_cmp(b.remaining, X) < 0 then

@@ -223,6 +223,16 @@ local function settle(budgets, E, X, policy)
   return X
 end
 
+-- Overage policy: the request's, else the most specific budgeted ledger's, else the tenant's
+-- default, else ALLOW_IF_AVAILABLE.
+local function resolve_policy(requested, budgets, tenant)
+  if requested ~= '' then return requested end
+  for i = #budgets, 1, -1 do
+    if budgets[i].policy and budgets[i].policy ~= '' then return budgets[i].policy end
+  end
+  return (tenant and tenant.default_policy) or 'ALLOW_IF_AVAILABLE'
+end
+
 -- Checks that every new value fits int64, then writes all budgets (never half way).
 local function write_budgets(budgets, now)
   for _, b in ipairs(budgets) do

@@ -49,14 +49,7 @@ local budgets = e.budgets
 local ttl = tonumber(ARGV[7]) or (tenant and tenant.default_ttl) or 60000
 local max_ttl = (tenant and tenant.max_ttl) or 3600000
 if ttl > max_ttl then ttl = max_ttl end
--- Policy: request > most specific budgeted ledger > tenant default > ALLOW_IF_AVAILABLE.
-local policy = ARGV[9]
-if policy == '' then
-  for i = #budgets, 1, -1 do
-    if budgets[i].policy and budgets[i].policy ~= '' then policy = budgets[i].policy; break end
-  end
-end
-if policy == '' then policy = (tenant and tenant.default_policy) or 'ALLOW_IF_AVAILABLE' end
+local policy = resolve_policy(ARGV[9], budgets, tenant)
 local max_ext = (tenant and tenant.max_extensions) or 10
 
 for _, b in ipairs(budgets) do

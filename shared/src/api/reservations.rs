@@ -49,6 +49,21 @@ fn int(s: &str) -> ApiResult<i64> {
     s.parse().map_err(|_| ApiError::internal("Malformed amount in the budget store"))
 }
 
+/// `subject.tenant`, when given, must be the key's tenant (exact match): else 403.
+fn check_subject_tenant(subject: &Subject, caller: &TenantCaller) -> ApiResult<()> {
+    match &subject.tenant {
+        Some(t) if *t != caller.tenant => {
+            Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Splits the concatenated 8-character ledger codes a script reports.
+fn split_codes(codes: &str) -> Vec<String> {
+    codes.as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect()
+}
+
 /// The budgeted scopes of a subject in a unit: the derived scopes whose ledger codes are
 /// among `codes` (those of a reservation id, or of an evaluation), in canonical order.
 fn budgeted_scopes(subject: &Subject, unit: Unit, codes: &[String]) -> Vec<String> {
@@ -105,11 +120,7 @@ fn remaining_ttl(reply: &Reply, expires_at_ms: i64) -> i64 {
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_caller(app, ctx, req).await?;
     let (r, raw) = parse::<ReservationCreateRequest>(req)?;
-    if let Some(t) = &r.subject.tenant {
-        if *t != caller.tenant {
-            return Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"));
-        }
-    }
+    check_subject_tenant(&r.subject, &caller)?;
     let hash = payload_hash(&raw, &[("grace_period_ms", json!(5000)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
@@ -259,7 +270,7 @@ async fn evaluate(
     if res.len() < 4 {
         return Err(ApiError::internal("Malformed evaluation result"));
     }
-    let codes: Vec<String> = res[3].as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect();
+    let codes = split_codes(&res[3]);
     let budgeted: Vec<String> =
         scopes.iter().filter(|s| codes.contains(&budget_code(s, estimate.unit))).cloned().collect();
     let decision = match res[0].as_str() {
@@ -281,11 +292,7 @@ const EVALUATION_RETENTION_MS: u64 = 24 * 3_600_000;
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_caller(app, ctx, req).await?;
     let (r, raw) = parse::<DecisionRequest>(req)?;
-    if let Some(t) = &r.subject.tenant {
-        if *t != caller.tenant {
-            return Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"));
-        }
-    }
+    check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
     let record = keys.idempotency("decide", &[&r.idempotency_key]);
@@ -325,11 +332,7 @@ fn event_context(ctx: &Ctx, caller: Option<&TenantCaller>, tenant: &str) -> Stri
 pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_caller(app, ctx, req).await?;
     let (r, raw) = parse::<EventCreateRequest>(req)?;
-    if let Some(t) = &r.subject.tenant {
-        if *t != caller.tenant {
-            return Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"));
-        }
-    }
+    check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
     let unit = r.actual.unit;
@@ -359,7 +362,7 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
     if res.len() < 3 {
         return Err(ApiError::internal("Malformed event result"));
     }
-    let codes: Vec<String> = res[2].as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect();
+    let codes = split_codes(&res[2]);
     let budgeted = budgeted_scopes(&r.subject, unit, &codes);
     Ok(Answer::json(
         201,
