@@ -165,7 +165,9 @@ async fn corrupt_reservations_are_quarantined_not_refunded() {
 
 #[tokio::test]
 async fn the_sweep_visits_every_registered_tenant() {
-    let h = Harness::start().await;
+    // A private Redis: a full sweep on a shared one would expire other tests' reservations.
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
     let a = h.funded(100).await;
     let b = h.funded(100).await;
     h.reserve_ok(&a, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
