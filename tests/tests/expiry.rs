@@ -255,3 +255,26 @@ return {at and 1 or 0, after and 1 or 0}
         .unwrap();
     assert_eq!(out, vec![0, 1]);
 }
+
+/// The maintenance function's loop: sweeps every interval and returns before its deadline.
+#[tokio::test]
+async fn the_sweep_loop_works_until_its_deadline() {
+    use std::time::Instant;
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(100).await;
+    h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(2500);
+    let total = cycles_shared::maintenance::sweep_loop(
+        &h.store,
+        &SweepOptions::default(),
+        Duration::from_millis(200),
+        Some(deadline),
+    )
+    .await;
+    assert!(Instant::now() <= deadline + Duration::from_millis(300), "returned in time");
+    assert!(started.elapsed() >= Duration::from_millis(2000), "kept sweeping until shortly before the deadline");
+    assert_eq!(total.expired, 1, "the reservation that expired meanwhile was swept");
+    assert_eq!(h.root(&t).await.reserved, 0);
+}
