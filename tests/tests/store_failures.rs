@@ -40,3 +40,18 @@ async fn a_dead_redis_is_a_fast_500_and_service_resumes_after_restart() {
     }
     assert!(recovered, "the gateway reconnected to Redis by itself");
 }
+
+#[tokio::test]
+async fn liveness_ignores_redis_and_readiness_checks_it() {
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let mut h = Harness::start_on(redis.url(), Some(redis)).await;
+    let live = h.send("GET", "/health/live", &[], None).await;
+    assert_eq!((live.status, live.body["status"].as_str()), (200, Some("ok")));
+    assert!(live.headers.contains_key("x-request-id") && live.headers.contains_key("x-cycles-trace-id"));
+    assert_eq!(h.send("GET", "/health/ready", &[], None).await.status, 200);
+    drop(h.embedded.take());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ready = h.send("GET", "/health/ready", &[], None).await;
+    assert_eq!((ready.status, ready.body["status"].as_str()), (503, Some("unavailable")));
+    assert_eq!(h.send("GET", "/health/live", &[], None).await.status, 200);
+}

@@ -24,7 +24,7 @@ fn declared_routes(template: &str) -> BTreeSet<(String, String, String)> {
             for kv in props.split(", ") {
                 match kv.split_once(": ") {
                     Some(("Method", m)) => method = m.to_string(),
-                    Some(("Path", p)) => path = p.to_string(),
+                    Some(("Path", p)) => path = p.trim_matches('"').to_string(),
                     _ => panic!("unexpected route property {kv}"),
                 }
             }

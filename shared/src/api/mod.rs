@@ -58,6 +58,8 @@ pub struct ApiResponse {
 /// The operations this service exposes; each is one Lambda function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
+    Liveness,
+    Readiness,
     GetBalances,
     ListReservations,
     Decide,
@@ -73,6 +75,8 @@ impl Operation {
     /// The Lambda function (binary) serving this operation.
     pub fn function_name(self) -> &'static str {
         match self {
+            Self::Liveness => "health-live",
+            Self::Readiness => "health-ready",
             Self::GetBalances => "get-balances",
             Self::ListReservations => "list-reservations",
             Self::Decide => "decide",
@@ -93,7 +97,10 @@ pub struct Route {
 }
 
 /// The single source of truth for method + path -> operation.
-pub static ROUTES: [Route; 9] = [
+pub static ROUTES: [Route; 11] = [
+    // Operational routes (outside /v1: not part of the protocol).
+    Route { method: Method::GET, template: "/health/live", op: Operation::Liveness },
+    Route { method: Method::GET, template: "/health/ready", op: Operation::Readiness },
     Route { method: Method::GET, template: "/v1/reservations", op: Operation::ListReservations },
     Route { method: Method::GET, template: "/v1/balances", op: Operation::GetBalances },
     Route { method: Method::POST, template: "/v1/decide", op: Operation::Decide },
@@ -204,6 +211,8 @@ impl Answer {
 pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -> ApiResponse {
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = match op {
+        Operation::Liveness => Ok(Answer::json(200, &serde_json::json!({"status": "ok"}))),
+        Operation::Readiness => readiness(app).await,
         Operation::GetBalances => balances::get(app, &mut ctx, &req).await,
         Operation::ListReservations => list::list(app, &mut ctx, &req).await,
         Operation::Decide => reservations::decide(app, &mut ctx, &req).await,
@@ -215,6 +224,17 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
         Operation::GetReservation => reservations::get(app, &mut ctx, &req, &params).await,
     };
     respond(&ctx, outcome)
+}
+
+/// Readiness: Redis answers a trivial script (the same path every operation takes), else 503.
+async fn readiness(app: &App) -> ApiResult<Answer> {
+    let mut conn = app.store.conn();
+    let ok = crate::store::scripts::PING.key("cy:{health}:ping").invoke_async::<i64>(&mut conn).await.is_ok();
+    Ok(if ok {
+        Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"}))
+    } else {
+        Answer::json(503, &serde_json::json!({"status": "unavailable", "store": "unreachable"}))
+    })
 }
 
 /// The answer for a path no route matches (404 in the spec's error shape).
