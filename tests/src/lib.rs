@@ -315,18 +315,6 @@ impl Harness {
         let body = json!({"idempotency_key": unique("ex"), "extend_by_ms": by});
         self.post(&t.key, &format!("/v1/reservations/{rid}/extend"), &body).await
     }
-
-    /// `INFO commandstats` calls per command (only meaningful on a Redis this test owns).
-    pub async fn command_counts(&self) -> HashMap<String, u64> {
-        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.store.conn()).await.unwrap();
-        info.lines()
-            .filter_map(|l| {
-                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-                Some((name.to_string(), calls))
-            })
-            .collect()
-    }
 }
 
 /// Shallow-merges `extra` (an object) into `body`; a `null` value removes the field.
