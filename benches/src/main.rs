@@ -149,6 +149,131 @@ where
     }
 }
 
+/// `clients` concurrent loops for `dur`, each running `op(client, i)` repeatedly; latencies of
+/// every call go into one `Stats` whose ops/s is calls per second of the whole run.
+async fn concurrent<F, Fut>(name: String, clients: usize, dur: Duration, op: F) -> Stats
+where
+    F: Fn(usize, usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + dur;
+    let started = Instant::now();
+    let loops = (0..clients).map(|c| {
+        let op = &op;
+        async move {
+            let (mut samples, mut errors, mut i) = (Vec::new(), 0, 0);
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                if !op(c, i).await {
+                    errors += 1;
+                }
+                samples.push(t.elapsed().as_secs_f64() * 1000.0);
+                i += 1;
+            }
+            (samples, errors)
+        }
+    });
+    let results = futures_join_all(loops.collect()).await;
+    let wall = started.elapsed();
+    let mut stats = Stats { name, samples: Vec::new(), errors: 0, wall };
+    for (samples, errors) in results {
+        stats.samples.extend(samples);
+        stats.errors += errors;
+    }
+    stats
+}
+
+/// Polls all futures concurrently on this task (no spawning: they borrow the harness).
+async fn futures_join_all<T, Fut: std::future::Future<Output = T>>(futs: Vec<Fut>) -> Vec<T> {
+    let mut futs: Vec<std::pin::Pin<Box<Fut>>> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|v| v.expect("every future finished")).collect()
+}
+
+/// Lifecycle throughput (reserve 100 then commit 80) at 8/16/32 clients.
+async fn lifecycles(h: &Harness, dur: Duration) -> Vec<Stats> {
+    let mut out = Vec::new();
+    for clients in [8, 16, 32] {
+        let t = h.funded(1_000_000_000).await;
+        let t = &t;
+        let stats =
+            concurrent(format!("Lifecycle, {clients} clients (per lifecycle)"), clients, dur, |c, i| async move {
+                match reserve(h, t, format!("lc{clients}-{c}-{i}")).await {
+                    Some(id) => h.commit(t, &id, 80).await.status == 200,
+                    None => false,
+                }
+            })
+            .await;
+        out.push(stats);
+    }
+    out
+}
+
+/// Fan-out: N clients reserving 100 for `dur` against one shared tenant budget, then against one
+/// agent budget per client; afterwards every budget must hold exactly successes x 100.
+async fn fan_out(h: &Harness, dur: Duration) -> Value {
+    let mut report = serde_json::Map::new();
+    for clients in [1usize, 10, 50, 200] {
+        for per_agent in [false, true] {
+            let t = h.funded(i64::MAX / 4).await;
+            if per_agent {
+                for c in 0..clients {
+                    let b = NewBudget::new(&t.id, &format!("tenant:{}/agent:c{c}", t.id), Unit::Tokens, i64::MAX / 4);
+                    h.budget_with(b).await;
+                }
+            }
+            let t = &t;
+            let successes: Vec<std::sync::atomic::AtomicI64> = (0..clients).map(|_| Default::default()).collect();
+            let successes = &successes;
+            let stats = concurrent(String::new(), clients, dur, |c, i| async move {
+                let mut body = reserve_body(t, &format!("fo-{c}-{i}"));
+                if per_agent {
+                    body["subject"]["agent"] = json!(format!("c{c}"));
+                }
+                let ok = h.post(&t.key, "/v1/reservations", &body).await.status == 200;
+                if ok {
+                    successes[c].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                ok
+            })
+            .await;
+            let total: i64 = successes.iter().map(|s| s.load(std::sync::atomic::Ordering::Relaxed)).sum();
+            let mut ledger_ok = h.root(t).await.reserved == total * 100;
+            if per_agent {
+                for (c, s) in successes.iter().enumerate() {
+                    let l = h.ledger(&t.id, &format!("tenant:{}/agent:c{c}", t.id), Unit::Tokens).await;
+                    ledger_ok &= l.reserved == s.load(std::sync::atomic::Ordering::Relaxed) * 100;
+                }
+            }
+            let mode = if per_agent { "agent_budgets" } else { "shared_budget" };
+            report.insert(
+                format!("fanout_{mode}_{clients}_clients"),
+                json!({"reserves_per_s": stats.ops().round(), "p50_ms": stats.pct(50.0), "p99_ms": stats.pct(99.0),
+                    "errors": stats.errors, "ledger_check": if ledger_ok { "ok" } else { "MISMATCH" }}),
+            );
+            assert!(ledger_ok, "fan-out ledger check failed: {mode}, {clients} clients");
+        }
+    }
+    Value::Object(report)
+}
+
 /// Memory per finished reservation and expiry-sweep throughput.
 async fn extras(h: &Harness, o: &Opts) -> Value {
     let n = (o.iterations * 25).max(100);
@@ -393,19 +518,52 @@ async fn main() {
             "cases": cases.iter().map(|c| c.to_json(floor)).collect::<Vec<_>>()});
         std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
     }
-    let extra = extras(&h, &o).await;
+    // Concurrency cases: 5 s each (shorter in smoke runs).
+    let dur = if o.iterations >= 50 { Duration::from_secs(5) } else { Duration::from_millis(300) };
+    let lifecycle = lifecycles(&h, dur).await;
+    let fanout = fan_out(&h, dur).await;
+    println!();
+    println!(
+        "| lifecycle case | lifecycles/s | p50 ms | p95 ms | p99 ms | errors | lifecycles/s / service-floor req/s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for l in &lifecycle {
+        println!(
+            "| {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} |",
+            l.name,
+            l.ops(),
+            l.pct(50.0),
+            l.pct(95.0),
+            l.pct(99.0),
+            l.errors,
+            l.ops() / cases[2].ops()
+        );
+    }
+    let mut extra = extras(&h, &o).await;
+    extra["fan_out"] = fanout;
+    for l in &lifecycle {
+        extra[l.name.as_str()] = json!({"lifecycles_per_s": l.ops().round(), "p50_ms": l.pct(50.0),
+            "p95_ms": l.pct(95.0), "p99_ms": l.pct(99.0), "errors": l.errors,
+            "ratio_to_service_floor_rps": l.ops() / cases[2].ops()});
+    }
     println!();
     println!("| measure | value |");
     println!("|---|---|");
     for (k, v) in extra.as_object().unwrap() {
-        println!("| {k} | {v} |");
+        if let Value::Object(rows) = v {
+            for (k2, v2) in rows {
+                println!("| {k} {k2} | {v2} |");
+            }
+        } else {
+            println!("| {k} | {v} |");
+        }
     }
     if let Some(path) = &o.json {
         let mut out: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         out["extra"] = extra;
         std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
     }
-    let errors: usize = cases.iter().map(|c| c.errors).sum();
+    let errors: usize = cases.iter().chain(&lifecycle).map(|c| c.errors).sum();
     if errors > 0 {
         eprintln!("{errors} requests failed");
         std::process::exit(1);
