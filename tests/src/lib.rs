@@ -111,10 +111,26 @@ impl Resp {
         assert_eq!((self.status, self.error()), (status, code), "unexpected answer: {}", self.raw);
         assert_error_shape(self);
     }
+    /// Asserts a 200 whose body carries no `null` (P-12: optional properties are omitted).
     #[track_caller]
     pub fn assert_ok(&self) -> &Value {
         assert_eq!(self.status, 200, "unexpected answer: {}", self.raw);
+        assert_no_nulls(&self.body, &self.raw);
         &self.body
+    }
+}
+
+/// P-12: no property of a response is `null` (client-supplied free-form maps excepted).
+#[track_caller]
+pub fn assert_no_nulls(v: &Value, raw: &str) {
+    match v {
+        Value::Null => panic!("null in response: {raw}"),
+        Value::Array(items) => items.iter().for_each(|i| assert_no_nulls(i, raw)),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "committed_metadata" | "custom"))
+            .for_each(|(_, v)| assert_no_nulls(v, raw)),
+        _ => {}
     }
 }
 
