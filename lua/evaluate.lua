@@ -12,13 +12,8 @@ local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
-local prior = redis.call('HMGET', KEYS[3], 'payload_hash', 'result')
-if prior[1] then
-  if prior[1] ~= ARGV[3] then
-    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
-  end
-  return {'REPLAY', prior[2], '', tostring(now)}
-end
+local replayed = replay(KEYS[3], ARGV[3], '', now)
+if replayed then return replayed end
 local live = (KEYS[4] ~= KEYS[3]) and load_record(KEYS[4])
 if live and live.ik == ARGV[6] then
   return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload (live reservation)')

@@ -11,20 +11,12 @@ local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
-local prior = redis.call('HMGET', KEYS[3], 'payload_hash', 'result')
-if prior[1] then
-  if prior[1] ~= ARGV[3] then
-    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
-  end
-  return {'REPLAY', prior[2], 'APPLIED', tostring(now)}
-end
+local replayed = replay(KEYS[3], ARGV[3], 'APPLIED', now)
+if replayed then return replayed end
 
 local tenant = tenant_record(KEYS[1])
-local guard = tenant_guard(tenant)
+local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
-if tenant and tenant.status == 'SUSPENDED' then
-  return err('FORBIDDEN', 'Tenant is suspended; new spending is not accepted')
-end
 
 local unit, X = ARGV[5], ARGV[6]
 local e = scoped_budgets(KEYS[4], 6, 11, unit)

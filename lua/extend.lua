@@ -10,13 +10,8 @@ if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-local prior = redis.call('HMGET', KEYS[5], 'payload_hash', 'result')
-if prior[1] then
-  if prior[1] ~= ARGV[4] then
-    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
-  end
-  return {'REPLAY', prior[2], r.status, tostring(now)}
-end
+local replayed = replay(KEYS[5], ARGV[4], r.status, now)
+if replayed then return replayed end
 
 local guard = tenant_guard(tenant_record(KEYS[1]))
 if guard then return guard end

@@ -151,6 +151,25 @@ local function tenant_record(key)
     max_extensions = tonumber(f[4]), default_policy = f[5] }
 end
 
+-- The answer stored under an idempotency record: its replay for the same payload hash, 409 for
+-- another payload, nil when the key is new.
+local function replay(record_key, payload_hash, status, now)
+  local prior = redis.call('HMGET', record_key, 'payload_hash', 'result')
+  if not prior[1] then return nil end
+  if prior[1] ~= payload_hash then
+    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
+  end
+  return {'REPLAY', prior[2], status, tostring(now)}
+end
+
+-- A SUSPENDED tenant may settle what it started but not start new spending (decision D2).
+local function suspended_guard(tenant)
+  if tenant and tenant ~= 'MALFORMED' and tenant.status == 'SUSPENDED' then
+    return err('FORBIDDEN', 'Tenant is suspended; new reservations and spending are not accepted')
+  end
+  return nil
+end
+
 -- The closed-tenant guard of the persisting surface (mutations).
 local function tenant_guard(t)
   if t == 'MALFORMED' then return err('INTERNAL_ERROR', 'Tenant record is malformed; status cannot be determined') end

@@ -26,11 +26,8 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 end
 
 local tenant = tenant_record(KEYS[1])
-local guard = tenant_guard(tenant)
+local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
-if tenant and tenant.status == 'SUSPENDED' then
-  return err('FORBIDDEN', 'Tenant is suspended; new reservations are not accepted')
-end
 
 local unit, amount = ARGV[5], ARGV[6]
 local e = evaluate(KEYS[5], 8, 15, unit, amount)

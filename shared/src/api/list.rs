@@ -263,15 +263,16 @@ fn row_from_record(tenant: &str, token: &str, raw: &str, include: &[String]) -> 
     Some(Row { summary, tenant_of_subject: subject.tenant })
 }
 
-/// Reads index members in order from `start`, `count` at most, with the caller's auth.
-async fn index_chunk(
+/// One chunk of the listing: up to `count` index members in order within `range` (read with
+/// the caller's auth), each with its token and raw record ('' when the record is gone).
+async fn chunk(
     app: &App,
     auth: &(String, String),
     keys: &TenantKeys,
     range: (&str, &str),
     desc: bool,
     count: usize,
-) -> ApiResult<Vec<String>> {
+) -> ApiResult<Vec<(String, String, String)>> {
     let args = [
         auth.1.clone(),
         Permission::ReservationsList.accepted().to_string(),
@@ -280,15 +281,14 @@ async fn index_chunk(
         if desc { "REV".to_string() } else { String::new() },
         count.to_string(),
     ];
-    Ok(app.store.run(&scripts::LIST, &[auth.0.clone(), keys.created_index()], &args).await?.result)
-}
-
-async fn records(app: &App, keys: &TenantKeys, tokens: &[String]) -> ApiResult<Vec<String>> {
-    if tokens.is_empty() {
+    let members = app.store.run(&scripts::LIST, &[auth.0.clone(), keys.created_index()], &args).await?.result;
+    if members.is_empty() {
         return Ok(Vec::new());
     }
+    let tokens: Vec<String> = members.iter().map(|m| m.get(13..).unwrap_or("").to_string()).collect();
     let record_keys: Vec<String> = tokens.iter().map(|t| keys.reservation(t)).collect();
-    Ok(app.store.run(&scripts::READ_RECORDS, &record_keys, &[]).await?.result)
+    let raws = app.store.run(&scripts::READ_RECORDS, &record_keys, &[]).await?.result;
+    Ok(members.into_iter().zip(tokens).zip(raws).map(|((m, t), r)| (m, t, r)).collect())
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -352,7 +352,7 @@ async fn walk_index(
         format!("({}{token}", pad(c.lsv.as_i64().unwrap_or(0)))
     });
     // First read just enough for a full page plus the look-ahead row; grow when filters skip rows.
-    let mut chunk = query.limit + 1;
+    let mut size = query.limit + 1;
     let mut rows: Vec<Row> = Vec::new();
     let mut scanned = 0;
     loop {
@@ -362,13 +362,10 @@ async fn walk_index(
             (None, true) => (upper.clone(), lower.clone()),
             (None, false) => (lower.clone(), upper.clone()),
         };
-        let members = index_chunk(app, auth, keys, (&start, &end), query.desc, chunk).await?;
-        let tokens: Vec<String> = members.iter().map(|m| m.get(13..).unwrap_or("").to_string()).collect();
-        let raws = records(app, keys, &tokens).await?;
-        for (member, raw) in members.iter().zip(&raws) {
+        let entries = chunk(app, auth, keys, (&start, &end), query.desc, size).await?;
+        for (member, token, raw) in &entries {
             scanned += 1;
             position = Some(format!("({member}"));
-            let token = &member[13.min(member.len())..];
             if let Some(row) = row_from_record(tenant, token, raw, &query.include).filter(|r| query.matches(r)) {
                 if rows.len() == query.limit {
                     // One more match exists: the page ends at the last row served.
@@ -384,10 +381,10 @@ async fn walk_index(
                 return Ok((rows, Some((Value::from(created), format!("{tenant}.{token}.")))));
             }
         }
-        if members.len() < chunk {
+        if entries.len() < size {
             return Ok((rows, None));
         }
-        chunk = (chunk * 2).min(500);
+        size = (size * 2).min(500);
     }
 }
 
@@ -402,16 +399,14 @@ async fn sort_all(
     let mut rows = Vec::new();
     let mut position = "-".to_string();
     loop {
-        let members = index_chunk(app, auth, keys, (&position, "+"), false, 500).await?;
-        let tokens: Vec<String> = members.iter().map(|m| m.get(13..).unwrap_or("").to_string()).collect();
-        let raws = records(app, keys, &tokens).await?;
-        for (token, raw) in tokens.iter().zip(&raws) {
+        let entries = chunk(app, auth, keys, (&position, "+"), false, 500).await?;
+        for (_, token, raw) in &entries {
             if let Some(row) = row_from_record(tenant, token, raw, &query.include).filter(|r| query.matches(r)) {
                 rows.push(row);
             }
         }
-        match members.last() {
-            Some(last) if members.len() == 500 => position = format!("({last}"),
+        match entries.last() {
+            Some((last, _, _)) if entries.len() == 500 => position = format!("({last}"),
             _ => break,
         }
     }
