@@ -37,14 +37,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
             let total =
                 crate::maintenance::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
                     .await;
-            tracing::info!(
-                expired = total.expired,
-                dropped = total.dropped,
-                quarantined = total.quarantined,
-                tenants = total.tenants,
-                duration_ms = total.duration_ms,
-                "maintenance invocation done"
-            );
+            total.log("maintenance invocation done");
             Ok::<_, lambda_http::Error>(serde_json::to_value(total)?)
         }
     }))

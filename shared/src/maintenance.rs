@@ -52,6 +52,20 @@ pub struct SweepReport {
 }
 
 impl SweepReport {
+    /// One structured log line with every counter (CloudWatch Logs Insights can aggregate it).
+    pub fn log(&self, message: &str) {
+        tracing::info!(
+            tenants = self.tenants,
+            expired = self.expired,
+            dropped = self.dropped,
+            quarantined = self.quarantined,
+            trimmed_index = self.trimmed_index,
+            trimmed_events = self.trimmed_events,
+            duration_ms = self.duration_ms,
+            "{message}"
+        );
+    }
+
     fn add(&mut self, other: &SweepReport) {
         self.tenants += other.tenants;
         self.expired += other.expired;
@@ -186,16 +200,7 @@ pub async fn sweep_loop(
         match sweep(store, opts).await {
             Ok(r) => {
                 if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events > 0 {
-                    tracing::info!(
-                        tenants = r.tenants,
-                        expired = r.expired,
-                        dropped = r.dropped,
-                        quarantined = r.quarantined,
-                        trimmed_index = r.trimmed_index,
-                        trimmed_events = r.trimmed_events,
-                        duration_ms = r.duration_ms,
-                        "sweep"
-                    );
+                    r.log("sweep");
                 }
                 if r.quarantined > 0 {
                     tracing::warn!(
