@@ -109,10 +109,19 @@ impl EmbeddedRedis {
     }
 
     /// Starts `redis-server` (from PATH, or `REDIS_SERVER_BIN`) with the given extra arguments
-    /// and waits until it answers PING.
+    /// and waits until it answers PING. A port lost to a race with another process is retried
+    /// on a fresh one.
     pub async fn start(extra_args: &[&str]) -> Result<EmbeddedRedis, String> {
-        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
-        Self::start_on_port(port, extra_args).await
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+            match Self::start_on_port(port, extra_args).await {
+                Ok(redis) => return Ok(redis),
+                Err(e) if e.starts_with("could not start") => return Err(e),
+                Err(e) => last_error = e,
+            }
+        }
+        Err(last_error)
     }
 
     /// Like `start`, on a given port (e.g. to restart a server where it was).
@@ -136,14 +145,17 @@ impl EmbeddedRedis {
                      redis-server`; macOS: `brew install redis`) or point REDIS_URL at a running server."
                 )
             })?;
-        let redis = EmbeddedRedis { child, port, dir };
+        let mut redis = EmbeddedRedis { child, port, dir };
         redis.wait_ready().await?;
         Ok(redis)
     }
 
-    async fn wait_ready(&self) -> Result<(), String> {
+    async fn wait_ready(&mut self) -> Result<(), String> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
-        for _ in 0..200 {
+        for _ in 0..400 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("redis-server on port {} exited ({status})", self.port));
+            }
             if let Ok(mut c) = client.get_multiplexed_async_connection().await {
                 if redis::cmd("PING").query_async::<String>(&mut c).await.is_ok() {
                     return Ok(());
@@ -166,8 +178,18 @@ impl Drop for EmbeddedRedis {
     }
 }
 
-/// A currently free TCP port on the loopback interface.
+/// A currently free loopback port, picked at random below the kernel's ephemeral range
+/// (32768+) so that no outgoing connection can take it between this check and the bind, and
+/// below the test cluster's range (20000+).
 pub fn free_port() -> std::io::Result<u16> {
+    use std::hash::{BuildHasher, RandomState};
+    let state = RandomState::new();
+    for attempt in 0u32..1000 {
+        let port = 10_000 + (state.hash_one(attempt) % 10_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
