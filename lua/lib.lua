@@ -115,8 +115,9 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function err(code, message, details)
-  return {'ERR', code, message, details or ''}
+-- An error reply; `status` overrides the code's usual HTTP status where the spec says so.
+local function err(code, message, details, status)
+  return {'ERR', code, message, details or '', status and tostring(status) or ''}
 end
 
 -- API-key check inside the operation's own script: digest, status, expiry, permission.
@@ -130,6 +131,7 @@ local function authorize(key_record, digest, accepted, now)
   elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
   if reason then return err('UNAUTHORIZED', 'Invalid or missing API key', reason) end
+  if accepted == '' then return nil end
   local held = f[4] or ''
   for p in string.gmatch(accepted, '[^,]+') do
     if string.find(held, ',' .. p .. ',', 1, true) then return nil end
@@ -378,6 +380,7 @@ local function emit(events_key, event_id, event_type, tenant, scope, ctx, source
     ',"actor":' .. actor .. '},"source":' .. cjson.encode(source) .. ',"data":' .. data_json
   if ctx then
     json = json .. ',"request_id":' .. cjson.encode(ctx.request_id) .. ',"trace_id":' .. cjson.encode(ctx.trace_id)
+    if ctx.correlation_id then json = json .. ',"correlation_id":' .. cjson.encode(ctx.correlation_id) end
   end
   json = json .. '}'
   redis.call('XADD', events_key, '*', 'event_id', event_id, 'type', event_type, 'event', json)
@@ -525,4 +528,81 @@ local function budget_events(events_key, budgets, ctx, now, unit, reservation_id
         ',"overdraft_limit":' .. b.overdraft_limit .. ',"overage_policy":"' .. policy .. '"}', now)
     end
   end
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Operator plane helpers
+
+-- A hash record as one JSON object of strings (scripts hand records back this way).
+local function record_json(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return '{}' end
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return cjson.encode(t)
+end
+
+-- HSET of a table of string fields; '' values delete the field (an optional cleared).
+local function write_fields(key, fields)
+  local set, del = {}, {}
+  for f, v in pairs(fields) do
+    if v == '' then del[#del + 1] = f else set[#set + 1] = f; set[#set + 1] = v end
+  end
+  if #set > 0 then redis.call('HSET', key, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+end
+
+-- A JSON array of strings from a ",a,b," list (cjson would encode an empty table as {}).
+local function csv_json(csv)
+  local out = {}
+  for v in string.gmatch(csv or '', '[^,]+') do out[#out + 1] = cjson.encode(v) end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- Event id for an admin mutation: derived from the request, so a script retried for the same
+-- request never writes the same event twice.
+local function admin_event_id(ctx, kind, resource)
+  return 'evt_' .. string.sub(redis.sha1hex((ctx and ctx.request_id or '') .. '|' .. kind .. '|' .. resource), 1, 24)
+end
+
+-- Appends an audit entry (append-only list in the tenant's slot) for an admin mutation.
+local function audit(key, ctx, action, resource_type, resource_id, now, details)
+  local entry = { timestamp_ms = now, action = action, resource_type = resource_type, resource_id = resource_id,
+    actor_type = ctx and ctx.actor or 'system', key_id = ctx and ctx.key_id or '',
+    request_id = ctx and ctx.request_id or '', trace_id = ctx and ctx.trace_id or '',
+    correlation_id = ctx and ctx.correlation_id or nil, details = details }
+  redis.call('RPUSH', key, cjson.encode(entry))
+end
+
+-- The owning tenant of an admin mutation: TENANT_CLOSED for a closed one (Rule 2), 500 for a
+-- malformed record; `missing` is the error for an unknown tenant.
+local function owner_guard(tenant_key, missing)
+  local t = tenant_record(tenant_key)
+  if t == 'MALFORMED' then return nil, err('INTERNAL_ERROR', 'Tenant record is malformed; status cannot be determined') end
+  if not t then return nil, missing end
+  if t.status == 'CLOSED' then return nil, err('TENANT_CLOSED', 'Tenant is closed') end
+  return t, nil
+end
+
+-- Ledger state as EventDataBudgetLifecycle's previous_state/new_state (amounts as raw digits).
+local function ledger_state(b, with_reserved)
+  return '{"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"debt":' .. b.debt ..
+    ',"spent":' .. b.spent .. (with_reserved and (',"reserved":' .. b.reserved) or '') ..
+    ',"status":"' .. b.status .. '"}'
+end
+
+-- Writes a ledger's amounts, flag, status and update time (after d_fits checks by the caller).
+local function save_ledger(b, now)
+  redis.call('HSET', b.key, 'allocated', b.allocated, 'remaining', b.remaining, 'reserved', b.reserved,
+    'spent', b.spent, 'debt', b.debt, 'overdraft_limit', b.overdraft_limit, 'is_over_limit', b.over and 'true' or 'false',
+    'status', b.status, 'updated_at_ms', tostring(now))
+end
+
+-- budget.over_limit_entered / budget.over_limit_exited when an admin write flips the flag.
+local function over_limit_events(events_key, ctx, b, tenant, now)
+  if b.over == b.before.over then return end
+  local kind = b.over and 'budget.over_limit_entered' or 'budget.over_limit_exited'
+  emit(events_key, admin_event_id(ctx, kind, b.key), kind, tenant, b.scope, ctx, 'cycles-admin',
+    '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt ..
+    ',"overdraft_limit":' .. b.overdraft_limit .. ',"is_over_limit":' .. tostring(b.over) .. '}', now)
 end

@@ -135,6 +135,67 @@ mod tests {
     }
 }
 
+/// Every permission string a key may hold (admin spec `Permission`).
+pub const ALL_PERMISSIONS: [&str; 27] = [
+    "reservations:create",
+    "reservations:commit",
+    "reservations:release",
+    "reservations:extend",
+    "reservations:list",
+    "balances:read",
+    "budgets:read",
+    "budgets:write",
+    "policies:read",
+    "policies:write",
+    "webhooks:read",
+    "webhooks:write",
+    "events:read",
+    "admin:read",
+    "admin:write",
+    "admin:tenants:read",
+    "admin:tenants:write",
+    "admin:budgets:read",
+    "admin:budgets:write",
+    "admin:policies:read",
+    "admin:policies:write",
+    "admin:apikeys:read",
+    "admin:apikeys:write",
+    "admin:webhooks:read",
+    "admin:webhooks:write",
+    "admin:events:read",
+    "admin:audit:read",
+];
+
+/// Whether a key's `scope_filter` admits a scope: no entries admit everything; an entry
+/// `kind:value` admits scopes containing exactly that segment, `kind:*` any segment of that kind.
+pub fn scope_admitted(filter: &[String], scope: &str) -> bool {
+    filter.is_empty()
+        || filter.iter().any(|entry| {
+            let entry = entry.to_ascii_lowercase();
+            scope.split('/').any(|segment| match entry.strip_suffix('*') {
+                Some(kind) if kind.ends_with(':') => segment.starts_with(kind),
+                _ => segment == entry,
+            })
+        })
+}
+
+/// Epoch milliseconds as an RFC 3339 UTC timestamp with millisecond precision.
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    let (secs, millis) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // civil-from-days (H. Hinnant)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// Parses an RFC 3339 date-time (`2026-05-02T10:15:30Z`, fractional seconds and numeric
 /// offsets allowed) into epoch milliseconds.
 pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
@@ -195,7 +256,25 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
 
 #[cfg(test)]
 mod time_tests {
-    use super::parse_rfc3339_ms;
+    use super::{format_rfc3339_ms, parse_rfc3339_ms, scope_admitted};
+
+    #[test]
+    fn rfc3339_formats_and_round_trips() {
+        assert_eq!(format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        for ms in [1_780_000_123_456, 951_782_400_000, 4_107_542_399_999] {
+            assert_eq!(parse_rfc3339_ms(&format_rfc3339_ms(ms)), Some(ms));
+        }
+    }
+
+    #[test]
+    fn scope_filters_admit_segments_and_kinds() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(scope_admitted(&[], "tenant:a"));
+        assert!(scope_admitted(&f(&["workspace:eng"]), "tenant:a/workspace:eng/agent:x"));
+        assert!(!scope_admitted(&f(&["workspace:eng"]), "tenant:a/workspace:engineering"));
+        assert!(scope_admitted(&f(&["agent:*"]), "tenant:a/agent:bot"));
+        assert!(!scope_admitted(&f(&["agent:*"]), "tenant:a/workspace:w"));
+    }
 
     #[test]
     fn rfc3339_parses_to_epoch_ms() {

@@ -2,7 +2,9 @@
 
 use serde_json::Value;
 
-/// Runtime-plane `ErrorCode` values (cycles-protocol-v0.yaml), each with its fixed HTTP status.
+/// `ErrorCode` values, each with its usual HTTP status. The first 17 are the runtime plane's
+/// enum (cycles-protocol-v0.yaml); the rest exist only on the operator plane (admin spec), and
+/// no runtime script ever produces them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     InvalidRequest,
@@ -22,10 +24,17 @@ pub enum ErrorCode {
     ReservationExpired,
     LimitExceeded,
     InternalError,
+    TenantNotFound,
+    TenantSuspended,
+    BudgetNotFound,
+    InsufficientPermissions,
+    KeyRevoked,
+    KeyExpired,
+    DuplicateResource,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 24] = [
         Self::InvalidRequest,
         Self::UnitMismatch,
         Self::Unauthorized,
@@ -43,6 +52,13 @@ impl ErrorCode {
         Self::ReservationExpired,
         Self::LimitExceeded,
         Self::InternalError,
+        Self::TenantNotFound,
+        Self::TenantSuspended,
+        Self::BudgetNotFound,
+        Self::InsufficientPermissions,
+        Self::KeyRevoked,
+        Self::KeyExpired,
+        Self::DuplicateResource,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +80,13 @@ impl ErrorCode {
             Self::ReservationExpired => "RESERVATION_EXPIRED",
             Self::LimitExceeded => "LIMIT_EXCEEDED",
             Self::InternalError => "INTERNAL_ERROR",
+            Self::TenantNotFound => "TENANT_NOT_FOUND",
+            Self::TenantSuspended => "TENANT_SUSPENDED",
+            Self::BudgetNotFound => "BUDGET_NOT_FOUND",
+            Self::InsufficientPermissions => "INSUFFICIENT_PERMISSIONS",
+            Self::KeyRevoked => "KEY_REVOKED",
+            Self::KeyExpired => "KEY_EXPIRED",
+            Self::DuplicateResource => "DUPLICATE_RESOURCE",
         }
     }
 
@@ -76,8 +99,8 @@ impl ErrorCode {
         match self {
             Self::InvalidRequest | Self::UnitMismatch => 400,
             Self::Unauthorized => 401,
-            Self::Forbidden => 403,
-            Self::NotFound => 404,
+            Self::Forbidden | Self::TenantSuspended | Self::InsufficientPermissions => 403,
+            Self::NotFound | Self::TenantNotFound | Self::BudgetNotFound => 404,
             Self::ReservationExpired => 410,
             Self::LimitExceeded => 429,
             Self::InternalError => 500,
@@ -92,11 +115,21 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
+    /// Set where the spec declares another status for this code (e.g. 400 TENANT_NOT_FOUND
+    /// on createApiKey and createBudget).
+    pub status: Option<u16>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None }
+        Self { code, message: message.into(), details: None, status: None }
+    }
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+    pub fn status(&self) -> u16 {
+        self.status.unwrap_or_else(|| self.code.status())
     }
     pub fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);

@@ -66,6 +66,10 @@ impl TenantKeys {
     pub fn api_key(&self, key_id: &str) -> String {
         format!("{}:key:{key_id}", self.prefix)
     }
+    /// Set of the tenant's API key ids (listing and the close cascade).
+    pub fn api_key_index(&self) -> String {
+        format!("{}:keys", self.prefix)
+    }
     pub fn budget(&self, scope: &str, unit: Unit) -> String {
         self.budget_by_code(&budget_code(scope, unit))
     }

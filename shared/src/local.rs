@@ -18,15 +18,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 
-use crate::api::{self, ApiRequest, ApiResponse, App};
+use crate::api::{self, ApiRequest, ApiResponse, App, Plane};
 use crate::error::ApiError;
 use crate::store::scripts;
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
-/// Serves `app` on an already bound listener until the task is dropped.
-pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
+/// Serves one plane of `app` on an already bound listener until the task is dropped.
+pub async fn serve(app: Arc<App>, listener: TcpListener, plane: Plane) -> std::io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
@@ -34,7 +34,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(dispatch(&app, req).await) }
+                async move { Ok::<_, Infallible>(dispatch(&app, plane, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
         });
@@ -49,7 +49,7 @@ fn to_hyper(res: ApiResponse) -> Response<Full<Bytes>> {
     builder.body(Full::new(Bytes::from(res.body))).expect("valid response parts")
 }
 
-async fn dispatch(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
     let body = Limited::new(body, MAX_BODY_BYTES).collect().await.map(|b| b.to_bytes());
     let mut api_req = ApiRequest {
@@ -73,7 +73,7 @@ async fn dispatch(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if let Some(res) = floor(app, &api_req).await {
         return res;
     }
-    let res = match api::route(&api_req.method, &api_req.path) {
+    let res = match api::route(plane, &api_req.method, &api_req.path) {
         Some((op, params)) => api::handle(app, op, api_req, params).await,
         None => api::not_found(&api_req),
     };

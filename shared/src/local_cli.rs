@@ -4,18 +4,19 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::api::App;
+use crate::api::{App, Plane};
 use crate::config::Config;
 use crate::local::{self, EmbeddedRedis};
 use crate::model::Unit;
 use crate::provision::{self, NewApiKey, NewBudget, NewTenant};
 use crate::store::Store;
 
-const USAGE: &str = "cycles-local: the Cycles API on one local port
+const USAGE: &str = "cycles-local: the Cycles runtime and operator APIs on two local ports
 
-USAGE: cycles-local [--port N] [--host IP] [--redis-url URL] [--seed-demo]
+USAGE: cycles-local [--port N] [--admin-port N] [--host IP] [--redis-url URL] [--seed-demo]
 
   --port N         port of the runtime API (default 7878)
+  --admin-port N   port of the operator (admin) API (default 7979)
   --host IP        address to bind (default 127.0.0.1)
   --redis-url URL  Redis to use (default: $REDIS_URL, else an embedded redis-server
                    started on a free port and stopped on exit)
@@ -23,18 +24,23 @@ USAGE: cycles-local [--port N] [--host IP] [--redis-url URL] [--seed-demo]
 
 struct Args {
     port: u16,
+    admin_port: u16,
     host: IpAddr,
     redis_url: Option<String>,
     seed_demo: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { port: 7878, host: [127, 0, 0, 1].into(), redis_url: None, seed_demo: false };
+    let mut args =
+        Args { port: 7878, admin_port: 7979, host: [127, 0, 0, 1].into(), redis_url: None, seed_demo: false };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
             "--port" => args.port = value("--port")?.parse().map_err(|_| "--port must be a number")?,
+            "--admin-port" => {
+                args.admin_port = value("--admin-port")?.parse().map_err(|_| "--admin-port must be a number")?
+            }
             "--host" => args.host = value("--host")?.parse().map_err(|_| "--host must be an IP address")?,
             "--redis-url" => args.redis_url = Some(value("--redis-url")?),
             "--seed-demo" => args.seed_demo = true,
@@ -81,26 +87,38 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut config = Config::from_env(Some(&url));
     config.redis_url = url.clone();
+    if config.admin_api_key.is_none() {
+        // A local-only convenience: without ADMIN_API_KEY the operator API gets a fresh key.
+        let key = format!("local-admin-{}", uuid::Uuid::new_v4().simple());
+        eprintln!("ADMIN_API_KEY is not set; the operator API accepts X-Admin-API-Key: {key}");
+        config.admin_api_key = Some(key);
+    }
     let store =
         Store::connect(&url, config.redis_timeout).await.map_err(|e| format!("cannot connect to {url}: {e}"))?;
     let app = Arc::new(App::new(store, config));
     let addr = SocketAddr::new(args.host, args.port);
     let listener = local::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let admin_addr = SocketAddr::new(args.host, args.admin_port);
+    let admin_listener = local::bind(admin_addr).await.map_err(|e| format!("cannot listen on {admin_addr}: {e}"))?;
     let base = format!("http://{addr}");
+    let admin_base = format!("http://{admin_addr}");
     if args.seed_demo {
-        seed_demo(&app, &base).await?;
+        seed_demo(&app, &base, &admin_base).await?;
     }
     let sweeper = app.clone();
     tokio::spawn(async move {
         let opts = sweeper.config.sweep_options();
         crate::maintenance::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
     });
-    eprintln!("cycles-local serving the runtime API on {base} (Redis: {url}); Ctrl-C stops it");
+    eprintln!("cycles-local serving the runtime API on {base} and the operator API on {admin_base} (Redis: {url}); Ctrl-C stops it");
+    let admin_app = app.clone();
+    let admin = tokio::spawn(local::serve(admin_app, admin_listener, Plane::Admin));
     // Stop on Ctrl-C or SIGTERM; returning drops the embedded redis-server, which stops it.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
     tokio::select! {
-        r = local::serve(app, listener) => r.map_err(|e| e.to_string()),
+        r = local::serve(app, listener, Plane::Runtime) => r.map_err(|e| e.to_string()),
+        r = admin => r.map_err(|e| e.to_string())?.map_err(|e| e.to_string()),
         _ = tokio::signal::ctrl_c() => {
             eprintln!("stopping");
             Ok(())
@@ -112,7 +130,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
 }
 
-async fn seed_demo(app: &App, base: &str) -> Result<(), String> {
+async fn seed_demo(app: &App, base: &str, admin_base: &str) -> Result<(), String> {
     let store = &app.store;
     let tenant = "demo";
     let fail = |e: crate::error::ApiError| e.message;
@@ -141,6 +159,9 @@ Commit 420 of them (paste the reservation_id from the answer):
   curl -s -X POST {base}/v1/reservations/RESERVATION_ID/commit \
     -H 'Content-Type: application/json' -H 'X-Cycles-API-Key: {secret}' \
     -d '{{"idempotency_key":"demo-1-commit","actual":{{"unit":"TOKENS","amount":420}}}}'
+
+Inspect the ledgers on the operator API:
+  curl -s {admin_base}/v1/balances -H 'X-Cycles-API-Key: {secret}'
 "#,
         secret = key.secret
     );

@@ -48,6 +48,8 @@ pub struct SweepReport {
     pub trimmed_index: u64,
     /// Events past their retention.
     pub trimmed_events: u64,
+    /// Tenant-close cascades an interrupted close left behind, converged by this sweep.
+    pub closes_converged: u64,
     pub duration_ms: u64,
 }
 
@@ -61,6 +63,7 @@ impl SweepReport {
             quarantined = self.quarantined,
             trimmed_index = self.trimmed_index,
             trimmed_events = self.trimmed_events,
+            closes_converged = self.closes_converged,
             duration_ms = self.duration_ms,
             "{message}"
         );
@@ -73,18 +76,20 @@ impl SweepReport {
         self.quarantined += other.quarantined;
         self.trimmed_index += other.trimmed_index;
         self.trimmed_events += other.trimmed_events;
+        self.closes_converged += other.closes_converged;
         self.duration_ms += other.duration_ms;
     }
 }
 
-fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// One pass over every registered tenant.
 pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport> {
     let started = Instant::now();
-    let mut report = SweepReport::default();
+    let closes_converged = crate::api::tenants::redrive_closes(store, opts.retention).await?;
+    let mut report = SweepReport { closes_converged, ..Default::default() };
     let mut conn = store.conn();
     let mut cursor: u64 = 0;
     loop {
@@ -199,7 +204,7 @@ pub async fn sweep_loop(
     loop {
         match sweep(store, opts).await {
             Ok(r) => {
-                if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events > 0 {
+                if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events + r.closes_converged > 0 {
                     r.log("sweep");
                 }
                 if r.quarantined > 0 {

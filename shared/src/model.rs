@@ -402,6 +402,13 @@ impl Validate for ReservationExtendRequest {
 /// are all 400 INVALID_REQUEST with the offending field path in the message. Returns the typed
 /// request and the raw JSON value (used for the idempotency payload hash).
 pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, Value)> {
+    let (typed, value) = parse_json::<T>(body)?;
+    typed.validate()?;
+    Ok((typed, value))
+}
+
+/// `parse_body` without the `Validate` step (operator-plane bodies check their own bounds).
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<(T, Value)> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
     if !value.is_object() {
@@ -416,7 +423,6 @@ pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, 
             ApiError::invalid(format!("Invalid request body: {path}: {inner}"))
         }
     })?;
-    typed.validate()?;
     Ok((typed, value))
 }
 

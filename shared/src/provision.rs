@@ -1,18 +1,15 @@
-//! Provisioning library: tenants, API keys and budgets. Used by `cycles-local --seed-demo` and
-//! the tests; the operator plane's HTTP handlers reuse the same records.
+//! Provisioning library: tenants, API keys and budgets through the operator plane's own code
+//! path (same scripts, records, events and audit rows). Used by `cycles-local --seed-demo` and
+//! the benchmarks; the tests provision over HTTP.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
-use rand::{Rng, RngCore};
-use redis::AsyncCommands;
 use serde_json::Value;
 
-use crate::api::auth::key_digest;
-use crate::domain::DEFAULT_PERMISSIONS;
-use crate::error::{ApiError, ApiResult};
-use crate::keys::{self, TenantKeys};
-use crate::model::{OveragePolicy, Unit};
-use crate::store::{scripts, Store};
+use crate::api::api_keys::{self, ApiKeyCreateRequest};
+use crate::api::budgets::{self, BudgetCreateRequest};
+use crate::api::tenants::{self, TenantCreateRequest};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::model::{Amount, OveragePolicy, Unit};
+use crate::store::Store;
 
 const LEVELS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "toolset"];
 
@@ -56,16 +53,9 @@ pub fn validate_scope(scope: &str, tenant_id: &str) -> ApiResult<String> {
     Ok(scope)
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-async fn write(store: &Store, keys: Vec<String>, args: Vec<String>) -> ApiResult<bool> {
-    match store.run(&scripts::PROVISION, &keys, &args).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.message.ends_with("already exists") => Ok(false),
-        Err(e) => Err(e),
-    }
+/// The script context of provisioning done outside an HTTP request (seeding, tests, benches).
+fn system_context() -> String {
+    serde_json::json!({"request_id": crate::ids::new_request_id(), "trace_id": "", "actor": "system"}).to_string()
 }
 
 #[derive(Debug, Clone, Default)]
@@ -78,26 +68,27 @@ pub struct NewTenant {
     pub max_reservation_extensions: Option<i64>,
 }
 
-/// Creates an ACTIVE tenant. Returns false when it already exists (nothing is changed).
-pub async fn create_tenant(store: &Store, t: &NewTenant) -> ApiResult<bool> {
-    validate_tenant_id(&t.tenant_id)?;
-    let mut args: Vec<String> =
-        ["tenant", "tenant_id", &t.tenant_id, "name", &t.name, "status", "ACTIVE"].map(String::from).to_vec();
-    args.extend(["created_at_ms".to_string(), now_ms().to_string()]);
-    let settings = [
-        ("default_commit_overage_policy", t.default_commit_overage_policy.map(|p| p.as_str().to_string())),
-        ("default_reservation_ttl_ms", t.default_reservation_ttl_ms.map(|v| v.to_string())),
-        ("max_reservation_ttl_ms", t.max_reservation_ttl_ms.map(|v| v.to_string())),
-        ("max_reservation_extensions", t.max_reservation_extensions.map(|v| v.to_string())),
-    ];
-    for (field, value) in settings {
-        if let Some(v) = value {
-            args.extend([field.to_string(), v]);
+impl NewTenant {
+    /// The operator-plane request body this describes.
+    pub fn request(&self) -> TenantCreateRequest {
+        TenantCreateRequest {
+            tenant_id: self.tenant_id.clone(),
+            name: self.name.clone(),
+            parent_tenant_id: None,
+            metadata: None,
+            default_commit_overage_policy: self.default_commit_overage_policy,
+            default_reservation_ttl_ms: self.default_reservation_ttl_ms,
+            max_reservation_ttl_ms: self.max_reservation_ttl_ms,
+            max_reservation_extensions: self.max_reservation_extensions,
+            reservation_expiry_policy: None,
         }
     }
-    let created = write(store, vec![TenantKeys::new(&t.tenant_id).tenant()], args).await?;
-    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, &t.tenant_id).await?;
-    Ok(created)
+}
+
+/// Creates an ACTIVE tenant through the operator plane's code path. Returns false when it
+/// already exists (nothing is changed).
+pub async fn create_tenant(store: &Store, t: &NewTenant) -> ApiResult<bool> {
+    Ok(tenants::create_tenant(store, &system_context(), &t.request()).await?.1)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -110,56 +101,22 @@ pub struct NewApiKey {
     pub expires_at_ms: Option<i64>,
 }
 
-/// A freshly created key: `secret` is the full key and is never retrievable again.
-#[derive(Debug, Clone)]
-pub struct CreatedKey {
-    pub key_id: String,
-    pub secret: String,
-    pub key_prefix: String,
-    pub expires_at_ms: i64,
+impl NewApiKey {
+    pub fn request(&self) -> ApiKeyCreateRequest {
+        ApiKeyCreateRequest {
+            tenant_id: self.tenant_id.clone(),
+            name: self.name.clone(),
+            permissions: self.permissions.clone(),
+            expires_at: self.expires_at_ms.map(crate::domain::format_rfc3339_ms),
+            ..Default::default()
+        }
+    }
 }
 
+pub use crate::api::api_keys::CreatedKey;
+
 pub async fn create_api_key(store: &Store, pepper: &str, k: &NewApiKey) -> ApiResult<CreatedKey> {
-    validate_tenant_id(&k.tenant_id)?;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::thread_rng();
-    let key_id: String = (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
-    let mut secret = [0u8; 32];
-    rng.fill_bytes(&mut secret);
-    let full = format!("cyc_live_{key_id}_{}", URL_SAFE_NO_PAD.encode(secret));
-    let permissions =
-        k.permissions.clone().unwrap_or_else(|| DEFAULT_PERMISSIONS.iter().map(|p| p.to_string()).collect());
-    let expires_at_ms = k.expires_at_ms.unwrap_or_else(|| now_ms() + 90 * 24 * 3_600_000);
-    let args = [
-        "api_key",
-        "key_id",
-        &key_id,
-        "tenant_id",
-        &k.tenant_id,
-        "name",
-        &k.name,
-        "digest",
-        &key_digest(pepper, &full),
-        "status",
-        "ACTIVE",
-        "permissions",
-        &format!(",{},", permissions.join(",")),
-        "expires_at_ms",
-        &expires_at_ms.to_string(),
-        "created_at_ms",
-        &now_ms().to_string(),
-        "key_prefix",
-        &full[..14],
-    ]
-    .map(String::from)
-    .to_vec();
-    let keys = TenantKeys::new(&k.tenant_id);
-    if !write(store, vec![keys.api_key(&key_id)], args).await? {
-        return Err(ApiError::internal("API key id collision; retry"));
-    }
-    // The global lookup is written last: a key becomes usable only once its record exists.
-    let _: () = store.conn().set(keys::key_lookup(&key_id), &k.tenant_id).await?;
-    Ok(CreatedKey { key_prefix: full[..14].to_string(), key_id, secret: full, expires_at_ms })
+    api_keys::create_api_key(store, pepper, &system_context(), &k.request()).await
 }
 
 #[derive(Debug, Clone)]
@@ -186,43 +143,32 @@ impl NewBudget {
             caps: None,
         }
     }
+
+    pub fn request(&self) -> BudgetCreateRequest {
+        BudgetCreateRequest {
+            tenant_id: Some(self.tenant_id.clone()),
+            scope: self.scope.clone(),
+            unit: self.unit,
+            allocated: Amount { unit: self.unit, amount: self.allocated },
+            overdraft_limit: Some(Amount { unit: self.unit, amount: self.overdraft_limit }),
+            commit_overage_policy: self.commit_overage_policy,
+            rollover_policy: None,
+            period_start: None,
+            period_end: None,
+            metadata: None,
+            caps: self.caps.clone(),
+        }
+    }
 }
 
-/// Creates an ACTIVE budget ledger. Returns false when (scope, unit) already exists.
+/// Creates an ACTIVE budget ledger (its tenant must exist). Returns false when (scope, unit)
+/// already exists.
 pub async fn create_budget(store: &Store, b: &NewBudget) -> ApiResult<bool> {
-    validate_tenant_id(&b.tenant_id)?;
-    let scope = validate_scope(&b.scope, &b.tenant_id)?;
-    if b.allocated < 0 || b.overdraft_limit < 0 {
-        return Err(ApiError::invalid("allocated and overdraft_limit must be >= 0"));
+    match budgets::create_budget(store, &system_context(), &b.tenant_id, &b.request()).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.code == ErrorCode::DuplicateResource => Ok(false),
+        Err(e) => Err(e),
     }
-    let keys = TenantKeys::new(&b.tenant_id);
-    let now = now_ms().to_string();
-    let mut args: Vec<String> = vec!["budget".into(), scope.clone(), b.unit.as_str().into()];
-    let fields = [
-        ("ledger_id", uuid::Uuid::new_v4().to_string()),
-        ("tenant_id", b.tenant_id.clone()),
-        ("scope", scope.clone()),
-        ("unit", b.unit.as_str().to_string()),
-        ("status", "ACTIVE".to_string()),
-        ("allocated", b.allocated.to_string()),
-        ("remaining", b.allocated.to_string()),
-        ("reserved", "0".to_string()),
-        ("spent", "0".to_string()),
-        ("debt", "0".to_string()),
-        ("overdraft_limit", b.overdraft_limit.to_string()),
-        ("is_over_limit", "false".to_string()),
-        ("commit_overage_policy", b.commit_overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default()),
-        ("caps", b.caps.as_ref().map(|c| c.to_string()).unwrap_or_default()),
-        ("created_at_ms", now.clone()),
-        ("updated_at_ms", now),
-    ];
-    for (f, v) in fields {
-        args.extend([f.to_string(), v]);
-    }
-    let created = write(store, vec![keys.budget(&scope, b.unit), keys.scope_units()], args).await?;
-    // Tenants with budgets are what the expiry sweep visits.
-    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, &b.tenant_id).await?;
-    Ok(created)
 }
 
 #[cfg(test)]

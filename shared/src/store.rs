@@ -135,6 +135,7 @@ impl Reply {
                     return Err(ApiError::internal(message));
                 };
                 let mut e = ApiError::new(code, message);
+                e.status = parts.get(4).and_then(|s| s.parse().ok());
                 if code == ErrorCode::Unauthorized {
                     tracing::info!(reason = %extra, "api key rejected");
                 } else if !extra.is_empty() {
@@ -181,6 +182,22 @@ pub mod scripts {
     pub static LIST: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/list.lua")));
     pub static READ_RECORDS: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/read_records.lua")));
     pub static AUTHENTICATE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/authenticate.lua")));
+    pub static TENANT_CREATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/tenant_create.lua")));
+    pub static TENANT_UPDATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/tenant_update.lua")));
+    pub static TENANT_CASCADE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/tenant_cascade.lua")));
+    pub static API_KEY_CREATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/api_key_create.lua")));
+    pub static API_KEY_UPDATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/api_key_update.lua")));
+    pub static BUDGET_CREATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/budget_create.lua")));
+    pub static BUDGET_UPDATE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/budget_update.lua")));
+    pub static BUDGET_FUND: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/budget_fund.lua")));
+    pub static READ_HASHES: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/read_hashes.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 }

@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cycles_shared::api::Plane;
 use cycles_shared::config::{Config, DEV_PEPPER};
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::local::{self, EmbeddedRedis};
 use cycles_shared::model::Unit;
-use cycles_shared::provision::{self, NewApiKey, NewBudget, NewTenant};
+pub use cycles_shared::provision::{NewBudget, NewTenant};
 use cycles_shared::store::Store;
 use cycles_shared::App;
 use redis::AsyncCommands;
@@ -20,7 +21,10 @@ use serde_json::Value;
 pub use serde_json::json;
 
 pub struct Harness {
+    /// The runtime plane.
     pub base: String,
+    /// The operator plane (tenants, keys, budgets, admin balances).
+    pub admin_base: String,
     pub store: Store,
     pub http: reqwest::Client,
     pub admin_key: String,
@@ -150,6 +154,13 @@ pub fn assert_error_shape(r: &Resp) {
     assert_eq!(obj["trace_id"].as_str(), r.headers.get("x-cycles-trace-id").map(String::as_str));
 }
 
+/// A key as createApiKey returned it (the secret is never retrievable again).
+#[derive(Debug, Clone)]
+pub struct CreatedKey {
+    pub key_id: String,
+    pub secret: String,
+}
+
 /// A provisioned tenant with one API key.
 #[derive(Debug, Clone)]
 pub struct Tenant {
@@ -187,10 +198,22 @@ impl Harness {
         let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
         let app = Arc::new(App::new(store.clone(), config));
         let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind gateway");
+        let admin_listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind admin gateway");
         let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(local::serve(app, listener));
+        let admin_base = format!("http://{}", admin_listener.local_addr().unwrap());
+        tokio::spawn(local::serve(app.clone(), listener, Plane::Runtime));
+        tokio::spawn(local::serve(app, admin_listener, Plane::Admin));
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
-        Harness { base, store, http, admin_key: ADMIN_KEY.to_string(), embedded, _container: None, redis_url: url }
+        Harness {
+            base,
+            admin_base,
+            store,
+            http,
+            admin_key: ADMIN_KEY.to_string(),
+            embedded,
+            _container: None,
+            redis_url: url,
+        }
     }
 
     /// A fresh ACTIVE tenant with a default-permission key.
@@ -198,10 +221,24 @@ impl Harness {
         self.tenant_with(NewTenant::default()).await
     }
 
+    /// Provisions a tenant (with a fresh id) and a default key over the operator API.
     pub async fn tenant_with(&self, mut spec: NewTenant) -> Tenant {
         spec.tenant_id = unique("t");
         spec.name = format!("Tenant {}", spec.tenant_id);
-        assert!(provision::create_tenant(&self.store, &spec).await.unwrap());
+        let mut body = json!({"tenant_id": spec.tenant_id, "name": spec.name});
+        let settings = [
+            ("default_commit_overage_policy", spec.default_commit_overage_policy.map(|p| json!(p.as_str()))),
+            ("default_reservation_ttl_ms", spec.default_reservation_ttl_ms.map(|v| json!(v))),
+            ("max_reservation_ttl_ms", spec.max_reservation_ttl_ms.map(|v| json!(v))),
+            ("max_reservation_extensions", spec.max_reservation_extensions.map(|v| json!(v))),
+        ];
+        for (name, v) in settings {
+            if let Some(v) = v {
+                body[name] = v;
+            }
+        }
+        let r = self.admin("POST", "/v1/admin/tenants", Some(&body)).await;
+        assert_eq!(r.status, 201, "create tenant: {}", r.raw);
         let key = self.key(&spec.tenant_id, None).await;
         Tenant { id: spec.tenant_id, key: key.secret, key_id: key.key_id }
     }
@@ -218,17 +255,66 @@ impl Harness {
         self.ledger(&t.id, &format!("tenant:{}", t.id), Unit::Tokens).await
     }
 
-    pub async fn key(&self, tenant: &str, permissions: Option<Vec<String>>) -> provision::CreatedKey {
-        let spec = NewApiKey { tenant_id: tenant.to_string(), name: "test".into(), permissions, expires_at_ms: None };
-        provision::create_api_key(&self.store, DEV_PEPPER, &spec).await.unwrap()
+    /// Creates an API key over the operator API.
+    pub async fn key(&self, tenant: &str, permissions: Option<Vec<String>>) -> CreatedKey {
+        let mut body = json!({"tenant_id": tenant, "name": "test"});
+        if let Some(p) = permissions {
+            body["permissions"] = json!(p);
+        }
+        let r = self.admin("POST", "/v1/admin/api-keys", Some(&body)).await;
+        assert_eq!(r.status, 201, "create key: {}", r.raw);
+        CreatedKey {
+            key_id: r.body["key_id"].as_str().unwrap().to_string(),
+            secret: r.body["key_secret"].as_str().unwrap().to_string(),
+        }
     }
 
     pub async fn budget(&self, tenant: &str, scope: &str, unit: Unit, allocated: i64) {
         self.budget_with(NewBudget::new(tenant, scope, unit, allocated)).await
     }
 
+    /// Creates a budget over the operator API (caps, an extension outside the spec's body,
+    /// are staged straight into the record).
     pub async fn budget_with(&self, b: NewBudget) {
-        assert!(provision::create_budget(&self.store, &b).await.unwrap(), "budget exists");
+        let unit = b.unit.as_str();
+        let mut body = json!({
+            "tenant_id": b.tenant_id, "scope": b.scope, "unit": unit,
+            "allocated": {"unit": unit, "amount": b.allocated},
+            "overdraft_limit": {"unit": unit, "amount": b.overdraft_limit},
+        });
+        if let Some(p) = b.commit_overage_policy {
+            body["commit_overage_policy"] = json!(p.as_str());
+        }
+        let r = self.admin("POST", "/v1/admin/budgets", Some(&body)).await;
+        assert_eq!(r.status, 201, "create budget: {}", r.raw);
+        if let Some(caps) = &b.caps {
+            let scope = b.scope.to_ascii_lowercase();
+            self.set_budget(&b.tenant_id, &scope, b.unit, &[("caps", &caps.to_string())]).await;
+        }
+    }
+
+    /// Every event in a tenant's stream, oldest first.
+    pub async fn all_events(&self, tenant: &str) -> Vec<Value> {
+        let entries: redis::streams::StreamRangeReply =
+            self.store.conn().xrange_all(TenantKeys::new(tenant).events()).await.unwrap();
+        entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect()
+    }
+
+    /// The runtime plane's events of a tenant (provisioning's own events left out).
+    pub async fn events(&self, tenant: &str) -> Vec<Value> {
+        self.all_events(tenant).await.into_iter().filter(|e| e["source"] != "cycles-admin").collect()
+    }
+
+    /// A request to the operator plane with the admin key.
+    pub async fn admin(&self, method: &str, path: &str, body: Option<&Value>) -> Resp {
+        let body = body.map(Value::to_string);
+        self.send_to(&self.admin_base, method, path, &[("x-admin-api-key", &self.admin_key)], body.as_deref()).await
+    }
+
+    /// A request to the operator plane with a tenant key.
+    pub async fn admin_as(&self, key: &str, method: &str, path: &str, body: Option<&Value>) -> Resp {
+        let body = body.map(Value::to_string);
+        self.send_to(&self.admin_base, method, path, &[("x-cycles-api-key", key)], body.as_deref()).await
     }
 
     pub async fn overdraft_budget(&self, tenant: &str, scope: &str, allocated: i64, limit: i64) {
@@ -270,7 +356,18 @@ impl Harness {
     }
 
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Resp {
-        let url = format!("{}{}", self.base, path);
+        self.send_to(&self.base, method, path, headers, body).await
+    }
+
+    pub async fn send_to(
+        &self,
+        base: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Resp {
+        let url = format!("{base}{path}");
         let mut req = self.http.request(method.parse().unwrap(), url);
         for (k, v) in headers {
             req = req.header(*k, *v);

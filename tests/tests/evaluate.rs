@@ -112,7 +112,6 @@ async fn evaluation_replays_reflect_the_original_decision() {
 
 #[tokio::test]
 async fn denials_are_recorded_as_events_once() {
-    use redis::AsyncCommands;
     let h = Harness::start().await;
     let t = h.funded(10).await;
     decide(&h, &t, 5, json!({})).await.assert_ok();
@@ -121,10 +120,7 @@ async fn denials_are_recorded_as_events_once() {
     assert_eq!(r.assert_ok()["decision"], "DENY");
     decide(&h, &t, 50, body).await.assert_ok();
     h.reserve(&t, 99, json!({"dry_run": true})).await.assert_ok();
-    let key = cycles_shared::keys::TenantKeys::new(&t.id).events();
-    let entries: redis::streams::StreamRangeReply = h.store.conn().xrange_all(key).await.unwrap();
-    let ev: Vec<serde_json::Value> =
-        entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect();
+    let ev = h.events(&t.id).await;
     assert_eq!(ev.len(), 2, "one per fresh DENY, none for ALLOW or replays: {ev:?}");
     assert_eq!(ev[0]["event_type"], "reservation.denied");
     assert_eq!(ev[0]["data"]["reason_code"], "BUDGET_EXCEEDED");

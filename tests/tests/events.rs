@@ -1,22 +1,14 @@
 //! createEvent (post-only accounting) and the budget events every charge can cause:
 //! protocol.md §1.9, §3.10, P-120..P-127, P-148.
 
-use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
 use cycles_tests::*;
-use redis::AsyncCommands;
 
 async fn event(h: &Harness, t: &Tenant, actual: i64, extra: serde_json::Value) -> Resp {
     let mut body = json!({"idempotency_key": unique("ev"), "subject": {"tenant": t.id},
         "action": {"kind": "tool.call", "name": "search"}, "actual": {"unit": "TOKENS", "amount": actual}});
     merge(&mut body, extra);
     h.post(&t.key, "/v1/events", &body).await
-}
-
-async fn stream(h: &Harness, t: &Tenant) -> Vec<serde_json::Value> {
-    let entries: redis::streams::StreamRangeReply =
-        h.store.conn().xrange_all(TenantKeys::new(&t.id).events()).await.unwrap();
-    entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect()
 }
 
 #[tokio::test]
@@ -124,7 +116,7 @@ async fn budget_events_fire_on_transitions_only() {
     assert_eq!(r.status, 201);
     // replay: no second event
     h.send("POST", "/v1/events", &[("x-cycles-api-key", &t.key)], Some(&body.to_string())).await;
-    let ev = stream(&h, &t).await;
+    let ev = h.events(&t.id).await;
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert_eq!(ev[0]["event_type"], "budget.exhausted");
     assert_eq!(ev[0]["scope"], root.as_str());
@@ -137,7 +129,7 @@ async fn budget_events_fire_on_transitions_only() {
     // A commit with overage under overdraft: commit_overage + debt_incurred.
     let rid = h.reserve_ok(&t, 0, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await;
     h.commit(&t, &rid, 30).await.assert_ok();
-    let ev = stream(&h, &t).await;
+    let ev = h.events(&t.id).await;
     let types: Vec<&str> = ev.iter().map(|e| e["event_type"].as_str().unwrap()).collect();
     assert_eq!(types, vec!["budget.exhausted", "budget.debt_incurred", "reservation.commit_overage"]);
     assert_eq!(ev[1]["data"]["debt_incurred"], 30);
@@ -150,6 +142,6 @@ async fn budget_events_fire_on_transitions_only() {
     event(&h, &t2, 20, json!({})).await;
     event(&h, &t2, 20, json!({})).await;
     let types: Vec<String> =
-        stream(&h, &t2).await.iter().map(|e| e["event_type"].as_str().unwrap().to_string()).collect();
+        h.events(&t2.id).await.iter().map(|e| e["event_type"].as_str().unwrap().to_string()).collect();
     assert_eq!(types, vec!["budget.exhausted", "budget.over_limit_entered"]);
 }

@@ -16,12 +16,6 @@ async fn sweep_one(h: &Harness, t: &Tenant, opts: &SweepOptions) -> SweepReport 
     report
 }
 
-async fn events(h: &Harness, t: &Tenant) -> Vec<serde_json::Value> {
-    let entries: redis::streams::StreamRangeReply =
-        h.store.conn().xrange_all(TenantKeys::new(&t.id).events()).await.unwrap();
-    entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect()
-}
-
 #[tokio::test]
 async fn overdue_reservations_expire_once_and_return_their_hold() {
     let h = Harness::start().await;
@@ -45,7 +39,7 @@ async fn overdue_reservations_expire_once_and_return_their_hold() {
     h.get(&t.key, &format!("/v1/reservations/{alive}")).await.assert_ok();
     // Exactly once: a second sweep finds nothing, and one event was written.
     assert_eq!(sweep_one(&h, &t, &SweepOptions::default()).await.expired, 0);
-    let ev = events(&h, &t).await;
+    let ev = h.events(&t.id).await;
     assert_eq!(ev.len(), 1);
     let e = &ev[0];
     assert_eq!(e["event_type"], "reservation.expired");
@@ -71,7 +65,7 @@ async fn expire_on_touch_and_sweep_never_double_count() {
     h.release(&t, &rid).await.assert_error(410, "RESERVATION_EXPIRED");
     let r = sweep_one(&h, &t, &SweepOptions::default()).await;
     assert_eq!(r.expired, 0);
-    assert_eq!(events(&h, &t).await.len(), 1);
+    assert_eq!(h.events(&t.id).await.len(), 1);
     let l = h.root(&t).await;
     assert_eq!((l.reserved, l.remaining), (0, 1000));
 }
@@ -112,7 +106,7 @@ async fn overlapping_sweeps_never_double_refund() {
     assert_eq!((l.reserved, l.remaining), (0, 100_000));
     let l = h.ledger(&t.id, &format!("{root}/workspace:w"), Unit::Tokens).await;
     assert_eq!((l.reserved, l.remaining), (0, 100_000));
-    assert_eq!(events(&h, &t).await.len(), n);
+    assert_eq!(h.events(&t.id).await.len(), n);
 }
 
 #[tokio::test]
@@ -189,7 +183,7 @@ async fn dead_holds_never_block_a_reserve() {
     h.reserve(&t, 80, json!({})).await.assert_ok();
     let l = h.root(&t).await;
     assert_eq!((l.reserved, l.remaining), (80, 20));
-    assert_eq!(events(&h, &t).await.len(), 2);
+    assert_eq!(h.events(&t.id).await.len(), 2);
     // A genuine shortage is still a 409 after the reclaim attempt.
     h.reserve(&t, 21, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
 }
@@ -227,7 +221,7 @@ async fn retention_removes_history_and_keeps_live_records() {
     h.get(&t.key, &format!("/v1/reservations/{expiring}")).await.assert_error(404, "NOT_FOUND");
     // The one reservation.expired event is older than its 1 s retention now: trimmed.
     assert_eq!(r.trimmed_events, 1);
-    assert!(events(&h, &t).await.is_empty());
+    assert!(h.events(&t.id).await.is_empty());
     assert_eq!(h.root(&t).await.reserved, 10);
 }
 

@@ -3,21 +3,22 @@
 
 use std::collections::BTreeSet;
 
-use cycles_shared::api::ROUTES;
+use cycles_shared::api::{Plane, ROUTES};
 
 fn template() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).expect("template.yaml")
 }
 
-/// (binary, method, path) for every HttpApi event, read from the template's function blocks.
-fn declared_routes(template: &str) -> BTreeSet<(String, String, String)> {
+/// (api, binary, method, path) for every HttpApi event, read from the template's function blocks.
+fn declared_routes(template: &str) -> BTreeSet<(String, String, String, String)> {
     let mut routes = BTreeSet::new();
     let mut binary = String::new();
     for line in template.lines().map(str::trim) {
         if let Some(b) = line.strip_prefix("Binary: ") {
             binary = b.to_string();
         }
-        if let Some(props) = line.strip_prefix("Properties: { ApiId: !Ref RuntimeApi, ") {
+        if let Some(props) = line.strip_prefix("Properties: { ApiId: !Ref ") {
+            let (api, props) = props.split_once(", ").expect("ApiId, Method, Path");
             let props = props.trim_end_matches(" }");
             let mut method = String::new();
             let mut path = String::new();
@@ -28,7 +29,7 @@ fn declared_routes(template: &str) -> BTreeSet<(String, String, String)> {
                     _ => panic!("unexpected route property {kv}"),
                 }
             }
-            routes.insert((binary.clone(), method, path));
+            routes.insert((api.to_string(), binary.clone(), method, path));
         }
     }
     routes
@@ -39,7 +40,13 @@ fn template_routes_equal_the_route_table() {
     let declared = declared_routes(&template());
     let table: BTreeSet<_> = ROUTES
         .iter()
-        .map(|r| (r.op.function_name().to_string(), r.method.to_string(), r.template.to_string()))
+        .map(|r| {
+            let api = match r.plane {
+                Plane::Runtime => "RuntimeApi",
+                Plane::Admin => "AdminApi",
+            };
+            (api.to_string(), r.op.function_name().to_string(), r.method.to_string(), r.template.to_string())
+        })
         .collect();
     assert_eq!(declared, table);
 }

@@ -1,10 +1,14 @@
 //! The HTTP surface: one route table, a transport-neutral request/response pair, and the
 //! dispatcher every front end (Lambda, the local gateway) calls.
 
+pub mod admin;
+pub mod api_keys;
 pub mod auth;
 mod balances;
+pub mod budgets;
 mod list;
 mod reservations;
+pub mod tenants;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -69,6 +73,23 @@ pub enum Operation {
     ReleaseReservation,
     ExtendReservation,
     GetReservation,
+    CreateTenant,
+    ListTenants,
+    GetTenant,
+    UpdateTenant,
+    CreateApiKey,
+    ListApiKeys,
+    UpdateApiKey,
+    RevokeApiKey,
+    CreateBudget,
+    ListBudgets,
+    LookupBudget,
+    UpdateBudget,
+    FreezeBudget,
+    UnfreezeBudget,
+    FundBudget,
+    IntrospectAuth,
+    GetAdminBalances,
 }
 
 impl Operation {
@@ -86,42 +107,81 @@ impl Operation {
             Self::ReleaseReservation => "release-reservation",
             Self::ExtendReservation => "extend-reservation",
             Self::GetReservation => "get-reservation",
+            Self::CreateTenant => "create-tenant",
+            Self::ListTenants => "list-tenants",
+            Self::GetTenant => "get-tenant",
+            Self::UpdateTenant => "update-tenant",
+            Self::CreateApiKey => "create-api-key",
+            Self::ListApiKeys => "list-api-keys",
+            Self::UpdateApiKey => "update-api-key",
+            Self::RevokeApiKey => "revoke-api-key",
+            Self::CreateBudget => "create-budget",
+            Self::ListBudgets => "list-budgets",
+            Self::LookupBudget => "lookup-budget",
+            Self::UpdateBudget => "update-budget",
+            Self::FreezeBudget => "freeze-budget",
+            Self::UnfreezeBudget => "unfreeze-budget",
+            Self::FundBudget => "fund-budget",
+            Self::IntrospectAuth => "introspect-auth",
+            Self::GetAdminBalances => "get-admin-balances",
         }
     }
 }
 
+/// The two API hosts: `GET /v1/balances` has a different contract on each
+/// (admin-and-events.md §3.7), so they are served on separate ports / API Gateway APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Plane {
+    Runtime,
+    Admin,
+}
+
 pub struct Route {
+    pub plane: Plane,
     pub method: Method,
     pub template: &'static str,
     pub op: Operation,
 }
 
-/// The single source of truth for method + path -> operation.
-pub static ROUTES: [Route; 11] = [
+const fn runtime(method: Method, template: &'static str, op: Operation) -> Route {
+    Route { plane: Plane::Runtime, method, template, op }
+}
+
+const fn admin(method: Method, template: &'static str, op: Operation) -> Route {
+    Route { plane: Plane::Admin, method, template, op }
+}
+
+/// The single source of truth for plane + method + path -> operation.
+pub static ROUTES: [Route; 28] = [
     // Operational routes (outside /v1: not part of the protocol).
-    Route { method: Method::GET, template: "/health/live", op: Operation::Liveness },
-    Route { method: Method::GET, template: "/health/ready", op: Operation::Readiness },
-    Route { method: Method::GET, template: "/v1/reservations", op: Operation::ListReservations },
-    Route { method: Method::GET, template: "/v1/balances", op: Operation::GetBalances },
-    Route { method: Method::POST, template: "/v1/decide", op: Operation::Decide },
-    Route { method: Method::POST, template: "/v1/events", op: Operation::CreateEvent },
-    Route { method: Method::POST, template: "/v1/reservations", op: Operation::CreateReservation },
-    Route { method: Method::GET, template: "/v1/reservations/{reservation_id}", op: Operation::GetReservation },
-    Route {
-        method: Method::POST,
-        template: "/v1/reservations/{reservation_id}/commit",
-        op: Operation::CommitReservation,
-    },
-    Route {
-        method: Method::POST,
-        template: "/v1/reservations/{reservation_id}/release",
-        op: Operation::ReleaseReservation,
-    },
-    Route {
-        method: Method::POST,
-        template: "/v1/reservations/{reservation_id}/extend",
-        op: Operation::ExtendReservation,
-    },
+    runtime(Method::GET, "/health/live", Operation::Liveness),
+    runtime(Method::GET, "/health/ready", Operation::Readiness),
+    runtime(Method::GET, "/v1/reservations", Operation::ListReservations),
+    runtime(Method::GET, "/v1/balances", Operation::GetBalances),
+    runtime(Method::POST, "/v1/decide", Operation::Decide),
+    runtime(Method::POST, "/v1/events", Operation::CreateEvent),
+    runtime(Method::POST, "/v1/reservations", Operation::CreateReservation),
+    runtime(Method::GET, "/v1/reservations/{reservation_id}", Operation::GetReservation),
+    runtime(Method::POST, "/v1/reservations/{reservation_id}/commit", Operation::CommitReservation),
+    runtime(Method::POST, "/v1/reservations/{reservation_id}/release", Operation::ReleaseReservation),
+    runtime(Method::POST, "/v1/reservations/{reservation_id}/extend", Operation::ExtendReservation),
+    admin(Method::POST, "/v1/admin/tenants", Operation::CreateTenant),
+    admin(Method::GET, "/v1/admin/tenants", Operation::ListTenants),
+    admin(Method::GET, "/v1/admin/tenants/{tenant_id}", Operation::GetTenant),
+    admin(Method::PATCH, "/v1/admin/tenants/{tenant_id}", Operation::UpdateTenant),
+    admin(Method::POST, "/v1/admin/api-keys", Operation::CreateApiKey),
+    admin(Method::GET, "/v1/admin/api-keys", Operation::ListApiKeys),
+    admin(Method::PATCH, "/v1/admin/api-keys/{key_id}", Operation::UpdateApiKey),
+    admin(Method::DELETE, "/v1/admin/api-keys/{key_id}", Operation::RevokeApiKey),
+    admin(Method::POST, "/v1/admin/budgets", Operation::CreateBudget),
+    admin(Method::GET, "/v1/admin/budgets", Operation::ListBudgets),
+    admin(Method::GET, "/v1/admin/budgets/lookup", Operation::LookupBudget),
+    admin(Method::PATCH, "/v1/admin/budgets", Operation::UpdateBudget),
+    admin(Method::POST, "/v1/admin/budgets/freeze", Operation::FreezeBudget),
+    admin(Method::POST, "/v1/admin/budgets/unfreeze", Operation::UnfreezeBudget),
+    admin(Method::POST, "/v1/admin/budgets/fund", Operation::FundBudget),
+    admin(Method::GET, "/v1/auth/introspect", Operation::IntrospectAuth),
+    admin(Method::GET, "/v1/balances", Operation::GetAdminBalances),
 ];
 
 pub type Params = HashMap<String, String>;
@@ -180,11 +240,11 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Finds the route for a request path (exact match, as the local gateway serves it).
-pub fn route(method: &Method, path: &str) -> Option<(Operation, Params)> {
+/// Finds the route for a request path on one plane (exact match, as the local gateway serves it).
+pub fn route(plane: Plane, method: &Method, path: &str) -> Option<(Operation, Params)> {
     ROUTES
         .iter()
-        .filter(|r| r.method == *method)
+        .filter(|r| r.plane == plane && r.method == *method)
         .find_map(|r| match_template(r.template, path, true).map(|p| (r.op, p)))
 }
 
@@ -222,6 +282,23 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
         Operation::ReleaseReservation => reservations::release(app, &mut ctx, &req, &params).await,
         Operation::ExtendReservation => reservations::extend(app, &mut ctx, &req, &params).await,
         Operation::GetReservation => reservations::get(app, &mut ctx, &req, &params).await,
+        Operation::CreateTenant => tenants::create(app, &mut ctx, &req).await,
+        Operation::ListTenants => tenants::list(app, &mut ctx, &req).await,
+        Operation::GetTenant => tenants::get(app, &mut ctx, &req, &params).await,
+        Operation::UpdateTenant => tenants::update(app, &mut ctx, &req, &params).await,
+        Operation::CreateApiKey => api_keys::create(app, &mut ctx, &req).await,
+        Operation::ListApiKeys => api_keys::list(app, &mut ctx, &req).await,
+        Operation::UpdateApiKey => api_keys::update(app, &mut ctx, &req, &params).await,
+        Operation::RevokeApiKey => api_keys::revoke(app, &mut ctx, &req, &params).await,
+        Operation::CreateBudget => budgets::create(app, &mut ctx, &req).await,
+        Operation::ListBudgets => budgets::list(app, &mut ctx, &req).await,
+        Operation::LookupBudget => budgets::lookup(app, &mut ctx, &req).await,
+        Operation::UpdateBudget => budgets::update(app, &mut ctx, &req).await,
+        Operation::FreezeBudget => budgets::freeze(app, &mut ctx, &req).await,
+        Operation::UnfreezeBudget => budgets::unfreeze(app, &mut ctx, &req).await,
+        Operation::FundBudget => budgets::fund(app, &mut ctx, &req).await,
+        Operation::IntrospectAuth => admin::introspect(app, &mut ctx, &req).await,
+        Operation::GetAdminBalances => budgets::balances(app, &mut ctx, &req).await,
     };
     respond(&ctx, outcome)
 }
@@ -247,12 +324,12 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     let (status, body) = match outcome {
         Ok(a) => (a.status, a.body),
         Err(e) => {
-            if e.code.status() >= 500 {
+            if e.status() >= 500 {
                 tracing::error!(request_id = %ctx.request_id, trace_id = %ctx.trace.trace_id,
                     tenant = ctx.tenant.as_deref().unwrap_or(""), error = %e.message, "request failed");
             }
             let body = e.body(&ctx.request_id, &ctx.trace.trace_id);
-            (e.code.status(), serde_json::to_vec(&body).expect("error bodies always serialize"))
+            (e.status(), serde_json::to_vec(&body).expect("error bodies always serialize"))
         }
     };
     let mut headers = vec![
@@ -272,11 +349,16 @@ mod tests {
 
     #[test]
     fn routes_match_exactly_and_by_suffix() {
-        let (op, p) = route(&Method::POST, "/v1/reservations/abc/commit").unwrap();
+        let (op, p) = route(Plane::Runtime, &Method::POST, "/v1/reservations/abc/commit").unwrap();
         assert_eq!(op, Operation::CommitReservation);
         assert_eq!(p["reservation_id"], "abc");
-        assert!(route(&Method::GET, "/v1/reservations/abc/commit").is_none());
-        assert!(route(&Method::POST, "/x/v1/reservations").is_none());
+        assert!(route(Plane::Runtime, &Method::GET, "/v1/reservations/abc/commit").is_none());
+        assert!(route(Plane::Runtime, &Method::POST, "/x/v1/reservations").is_none());
+        assert_eq!(route(Plane::Admin, &Method::GET, "/v1/balances").unwrap().0, Operation::GetAdminBalances);
+        assert_eq!(route(Plane::Runtime, &Method::GET, "/v1/balances").unwrap().0, Operation::GetBalances);
+        assert!(route(Plane::Runtime, &Method::POST, "/v1/admin/tenants").is_none());
+        let (op, p) = route(Plane::Admin, &Method::GET, "/v1/admin/budgets/lookup").unwrap();
+        assert_eq!((op, p.len()), (Operation::LookupBudget, 0));
         let p = match_template(
             "/v1/reservations/{reservation_id}/extend",
             "/lambda-url/extend-reservation/v1/reservations/r%2E1/extend",

@@ -1,0 +1,385 @@
+//! What every operator-plane handler shares: who is calling (admin key or tenant key, with the
+//! key's permissions and scope filter), the request context scripts stamp on events and audit
+//! rows, stored-record decoding, and in-memory cursor pagination of listings.
+
+use std::collections::HashMap;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::auth::Principal;
+use super::{parse_query, ApiRequest, App, Ctx};
+use crate::domain::{format_rfc3339_ms, scope_admitted};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::keys::TenantKeys;
+use crate::store::scripts;
+
+/// A caller of the operator plane.
+pub enum Caller {
+    Admin,
+    Tenant(TenantKey),
+}
+
+/// A verified tenant key: its tenant, permissions and scope filter.
+pub struct TenantKey {
+    pub tenant: String,
+    pub key_id: String,
+    pub permissions: Vec<String>,
+    pub scope_filter: Vec<String>,
+    pub tenant_status: String,
+}
+
+impl TenantKey {
+    /// 403 FORBIDDEN when the key's scope filter does not admit `scope`.
+    pub fn check_scope(&self, scope: &str) -> ApiResult<()> {
+        if scope_admitted(&self.scope_filter, scope) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!("The API key's scope_filter does not admit scope {scope}")))
+        }
+    }
+
+    /// Tenant-key writes of a suspended tenant are refused (decision D2).
+    pub fn check_not_suspended(&self) -> ApiResult<()> {
+        if self.tenant_status == "SUSPENDED" {
+            return Err(ApiError::new(ErrorCode::TenantSuspended, "Tenant is suspended"));
+        }
+        Ok(())
+    }
+}
+
+/// Admin-key-only operations: anything else is 401.
+pub async fn require_admin(app: &App, req: &ApiRequest) -> ApiResult<()> {
+    if req.headers.get(super::auth::ADMIN_KEY_HEADER).is_none() {
+        return Err(ApiError::unauthorized("This operation requires X-Admin-API-Key"));
+    }
+    app.authenticate(&req.headers, true).await.map(|_| ())
+}
+
+/// Operations open to both credentials: the admin key wins when present; a tenant key must
+/// hold one of `accepted` (comma-separated; '' = any valid key), else 403
+/// INSUFFICIENT_PERMISSIONS.
+pub async fn dual_auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, accepted: &str) -> ApiResult<Caller> {
+    auth(app, ctx, req, accepted, true).await
+}
+
+/// Tenant-key-only operations (the admin key is not honoured: 401 without a tenant key).
+pub async fn tenant_auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, accepted: &str) -> ApiResult<TenantKey> {
+    match auth(app, ctx, req, accepted, false).await? {
+        Caller::Tenant(k) => Ok(k),
+        Caller::Admin => Err(ApiError::unauthorized("This operation requires X-Cycles-API-Key")),
+    }
+}
+
+async fn auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, accepted: &str, admin: bool) -> ApiResult<Caller> {
+    let caller = match app.authenticate(&req.headers, admin).await? {
+        Principal::Admin => return Ok(Caller::Admin),
+        Principal::Tenant(c) => c,
+    };
+    let keys = TenantKeys::new(&caller.tenant);
+    let args = [caller.digest.clone(), accepted.to_string()];
+    let reply = app.store.run(&scripts::AUTHENTICATE, &[keys.api_key(&caller.key_id), keys.tenant()], &args).await;
+    let reply = reply.map_err(|e| match e.code {
+        ErrorCode::Forbidden => ApiError::new(ErrorCode::InsufficientPermissions, e.message),
+        _ => e,
+    })?;
+    ctx.tenant = Some(caller.tenant.clone());
+    let permissions = reply.context.first().map(|p| csv_list(p)).unwrap_or_default();
+    let scope_filter = reply.context.get(1).and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
+    Ok(Caller::Tenant(TenantKey {
+        tenant: caller.tenant,
+        key_id: caller.key_id,
+        permissions,
+        scope_filter,
+        tenant_status: reply.status,
+    }))
+}
+
+/// The request context a script writes into events and audit rows.
+pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_id: Option<&str>) -> String {
+    let (actor, key_id) = match caller {
+        Caller::Admin if on_behalf => ("admin_on_behalf_of", ""),
+        Caller::Admin => ("admin", ""),
+        Caller::Tenant(k) => ("api_key", k.key_id.as_str()),
+    };
+    let mut v = json!({
+        "request_id": ctx.request_id,
+        "trace_id": ctx.trace.trace_id,
+        "actor": actor,
+        "key_id": key_id,
+    });
+    if let Some(c) = correlation_id {
+        v["correlation_id"] = json!(c);
+    }
+    v.to_string()
+}
+
+/// `GET /v1/auth/introspect`: who the credential is and what it may do (admin-and-events.md §3.8).
+pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<super::Answer> {
+    const VIEWS: [&str; 8] = [
+        "view_overview",
+        "view_budgets",
+        "view_events",
+        "view_webhooks",
+        "view_audit",
+        "view_tenants",
+        "view_api_keys",
+        "view_policies",
+    ];
+    const DERIVED: [(&str, &[&str]); 9] = [
+        ("view_budgets", &["budgets:read", "admin:read", "admin:budgets:read"]),
+        ("view_policies", &["policies:read", "admin:read", "admin:policies:read"]),
+        ("view_webhooks", &["webhooks:read", "admin:read", "admin:webhooks:read"]),
+        ("view_events", &["events:read", "admin:read", "admin:events:read"]),
+        (
+            "view_reservations",
+            &[
+                "reservations:list",
+                "reservations:create",
+                "reservations:commit",
+                "reservations:release",
+                "reservations:extend",
+                "admin:read",
+            ],
+        ),
+        ("manage_budgets", &["budgets:write", "admin:write", "admin:budgets:write"]),
+        ("manage_policies", &["policies:write", "admin:write", "admin:policies:write"]),
+        ("manage_webhooks", &["webhooks:write", "admin:write", "admin:webhooks:write"]),
+        (
+            "manage_reservations",
+            &[
+                "reservations:create",
+                "reservations:commit",
+                "reservations:release",
+                "reservations:extend",
+                "admin:write",
+            ],
+        ),
+    ];
+    const ALWAYS_ADMIN: [&str; 3] = ["manage_tenants", "manage_api_keys", "view_reservations"];
+    let caller = dual_auth(app, ctx, req, "").await?;
+    let mut caps = serde_json::Map::new();
+    for name in VIEWS.iter().chain(ALWAYS_ADMIN.iter()).chain(DERIVED.iter().map(|(n, _)| n)) {
+        let on = match &caller {
+            Caller::Admin => true,
+            Caller::Tenant(k) => DERIVED
+                .iter()
+                .find(|(n, _)| n == name)
+                .is_some_and(|(_, perms)| perms.iter().any(|p| k.permissions.iter().any(|h| h == p))),
+        };
+        caps.insert(name.to_string(), json!(on));
+    }
+    let body = match &caller {
+        Caller::Admin => {
+            json!({"authenticated": true, "auth_type": "admin", "permissions": ["*"], "capabilities": caps})
+        }
+        Caller::Tenant(k) => {
+            let mut b = json!({"authenticated": true, "auth_type": "tenant", "permissions": k.permissions,
+                "capabilities": caps, "tenant_id": k.tenant});
+            if !k.scope_filter.is_empty() {
+                b["scope_filter"] = json!(k.scope_filter);
+            }
+            b
+        }
+    };
+    Ok(super::Answer::json(200, &body))
+}
+
+/// ",a,b," -> ["a", "b"].
+pub fn csv_list(s: &str) -> Vec<String> {
+    s.split(',').filter(|p| !p.is_empty()).map(String::from).collect()
+}
+
+/// A stored hash record (field -> string).
+pub type Record = HashMap<String, String>;
+
+/// Decodes the record a script hands back as a JSON object of strings.
+pub fn record_from_json(s: &str) -> ApiResult<Record> {
+    serde_json::from_str(s).map_err(|_| ApiError::internal("Malformed record in the store"))
+}
+
+pub fn field<'a>(r: &'a Record, name: &str) -> Option<&'a str> {
+    r.get(name).map(String::as_str).filter(|v| !v.is_empty())
+}
+
+pub fn int_field(r: &Record, name: &str) -> Option<i64> {
+    field(r, name).and_then(|v| v.parse().ok())
+}
+
+/// An `*_at_ms` field as an RFC 3339 timestamp.
+pub fn time_field(r: &Record, name: &str) -> Option<String> {
+    int_field(r, &format!("{name}_ms")).map(format_rfc3339_ms)
+}
+
+/// A stored JSON field (metadata and the like).
+pub fn json_field(r: &Record, name: &str) -> Option<Value> {
+    field(r, name).and_then(|v| serde_json::from_str(v).ok())
+}
+
+/// Reads hash records of one tenant in one round trip; absent ones are skipped.
+pub async fn read_records(app: &App, keys: &[String]) -> ApiResult<Vec<Record>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(500) {
+        let reply = app.store.run(&scripts::READ_HASHES, chunk, &[]).await?;
+        for s in &reply.context {
+            let r = record_from_json(s)?;
+            if !r.is_empty() {
+                out.push(r);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The query of a listing: filters stay in `params`; paging and ordering are parsed here.
+pub struct ListQuery {
+    pub params: HashMap<String, String>,
+    pub limit: usize,
+    pub sort_by: String,
+    pub descending: bool,
+    cursor: Option<(String, String)>,
+    search: Option<String>,
+}
+
+impl ListQuery {
+    /// Parses `limit` (1..100, default 50), `sort_by` (one of `sorts`, default the first),
+    /// `sort_dir`, `search` (at most 128 characters) and `cursor`.
+    pub fn parse(req: &ApiRequest, sorts: &[&str]) -> ApiResult<ListQuery> {
+        let params = parse_query(&req.query)?;
+        let limit = match params.get("limit") {
+            None => 50,
+            Some(l) => match l.parse::<usize>() {
+                Ok(n) if (1..=100).contains(&n) => n,
+                _ => return Err(ApiError::invalid("limit must be an integer from 1 to 100")),
+            },
+        };
+        let sort_by = match params.get("sort_by") {
+            None => sorts[0].to_string(),
+            Some(s) if sorts.contains(&s.as_str()) => s.clone(),
+            Some(s) => return Err(ApiError::invalid(format!("sort_by {s:?} is not one of {}", sorts.join(", ")))),
+        };
+        let descending = match params.get("sort_dir").map(String::as_str) {
+            None | Some("desc") => true,
+            Some("asc") => false,
+            Some(_) => return Err(ApiError::invalid("sort_dir must be asc or desc")),
+        };
+        let search = params.get("search").filter(|s| !s.is_empty()).cloned();
+        if search.as_ref().is_some_and(|s| s.chars().count() > 128) {
+            return Err(ApiError::invalid("search must be at most 128 characters"));
+        }
+        let cursor = match params.get("cursor").filter(|c| !c.is_empty()) {
+            None => None,
+            Some(c) => {
+                let bad = || ApiError::invalid("cursor is malformed or belongs to another sort order");
+                let raw = URL_SAFE_NO_PAD.decode(c).map_err(|_| bad())?;
+                let (by, key, id): (String, String, String) = serde_json::from_slice(&raw).map_err(|_| bad())?;
+                if by != sort_by {
+                    return Err(bad());
+                }
+                Some((key, id))
+            }
+        };
+        Ok(ListQuery { params, limit, sort_by, descending, cursor, search })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.params.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// Case-insensitive substring search over the given fields (true when no search is set).
+    pub fn matches_search(&self, fields: &[&str]) -> bool {
+        self.search.as_ref().is_none_or(|s| {
+            let s = s.to_lowercase();
+            fields.iter().any(|f| f.to_lowercase().contains(&s))
+        })
+    }
+
+    /// One page of rows given as (sort key, unique id, item), plus the next cursor.
+    pub fn page<T>(&self, mut rows: Vec<(String, String, T)>) -> (Vec<T>, Option<String>) {
+        rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        if self.descending {
+            rows.reverse();
+        }
+        let after = |row: &(String, String, T)| match &self.cursor {
+            None => true,
+            Some((k, id)) => {
+                let ord = (&row.0, &row.1).cmp(&(k, id));
+                if self.descending {
+                    ord.is_lt()
+                } else {
+                    ord.is_gt()
+                }
+            }
+        };
+        let mut rows: Vec<_> = rows.into_iter().filter(after).collect();
+        let more = rows.len() > self.limit;
+        rows.truncate(self.limit);
+        let next = match rows.last() {
+            Some((k, id, _)) if more => {
+                Some(URL_SAFE_NO_PAD.encode(serde_json::to_vec(&(&self.sort_by, k, id)).expect("strings serialize")))
+            }
+            _ => None,
+        };
+        (rows.into_iter().map(|r| r.2).collect(), next)
+    }
+}
+
+/// A sortable key for a non-negative integer.
+pub fn sort_int(n: i64) -> String {
+    format!("{:020}", n.max(0))
+}
+
+/// The list wrapper every operator listing answers with.
+pub fn list_body(items_name: &str, items: Vec<Value>, next: Option<String>) -> Value {
+    let mut body = json!({ items_name: items, "has_more": next.is_some() });
+    if let Some(c) = next {
+        body["next_cursor"] = json!(c);
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(q: &str) -> ListQuery {
+        let req = ApiRequest {
+            method: http::Method::GET,
+            path: "/".into(),
+            query: q.into(),
+            headers: Default::default(),
+            body: Default::default(),
+        };
+        ListQuery::parse(&req, &["created_at", "name"]).unwrap()
+    }
+
+    #[test]
+    fn pages_walk_every_row_once_in_order() {
+        let rows = || (0..7).map(|i| (sort_int(i % 3), format!("id{i}"), i)).collect::<Vec<_>>();
+        let mut seen = vec![];
+        let mut q = query("limit=3&sort_dir=asc");
+        loop {
+            let (items, next) = q.page(rows());
+            seen.extend(items);
+            match next {
+                Some(c) => q = query(&format!("limit=3&sort_dir=asc&cursor={c}")),
+                None => break,
+            }
+        }
+        assert_eq!(seen, vec![0, 3, 6, 1, 4, 2, 5]);
+    }
+
+    #[test]
+    fn cursors_are_bound_to_their_sort() {
+        let (_, next) = query("limit=1").page(vec![("a".into(), "1".into(), 1), ("b".into(), "2".into(), 2)]);
+        let req = ApiRequest {
+            method: http::Method::GET,
+            path: "/".into(),
+            query: format!("limit=1&sort_by=name&cursor={}", next.unwrap()),
+            headers: Default::default(),
+            body: Default::default(),
+        };
+        assert!(ListQuery::parse(&req, &["created_at", "name"]).is_err());
+    }
+}

@@ -1,0 +1,290 @@
+//! API keys: create (the secret is returned exactly once), list, update, revoke.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use rand::{Rng, RngCore};
+use redis::AsyncCommands;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::admin::*;
+use super::auth::key_digest;
+use super::{Answer, ApiRequest, App, Ctx, Params};
+use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, ALL_PERMISSIONS, DEFAULT_PERMISSIONS};
+use crate::error::{ApiError, ApiResult};
+use crate::keys::{self, TenantKeys};
+use crate::maintenance::now_ms;
+use crate::model::parse_json;
+use crate::store::{scripts, Store};
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyCreateRequest {
+    pub tenant_id: String,
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub permissions: Option<Vec<String>>,
+    #[serde(default)]
+    pub scope_filter: Option<Vec<String>>,
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiKeyUpdateRequest {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    permissions: Option<Vec<String>>,
+    #[serde(default)]
+    scope_filter: Option<Vec<String>>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+}
+
+/// A freshly created key: `secret` is the full key and is never retrievable again.
+#[derive(Debug, Clone)]
+pub struct CreatedKey {
+    pub key_id: String,
+    pub secret: String,
+    pub record: Record,
+}
+
+fn check_permissions(p: &[String]) -> ApiResult<String> {
+    if let Some(bad) = p.iter().find(|p| !ALL_PERMISSIONS.contains(&p.as_str())) {
+        return Err(ApiError::invalid(format!("permissions: unknown permission {bad:?}")));
+    }
+    Ok(format!(",{},", p.join(",")))
+}
+
+fn check_scope_filter(f: &[String]) -> ApiResult<String> {
+    for entry in f {
+        let ok = entry.split_once(':').is_some_and(|(kind, value)| {
+            ["tenant", "workspace", "app", "workflow", "agent", "toolset"].contains(&kind.to_ascii_lowercase().as_str())
+                && !value.is_empty()
+                && !entry.contains('/')
+        });
+        if !ok {
+            return Err(ApiError::invalid(format!("scope_filter: {entry:?} is not a kind:value or kind:* segment")));
+        }
+    }
+    Ok(if f.is_empty() { String::new() } else { json!(f).to_string() })
+}
+
+fn check_texts(name: Option<&str>, description: Option<&str>) -> ApiResult<()> {
+    if name.is_some_and(|n| n.trim().is_empty() || n.chars().count() > 256) {
+        return Err(ApiError::invalid("name must be 1 to 256 characters"));
+    }
+    if description.is_some_and(|d| d.chars().count() > 1024) {
+        return Err(ApiError::invalid("description must be at most 1024 characters"));
+    }
+    Ok(())
+}
+
+/// The wire `ApiKey` (never the secret or its digest). A key past its expiry reads EXPIRED.
+pub fn api_key_json(r: &Record) -> Value {
+    let expires = int_field(r, "expires_at_ms").unwrap_or(0);
+    let mut status = field(r, "status").unwrap_or("ACTIVE");
+    if status == "ACTIVE" && expires <= now_ms() {
+        status = "EXPIRED";
+    }
+    let mut k = json!({
+        "key_id": field(r, "key_id").unwrap_or_default(),
+        "tenant_id": field(r, "tenant_id").unwrap_or_default(),
+        "key_prefix": field(r, "key_prefix").unwrap_or_default(),
+        "status": status,
+        "permissions": csv_list(field(r, "permissions").unwrap_or_default()),
+        "created_at": time_field(r, "created_at").unwrap_or_else(|| format_rfc3339_ms(0)),
+        "expires_at": format_rfc3339_ms(expires),
+    });
+    for (name, key) in [("name", "name"), ("description", "description"), ("revoked_reason", "revoked_reason")] {
+        if let Some(v) = field(r, key) {
+            k[name] = json!(v);
+        }
+    }
+    for name in ["scope_filter", "metadata"] {
+        if let Some(v) = json_field(r, name) {
+            k[name] = v;
+        }
+    }
+    for name in ["revoked_at", "last_used_at"] {
+        if let Some(ts) = time_field(r, name) {
+            k[name] = json!(ts);
+        }
+    }
+    k
+}
+
+/// Creates a key (shared by the HTTP handler and `--seed-demo`).
+pub async fn create_api_key(
+    store: &Store,
+    pepper: &str,
+    context: &str,
+    r: &ApiKeyCreateRequest,
+) -> ApiResult<CreatedKey> {
+    check_texts(Some(&r.name), r.description.as_deref())?;
+    let permissions =
+        r.permissions.clone().unwrap_or_else(|| DEFAULT_PERMISSIONS.iter().map(|p| p.to_string()).collect());
+    let permissions = check_permissions(&permissions)?;
+    let scope_filter = check_scope_filter(r.scope_filter.as_deref().unwrap_or_default())?;
+    let expires_at_ms = match &r.expires_at {
+        None => now_ms() + 90 * 24 * 3_600_000,
+        Some(s) => match parse_rfc3339_ms(s) {
+            Some(ms) if ms > now_ms() => ms,
+            Some(_) => return Err(ApiError::invalid("expires_at must be in the future")),
+            None => return Err(ApiError::invalid("expires_at must be an RFC 3339 date-time")),
+        },
+    };
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let (key_id, secret) = {
+        let mut rng = rand::thread_rng();
+        let key_id: String = (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
+        let mut random = [0u8; 32];
+        rng.fill_bytes(&mut random);
+        (key_id.clone(), format!("cyc_live_{key_id}_{}", URL_SAFE_NO_PAD.encode(random)))
+    };
+    let mut fields = json!({
+        "key_id": key_id,
+        "tenant_id": r.tenant_id,
+        "name": r.name,
+        "digest": key_digest(pepper, &secret),
+        "permissions": permissions,
+        "expires_at_ms": expires_at_ms.to_string(),
+        "key_prefix": &secret[..14],
+    });
+    if let Some(d) = &r.description {
+        fields["description"] = json!(d);
+    }
+    if !scope_filter.is_empty() {
+        fields["scope_filter"] = json!(scope_filter);
+    }
+    if let Some(m) = &r.metadata {
+        fields["metadata"] = json!(Value::Object(m.clone()).to_string());
+    }
+    let keys = TenantKeys::new(&r.tenant_id);
+    let script_keys = [keys.tenant(), keys.api_key(&key_id), keys.api_key_index(), keys.events(), keys.audit_log()];
+    let reply = store.run(&scripts::API_KEY_CREATE, &script_keys, &[context.to_string(), fields.to_string()]).await?;
+    // The global lookup is written last: a key becomes usable only once its record exists.
+    let _: () = store.conn().set(keys::key_lookup(&key_id), &r.tenant_id).await?;
+    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+    Ok(CreatedKey { key_id, secret, record })
+}
+
+pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let (r, _) = parse_json::<ApiKeyCreateRequest>(&req.body)?;
+    if crate::provision::validate_tenant_id(&r.tenant_id).is_err() {
+        return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, "Tenant not found").with_status(400));
+    }
+    ctx.tenant = Some(r.tenant_id.clone());
+    let created =
+        create_api_key(&app.store, &app.config.key_pepper, &script_context(ctx, &Caller::Admin, false, None), &r)
+            .await?;
+    let k = api_key_json(&created.record);
+    Ok(Answer::json(
+        201,
+        &json!({
+            "key_id": created.key_id,
+            "key_secret": created.secret,
+            "key_prefix": k["key_prefix"],
+            "tenant_id": k["tenant_id"],
+            "permissions": k["permissions"],
+            "created_at": k["created_at"],
+            "expires_at": k["expires_at"],
+        }),
+    ))
+}
+
+/// The owning tenant of a key id (404 when unknown).
+async fn owner(app: &App, key_id: &str) -> ApiResult<String> {
+    let tenant: Option<String> = app.store.conn().get(keys::key_lookup(key_id)).await?;
+    tenant.ok_or_else(|| ApiError::not_found("API key not found"))
+}
+
+async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<Answer> {
+    let tenant = owner(app, key_id).await?;
+    ctx.tenant = Some(tenant.clone());
+    let keys = TenantKeys::new(&tenant);
+    let script_keys = [keys.tenant(), keys.api_key(key_id), keys.events(), keys.audit_log()];
+    let args = [script_context(ctx, &Caller::Admin, false, None), mode.to_string(), arg];
+    let reply = app.store.run(&scripts::API_KEY_UPDATE, &script_keys, &args).await?;
+    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+    Ok(Answer::json(200, &api_key_json(&record)))
+}
+
+pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let (r, _) = parse_json::<ApiKeyUpdateRequest>(&req.body)?;
+    check_texts(r.name.as_deref(), r.description.as_deref())?;
+    let mut patch = Map::new();
+    if let Some(n) = &r.name {
+        patch.insert("name".into(), json!(n));
+    }
+    if let Some(d) = &r.description {
+        patch.insert("description".into(), json!(d));
+    }
+    if let Some(p) = &r.permissions {
+        patch.insert("permissions".into(), json!(check_permissions(p)?));
+    }
+    if let Some(f) = &r.scope_filter {
+        patch.insert("scope_filter".into(), json!(check_scope_filter(f)?));
+    }
+    if let Some(m) = &r.metadata {
+        patch.insert("metadata".into(), json!(Value::Object(m.clone()).to_string()));
+    }
+    mutate(app, ctx, &params["key_id"], "update", Value::Object(patch).to_string()).await
+}
+
+pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let q = super::parse_query(&req.query)?;
+    let reason = q.get("reason").cloned().unwrap_or_default();
+    if reason.chars().count() > 512 {
+        return Err(ApiError::invalid("reason must be at most 512 characters"));
+    }
+    mutate(app, ctx, &params["key_id"], "revoke", reason).await
+}
+
+pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let q = ListQuery::parse(req, &["created_at", "key_id", "name", "tenant_id", "status", "expires_at"])?;
+    if let Some(s) = q.get("status") {
+        if !["ACTIVE", "REVOKED", "EXPIRED"].contains(&s) {
+            return Err(ApiError::invalid("status must be ACTIVE, REVOKED or EXPIRED"));
+        }
+    }
+    let tenants = match q.get("tenant_id") {
+        Some(t) => vec![t.to_string()],
+        None => app.store.conn().smembers(keys::TENANT_REGISTRY).await?,
+    };
+    let mut rows = vec![];
+    for tenant in tenants {
+        let keys = TenantKeys::new(&tenant);
+        let ids: Vec<String> = app.store.conn().smembers(keys.api_key_index()).await?;
+        let record_keys: Vec<String> = ids.iter().map(|id| keys.api_key(id)).collect();
+        for r in read_records(app, &record_keys).await? {
+            let k = api_key_json(&r);
+            let text = |n: &str| k[n].as_str().unwrap_or_default().to_string();
+            if q.get("status").is_some_and(|s| k["status"] != s) || !q.matches_search(&[&text("key_id"), &text("name")])
+            {
+                continue;
+            }
+            let key = match q.sort_by.as_str() {
+                "key_id" | "tenant_id" | "status" => text(&q.sort_by),
+                "name" => text("name").to_lowercase(),
+                "expires_at" => sort_int(int_field(&r, "expires_at_ms").unwrap_or(0)),
+                _ => sort_int(int_field(&r, "created_at_ms").unwrap_or(0)),
+            };
+            rows.push((key, text("key_id"), k));
+        }
+    }
+    let (items, next) = q.page(rows);
+    Ok(Answer::json(200, &list_body("keys", items, next)))
+}

@@ -1,0 +1,517 @@
+//! Budgets on the operator plane: create, lookup, list, update, freeze/unfreeze, fund, and
+//! the admin-plane `GET /v1/balances` (full `BudgetLedger` items).
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::admin::*;
+use super::{Answer, ApiRequest, App, Ctx};
+use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::keys::{self, TenantKeys};
+use crate::model::{parse_json, Amount, OveragePolicy, Unit};
+use crate::provision::{validate_scope, validate_tenant_id};
+use crate::store::{scripts, Store};
+
+const FUND_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RolloverPolicy {
+    None,
+    CarryForward,
+    CapAtAllocated,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetCreateRequest {
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    pub scope: String,
+    pub unit: Unit,
+    pub allocated: Amount,
+    #[serde(default)]
+    pub overdraft_limit: Option<Amount>,
+    #[serde(default)]
+    pub commit_overage_policy: Option<OveragePolicy>,
+    #[serde(default)]
+    pub rollover_policy: Option<RolloverPolicy>,
+    #[serde(default)]
+    pub period_start: Option<String>,
+    #[serde(default)]
+    pub period_end: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+    /// Operator caps returned with ALLOW_WITH_CAPS (an extension; not part of the spec body,
+    /// so only the library entry point sets it).
+    #[serde(skip)]
+    pub caps: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetUpdateRequest {
+    #[serde(default)]
+    overdraft_limit: Option<Amount>,
+    #[serde(default)]
+    commit_overage_policy: Option<OveragePolicy>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusChangeRequest {
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum FundOperation {
+    Credit,
+    Debit,
+    Reset,
+    RepayDebt,
+    ResetSpent,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FundRequest {
+    operation: FundOperation,
+    amount: Amount,
+    #[serde(default)]
+    spent: Option<Amount>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: Option<Map<String, Value>>,
+}
+
+fn check_amount(a: &Amount, unit: Unit, name: &str) -> ApiResult<()> {
+    if a.unit != unit {
+        return Err(ApiError::new(
+            ErrorCode::UnitMismatch,
+            format!("{name}.unit must equal the budget unit {}", unit.as_str()),
+        )
+        .with_details(json!({"field": name, "expected_unit": unit.as_str(), "given_unit": a.unit.as_str()})));
+    }
+    if a.amount < 0 {
+        return Err(ApiError::invalid(format!("{name}.amount must be >= 0")));
+    }
+    Ok(())
+}
+
+fn amount(r: &Record, name: &str, unit: &str) -> Value {
+    json!({"unit": unit, "amount": int_field(r, name).unwrap_or(0)})
+}
+
+/// The wire `BudgetLedger` of a stored budget hash (closed schema: no metadata, no caps).
+pub fn ledger_json(r: &Record) -> Value {
+    let unit = field(r, "unit").unwrap_or_default();
+    let scope = field(r, "scope").unwrap_or_default();
+    let mut b = json!({
+        "ledger_id": field(r, "ledger_id").unwrap_or_default(),
+        "scope": scope,
+        "scope_path": scope,
+        "unit": unit,
+        "allocated": amount(r, "allocated", unit),
+        "remaining": amount(r, "remaining", unit),
+        "reserved": amount(r, "reserved", unit),
+        "spent": amount(r, "spent", unit),
+        "debt": amount(r, "debt", unit),
+        "overdraft_limit": amount(r, "overdraft_limit", unit),
+        "is_over_limit": field(r, "is_over_limit") == Some("true"),
+        "status": field(r, "status").unwrap_or("ACTIVE"),
+        "rollover_policy": field(r, "rollover_policy").unwrap_or("NONE"),
+        "created_at": time_field(r, "created_at").unwrap_or_else(|| format_rfc3339_ms(0)),
+    });
+    if let Some(t) = field(r, "tenant_id") {
+        b["tenant_id"] = json!(t);
+    }
+    if let Some(p) = field(r, "commit_overage_policy") {
+        b["commit_overage_policy"] = json!(p);
+    }
+    for name in ["period_start", "period_end", "updated_at"] {
+        if let Some(ts) = time_field(r, name) {
+            b[name] = json!(ts);
+        }
+    }
+    b
+}
+
+/// Creates a ledger (shared by the HTTP handler, `--seed-demo` and the tests' setup).
+pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &BudgetCreateRequest) -> ApiResult<Record> {
+    let scope = validate_scope(&r.scope, tenant)?;
+    check_amount(&r.allocated, r.unit, "allocated")?;
+    if let Some(o) = &r.overdraft_limit {
+        check_amount(o, r.unit, "overdraft_limit")?;
+    }
+    let mut f = json!({
+        "ledger_id": uuid::Uuid::new_v4().to_string(),
+        "tenant_id": tenant,
+        "scope": scope,
+        "unit": r.unit.as_str(),
+        "allocated": r.allocated.amount.to_string(),
+        "overdraft_limit": r.overdraft_limit.as_ref().map(|o| o.amount).unwrap_or(0).to_string(),
+        "rollover_policy": match r.rollover_policy.unwrap_or(RolloverPolicy::None) {
+            RolloverPolicy::None => "NONE",
+            RolloverPolicy::CarryForward => "CARRY_FORWARD",
+            RolloverPolicy::CapAtAllocated => "CAP_AT_ALLOCATED",
+        },
+    });
+    if let Some(p) = r.commit_overage_policy {
+        f["commit_overage_policy"] = json!(p.as_str());
+    }
+    for (name, v) in [("period_start", &r.period_start), ("period_end", &r.period_end)] {
+        if let Some(s) = v {
+            let ms = parse_rfc3339_ms(s)
+                .ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))?;
+            f[format!("{name}_ms")] = json!(ms.to_string());
+        }
+    }
+    if let Some(m) = &r.metadata {
+        f["metadata"] = json!(Value::Object(m.clone()).to_string());
+    }
+    if let Some(c) = &r.caps {
+        f["caps"] = json!(c.to_string());
+    }
+    let keys = TenantKeys::new(tenant);
+    let script_keys = [keys.tenant(), keys.budget(&scope, r.unit), keys.scope_units(), keys.events(), keys.audit_log()];
+    let reply = store.run(&scripts::BUDGET_CREATE, &script_keys, &[context.to_string(), f.to_string()]).await?;
+    // Tenants with budgets are what the expiry sweep visits.
+    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, tenant).await?;
+    record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))
+}
+
+pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write").await?;
+    let (r, _) = parse_json::<BudgetCreateRequest>(&req.body)?;
+    let tenant = match (&caller, &r.tenant_id) {
+        (Caller::Admin, Some(t)) => {
+            validate_tenant_id(t)
+                .map_err(|_| ApiError::new(ErrorCode::TenantNotFound, "Tenant not found").with_status(400))?;
+            t.clone()
+        }
+        (Caller::Admin, None) => return Err(ApiError::invalid("tenant_id is required with the admin key")),
+        (Caller::Tenant(_), Some(_)) => {
+            return Err(ApiError::invalid("tenant_id must not be given with a tenant API key"));
+        }
+        (Caller::Tenant(k), None) => {
+            k.check_not_suspended()?;
+            k.check_scope(&r.scope.to_ascii_lowercase())?;
+            k.tenant.clone()
+        }
+    };
+    ctx.tenant = Some(tenant.clone());
+    let record = create_budget(&app.store, &script_context(ctx, &caller, true, None), &tenant, &r).await?;
+    Ok(Answer::json(201, &ledger_json(&record)))
+}
+
+/// `scope` and `unit` query parameters naming one ledger.
+fn ledger_query(q: &HashMap<String, String>) -> ApiResult<(String, Unit)> {
+    let scope = q.get("scope").filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid("scope is required"))?;
+    let unit = q.get("unit").ok_or_else(|| ApiError::invalid("unit is required"))?;
+    let unit = Unit::parse(unit).ok_or_else(|| ApiError::invalid(format!("unit {unit:?} is not a known unit")))?;
+    Ok((scope.to_ascii_lowercase(), unit))
+}
+
+/// The tenant a scope names (`tenant:<id>` first).
+fn scope_tenant(scope: &str) -> ApiResult<String> {
+    scope
+        .split('/')
+        .next()
+        .and_then(|s| s.strip_prefix("tenant:"))
+        .filter(|t| validate_tenant_id(t).is_ok())
+        .map(String::from)
+        .ok_or_else(|| ApiError::invalid(format!("scope {scope:?} must start with tenant:<id>")))
+}
+
+fn budget_not_found() -> ApiError {
+    ApiError::new(ErrorCode::BudgetNotFound, "Budget not found")
+}
+
+pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read").await?;
+    let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
+    let tenant = scope_tenant(&scope)?;
+    if let Caller::Tenant(k) = &caller {
+        k.check_scope(&scope)?;
+        if k.tenant != tenant {
+            return Err(budget_not_found());
+        }
+    }
+    let r: Record = app.store.conn().hgetall(TenantKeys::new(&tenant).budget(&scope, unit)).await?;
+    if field(&r, "scope") != Some(scope.as_str()) {
+        return Err(budget_not_found());
+    }
+    Ok(Answer::json(200, &ledger_json(&r)))
+}
+
+/// Every ledger of a tenant (one script round trip per 500 ledgers).
+pub async fn tenant_ledgers(app: &App, tenant: &str) -> ApiResult<Vec<Record>> {
+    let keys = TenantKeys::new(tenant);
+    let scopes: HashMap<String, String> = app.store.conn().hgetall(keys.scope_units()).await?;
+    let budget_keys: Vec<String> = scopes
+        .iter()
+        .flat_map(|(scope, units)| csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(move |u| (scope, u)))
+        .map(|(scope, unit)| keys.budget(scope, unit))
+        .collect();
+    read_records(app, &budget_keys).await
+}
+
+fn utilization(r: &Record) -> f64 {
+    let allocated = int_field(r, "allocated").unwrap_or(0);
+    if allocated <= 0 {
+        return 0.0;
+    }
+    int_field(r, "spent").unwrap_or(0) as f64 / allocated as f64
+}
+
+fn parse_bool(q: &ListQuery, name: &str) -> ApiResult<Option<bool>> {
+    match q.get(name) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(_) => Err(ApiError::invalid(format!("{name} must be true or false"))),
+    }
+}
+
+fn parse_ratio(q: &ListQuery, name: &str) -> ApiResult<Option<f64>> {
+    match q.get(name) {
+        None => Ok(None),
+        Some(v) => match v.parse::<f64>() {
+            Ok(x) if (0.0..=1.0).contains(&x) => Ok(Some(x)),
+            _ => Err(ApiError::invalid(format!("{name} must be a number from 0 to 1"))),
+        },
+    }
+}
+
+pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read").await?;
+    let q = ListQuery::parse(
+        req,
+        &["utilization", "tenant_id", "scope", "unit", "status", "commit_overage_policy", "debt"],
+    )?;
+    let unit = q.get("unit").map(|u| Unit::parse(u).ok_or_else(|| ApiError::invalid("unit is not a known unit")));
+    let unit = unit.transpose()?;
+    if q.get("status").is_some_and(|s| !["ACTIVE", "FROZEN", "CLOSED"].contains(&s)) {
+        return Err(ApiError::invalid("status must be ACTIVE, FROZEN or CLOSED"));
+    }
+    let (over_limit, has_debt) = (parse_bool(&q, "over_limit")?, parse_bool(&q, "has_debt")?);
+    let (umin, umax) = (parse_ratio(&q, "utilization_min")?, parse_ratio(&q, "utilization_max")?);
+    if let (Some(a), Some(b)) = (umin, umax) {
+        if a > b {
+            return Err(ApiError::invalid("utilization_min must not exceed utilization_max"));
+        }
+    }
+    let prefix = q.get("scope_prefix").map(str::to_ascii_lowercase);
+    let tenants = match (&caller, q.get("tenant_id")) {
+        (Caller::Tenant(k), _) => vec![k.tenant.clone()],
+        (Caller::Admin, Some(t)) => vec![t.to_string()],
+        (Caller::Admin, None) => app.store.conn().smembers(keys::TENANT_REGISTRY).await?,
+    };
+    let mut rows = vec![];
+    for tenant in tenants {
+        for r in tenant_ledgers(app, &tenant).await? {
+            let scope = field(&r, "scope").unwrap_or_default().to_string();
+            let u = utilization(&r);
+            let debt = int_field(&r, "debt").unwrap_or(0);
+            let keep = prefix.as_ref().is_none_or(|p| scope.starts_with(p.as_str()))
+                && unit.is_none_or(|x| field(&r, "unit") == Some(x.as_str()))
+                && q.get("status").is_none_or(|s| field(&r, "status").unwrap_or("ACTIVE") == s)
+                && over_limit.is_none_or(|o| (field(&r, "is_over_limit") == Some("true")) == o)
+                && has_debt.is_none_or(|h| (debt > 0) == h)
+                && umin.is_none_or(|m| u >= m)
+                && umax.is_none_or(|m| u <= m)
+                && q.matches_search(&[&tenant, &scope])
+                && match &caller {
+                    Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter, &scope),
+                    Caller::Admin => true,
+                };
+            if !keep {
+                continue;
+            }
+            let key = match q.sort_by.as_str() {
+                "tenant_id" => tenant.clone(),
+                "scope" => scope.clone(),
+                "unit" | "status" | "commit_overage_policy" => field(&r, &q.sort_by).unwrap_or_default().to_string(),
+                "debt" => sort_int(debt),
+                _ => format!("{u:030.12}"),
+            };
+            let id = format!("{tenant}|{scope}|{}", field(&r, "unit").unwrap_or_default());
+            rows.push((key, id, ledger_json(&r)));
+        }
+    }
+    let (items, next) = q.page(rows);
+    Ok(Answer::json(200, &list_body("ledgers", items, next)))
+}
+
+/// The admin-plane `GET /v1/balances`: the key's tenant's ledgers as `BudgetLedger` items.
+pub async fn balances(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let key = tenant_auth(app, ctx, req, "balances:read,admin:read").await?;
+    let q = ListQuery::parse(req, &["scope"])?;
+    if q.get("tenant_id").is_some_and(|t| t != key.tenant) {
+        return Err(ApiError::forbidden("tenant_id does not match the tenant of the API key"));
+    }
+    let prefix = q.get("scope_prefix").map(str::to_ascii_lowercase);
+    if let Some(p) = &prefix {
+        key.check_scope(p)?;
+    }
+    let unit = q.get("unit").map(|u| Unit::parse(u).ok_or_else(|| ApiError::invalid("unit is not a known unit")));
+    let unit = unit.transpose()?;
+    let mut rows = vec![];
+    for r in tenant_ledgers(app, &key.tenant).await? {
+        let scope = field(&r, "scope").unwrap_or_default().to_string();
+        if prefix.as_ref().is_some_and(|p| !scope.starts_with(p.as_str()))
+            || unit.is_some_and(|u| field(&r, "unit") != Some(u.as_str()))
+            || !crate::domain::scope_admitted(&key.scope_filter, &scope)
+        {
+            continue;
+        }
+        let id = format!("{scope}|{}", field(&r, "unit").unwrap_or_default());
+        rows.push((id.clone(), id, ledger_json(&r)));
+    }
+    let (items, next) = q.page(rows);
+    Ok(Answer::json(200, &list_body("balances", items, next)))
+}
+
+/// Runs `budget_update.lua` on the ledger named by the query.
+async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: String) -> ApiResult<Answer> {
+    let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
+    let tenant = scope_tenant(&scope)?;
+    ctx.tenant = Some(tenant.clone());
+    let keys = TenantKeys::new(&tenant);
+    let script_keys = [keys.tenant(), keys.budget(&scope, unit), keys.events(), keys.audit_log()];
+    let args = [script_context(ctx, &Caller::Admin, false, None), mode.to_string(), scope, arg];
+    let reply = app.store.run(&scripts::BUDGET_UPDATE, &script_keys, &args).await?;
+    Ok(Answer::json(200, &ledger_json(&record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?)))
+}
+
+pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let (_, unit) = ledger_query(&super::parse_query(&req.query)?)?;
+    let (r, _) = parse_json::<BudgetUpdateRequest>(&req.body)?;
+    let mut patch = Map::new();
+    if let Some(o) = &r.overdraft_limit {
+        check_amount(o, unit, "overdraft_limit")?;
+        patch.insert("overdraft_limit".into(), json!(o.amount.to_string()));
+    }
+    if let Some(p) = r.commit_overage_policy {
+        patch.insert("commit_overage_policy".into(), json!(p.as_str()));
+    }
+    if let Some(m) = &r.metadata {
+        patch.insert("metadata".into(), json!(Value::Object(m.clone()).to_string()));
+    }
+    change(app, ctx, req, "update", Value::Object(patch).to_string()).await
+}
+
+pub async fn freeze(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    status_change(app, ctx, req, "freeze").await
+}
+
+pub async fn unfreeze(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    status_change(app, ctx, req, "unfreeze").await
+}
+
+async fn status_change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let r = if req.body.iter().all(u8::is_ascii_whitespace) {
+        StatusChangeRequest::default()
+    } else {
+        parse_json::<StatusChangeRequest>(&req.body)?.0
+    };
+    let reason = r.reason.unwrap_or_default();
+    if reason.chars().count() > 512 {
+        return Err(ApiError::invalid("reason must be at most 512 characters"));
+    }
+    change(app, ctx, req, mode, reason).await
+}
+
+pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write").await?;
+    let query = super::parse_query(&req.query)?;
+    let (scope, unit) = ledger_query(&query)?;
+    let (r, raw) = parse_json::<FundRequest>(&req.body)?;
+    check_amount(&r.amount, unit, "amount")?;
+    if let Some(s) = &r.spent {
+        check_amount(s, unit, "spent")?;
+    }
+    if r.reason.as_ref().is_some_and(|s| s.chars().count() > 512) {
+        return Err(ApiError::invalid("reason must be at most 512 characters"));
+    }
+    if r.idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.chars().count() > 256) {
+        return Err(ApiError::invalid("idempotency_key must be 1 to 256 characters"));
+    }
+    let tenant = match &caller {
+        Caller::Admin => query
+            .get("tenant_id")
+            .filter(|t| !t.is_empty())
+            .cloned()
+            .ok_or_else(|| ApiError::invalid("tenant_id is required with the admin key"))?,
+        Caller::Tenant(k) => {
+            k.check_not_suspended()?;
+            k.check_scope(&scope)?;
+            k.tenant.clone()
+        }
+    };
+    if scope_tenant(&scope)? != tenant {
+        return Err(budget_not_found());
+    }
+    ctx.tenant = Some(tenant.clone());
+    let keys = TenantKeys::new(&tenant);
+    let op = match r.operation {
+        FundOperation::Credit => "CREDIT",
+        FundOperation::Debit => "DEBIT",
+        FundOperation::Reset => "RESET",
+        FundOperation::RepayDebt => "REPAY_DEBT",
+        FundOperation::ResetSpent => "RESET_SPENT",
+    };
+    let idem = match &r.idempotency_key {
+        Some(k) => keys.idempotency("fund", &[&scope, unit.as_str(), k]),
+        None => keys.tenant(),
+    };
+    let spent = match (r.operation, &r.spent) {
+        (FundOperation::ResetSpent, Some(s)) => s.amount.to_string(),
+        _ => String::new(),
+    };
+    let script_keys = [keys.tenant(), keys.budget(&scope, unit), idem, keys.events(), keys.audit_log()];
+    let args = [
+        script_context(ctx, &caller, true, None),
+        scope,
+        op.to_string(),
+        r.amount.amount.to_string(),
+        spent,
+        r.reason.clone().unwrap_or_default(),
+        payload_hash(&raw, &[]),
+        FUND_IDEMPOTENCY_MS.to_string(),
+    ];
+    let reply = app.store.run(&scripts::BUDGET_FUND, &script_keys, &args).await?;
+    let v = &reply.result;
+    if v.len() < 10 {
+        return Err(ApiError::internal("Malformed funding result in the store"));
+    }
+    let amt = |i: usize| json!({"unit": unit.as_str(), "amount": v[i].parse::<i64>().unwrap_or(0)});
+    Ok(Answer::json(
+        200,
+        &json!({
+            "operation": v[0],
+            "previous_allocated": amt(1), "new_allocated": amt(2),
+            "previous_remaining": amt(3), "new_remaining": amt(4),
+            "previous_debt": amt(5), "new_debt": amt(6),
+            "previous_spent": amt(7), "new_spent": amt(8),
+            "timestamp": format_rfc3339_ms(v[9].parse().unwrap_or(0)),
+        }),
+    ))
+}
