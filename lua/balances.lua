@@ -3,4 +3,6 @@
 local now = now_ms()
 local denied = authorize(KEYS[1], ARGV[1], ARGV[2], now)
 if denied then return denied end
-return {'OK', cjson.encode(redis.call('HGETALL', KEYS[2])), '', tostring(now)}
+local flat = redis.call('HGETALL', KEYS[2])
+-- cjson encodes an empty table as {}; a tenant without ledgers lists none
+return {'OK', (#flat == 0) and '[]' or cjson.encode(flat), '', tostring(now)}

@@ -1,0 +1,148 @@
+//! Operator plane: API keys (create, list, update, revoke), scope filters, introspection.
+
+use cycles_shared::model::Unit;
+use cycles_tests::*;
+
+#[tokio::test]
+async fn create_returns_the_secret_once_and_stores_only_a_digest() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let body = json!({"tenant_id": t.id, "name": "ci", "description": "for CI",
+        "permissions": ["reservations:create", "balances:read"], "expires_at": "2099-01-01T00:00:00Z"});
+    let r = h.admin("POST", "/v1/admin/api-keys", Some(&body)).await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    assert_no_nulls(&r.body, &r.raw);
+    let secret = r.body["key_secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("cyc_live_"));
+    assert_eq!(r.body["key_prefix"].as_str().unwrap(), &secret[..14]);
+    assert_eq!(r.body["expires_at"], "2099-01-01T00:00:00.000Z");
+    assert_eq!(r.body["permissions"], json!(["reservations:create", "balances:read"]));
+    // listing never shows the secret or its digest
+    let list = h.admin("GET", &format!("/v1/admin/api-keys?tenant_id={}", t.id), None).await;
+    assert!(!list.raw.contains(&secret[14..]) && !list.raw.contains("digest"), "{}", list.raw);
+    let keys = list.assert_ok()["keys"].as_array().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    let k = keys.iter().find(|k| k["key_id"] == r.body["key_id"]).unwrap();
+    assert_eq!((k["status"].as_str(), k["description"].as_str()), (Some("ACTIVE"), Some("for CI")));
+    // the new key works at once on the runtime plane, within its permissions
+    let rt = h.get(&secret, &format!("/v1/balances?tenant={}", t.id)).await;
+    rt.assert_ok();
+    let created = h.admin("GET", &format!("/v1/admin/api-keys?tenant_id={}&status=REVOKED", t.id), None).await;
+    assert_eq!(created.assert_ok()["keys"], json!([]));
+}
+
+#[tokio::test]
+async fn create_validates_and_checks_the_tenant() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let cases = [
+        (json!({"tenant_id": t.id}), 400, "INVALID_REQUEST", "name"),
+        (
+            json!({"tenant_id": t.id, "name": "x", "permissions": ["budgets:fly"]}),
+            400,
+            "INVALID_REQUEST",
+            "budgets:fly",
+        ),
+        (json!({"tenant_id": t.id, "name": "x", "expires_at": "yesterday"}), 400, "INVALID_REQUEST", "expires_at"),
+        (
+            json!({"tenant_id": t.id, "name": "x", "expires_at": "2001-01-01T00:00:00Z"}),
+            400,
+            "INVALID_REQUEST",
+            "expires_at",
+        ),
+        (
+            json!({"tenant_id": t.id, "name": "x", "scope_filter": ["galaxy:far"]}),
+            400,
+            "INVALID_REQUEST",
+            "scope_filter",
+        ),
+        (json!({"tenant_id": t.id, "name": "x", "color": "red"}), 400, "INVALID_REQUEST", "color"),
+        (json!({"tenant_id": "no-such-tenant", "name": "x"}), 400, "TENANT_NOT_FOUND", "Tenant"),
+    ];
+    for (body, status, code, word) in cases {
+        let r = h.admin("POST", "/v1/admin/api-keys", Some(&body)).await;
+        r.assert_error(status, code);
+        assert!(r.body["message"].as_str().unwrap().contains(word), "{word}: {}", r.raw);
+    }
+    let r = h.admin_as(&t.key, "POST", "/v1/admin/api-keys", Some(&json!({"tenant_id": t.id, "name": "x"}))).await;
+    r.assert_error(401, "UNAUTHORIZED");
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"status": "SUSPENDED"}))).await.assert_ok();
+    let r = h.admin("POST", "/v1/admin/api-keys", Some(&json!({"tenant_id": t.id, "name": "x"}))).await;
+    r.assert_error(400, "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn revocation_is_effective_on_the_next_request() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    let path = format!("/v1/admin/api-keys/{}?reason=leaked", t.key_id);
+    let r = h.admin("DELETE", &path, None).await;
+    let body = r.assert_ok();
+    assert_eq!((body["status"].as_str(), body["revoked_reason"].as_str()), (Some("REVOKED"), Some("leaked")));
+    assert!(body["revoked_at"].is_string());
+    h.reserve(&t, 1, json!({})).await.assert_error(401, "UNAUTHORIZED");
+    h.commit(&t, &rid, 5).await.assert_error(401, "UNAUTHORIZED");
+    h.admin("DELETE", &path, None).await.assert_error(409, "KEY_REVOKED");
+    h.admin("DELETE", "/v1/admin/api-keys/aaaaaaaaaaaaaaaa", None).await.assert_error(404, "NOT_FOUND");
+    // another key of the tenant can still settle the reservation (ownership is per tenant)
+    let other = h.key(&t.id, None).await;
+    let t2 = Tenant { key: other.secret, key_id: other.key_id, ..t.clone() };
+    h.commit(&t2, &rid, 5).await.assert_ok();
+    let events = h.all_events(&t.id).await;
+    assert_eq!(events.iter().filter(|e| e["event_type"] == "api_key.revoked").count(), 1);
+}
+
+#[tokio::test]
+async fn updates_replace_permissions_and_scope_filters() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let path = format!("/v1/admin/api-keys/{}", t.key_id);
+    let r = h.admin("PATCH", &path, Some(&json!({"permissions": ["balances:read"], "name": "reader"}))).await;
+    assert_eq!(r.assert_ok()["permissions"], json!(["balances:read"]));
+    h.reserve(&t, 1, json!({})).await.assert_error(403, "FORBIDDEN");
+    h.get(&t.key, &format!("/v1/balances?tenant={}", t.id)).await.assert_ok();
+    let kinds: Vec<_> = h.all_events(&t.id).await.into_iter().map(|e| e["event_type"].clone()).collect();
+    assert!(kinds.contains(&json!("api_key.permissions_changed")));
+    h.admin("PATCH", &path, Some(&json!({"permissions": ["nope"]}))).await.assert_error(400, "INVALID_REQUEST");
+    h.admin("PATCH", &path, Some(&json!({"key_id": "x"}))).await.assert_error(400, "INVALID_REQUEST");
+    h.admin("PATCH", "/v1/admin/api-keys/bbbbbbbbbbbbbbbb", Some(&json!({"name": "x"})))
+        .await
+        .assert_error(404, "NOT_FOUND");
+    // a scope filter limits what the key sees on the operator plane
+    let body = json!({"scope_filter": ["agent:a"], "permissions": ["budgets:read", "balances:read"]});
+    let r = h.admin("PATCH", &path, Some(&body)).await;
+    assert_eq!(r.assert_ok()["scope_filter"], json!(["agent:a"]));
+    h.budget(&t.id, &format!("tenant:{}/agent:a", t.id), Unit::Tokens, 10).await;
+    let b = h.admin_as(&t.key, "GET", "/v1/balances", None).await;
+    let scopes: Vec<_> = b.assert_ok()["balances"].as_array().unwrap().iter().map(|l| l["scope"].clone()).collect();
+    assert_eq!(scopes, vec![json!(format!("tenant:{}/agent:a", t.id))]);
+    let root = format!("/v1/admin/budgets/lookup?scope=tenant:{}&unit=TOKENS", t.id);
+    h.admin_as(&t.key, "GET", &root, None).await.assert_error(403, "FORBIDDEN");
+}
+
+#[tokio::test]
+async fn introspection_reports_capabilities() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let r = h.admin("GET", "/v1/auth/introspect", None).await;
+    let admin = r.assert_ok();
+    assert_eq!((admin["auth_type"].as_str(), admin["permissions"].clone()), (Some("admin"), json!(["*"])));
+    assert!(admin["capabilities"].as_object().unwrap().values().all(|v| v == true));
+    assert!(admin.get("tenant_id").is_none());
+    let r = h.admin_as(&t.key, "GET", "/v1/auth/introspect", None).await;
+    let tenant = r.assert_ok();
+    assert_eq!((tenant["auth_type"].as_str(), tenant["tenant_id"].as_str()), (Some("tenant"), Some(t.id.as_str())));
+    let caps = &tenant["capabilities"];
+    assert_eq!((caps["view_reservations"].clone(), caps["manage_reservations"].clone()), (json!(true), json!(true)));
+    for off in ["view_budgets", "view_tenants", "view_api_keys", "manage_tenants", "view_events", "view_overview"] {
+        assert_eq!(caps[off], false, "{off}");
+    }
+    let key = h.key(&t.id, Some(vec!["admin:write".into(), "admin:read".into()])).await;
+    let r = h.admin_as(&key.secret, "GET", "/v1/auth/introspect", None).await;
+    let caps = &r.assert_ok()["capabilities"];
+    assert_eq!((caps["manage_budgets"].clone(), caps["manage_tenants"].clone()), (json!(true), json!(false)));
+    h.send_to(&h.admin_base, "GET", "/v1/auth/introspect", &[], None).await.assert_error(401, "UNAUTHORIZED");
+    let forged = format!("cyc_live_{}_forged", t.key_id);
+    h.admin_as(&forged, "GET", "/v1/auth/introspect", None).await.assert_error(401, "UNAUTHORIZED");
+}
