@@ -10,6 +10,8 @@ if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
+denied = scope_guard(KEYS[2], ARGV[1], r.scope_path)
+if denied then return denied end
 if r.status == 'COMMITTED' and r.rec.ck == ARGV[4] then
   if r.rec.ch ~= ARGV[5] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')

@@ -11,6 +11,8 @@
 local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
+denied = scope_guard(KEYS[2], ARGV[1], scope_path_of(cjson.decode(ARGV[9])))
+if denied then return denied end
 
 local replayed = replay(KEYS[3], ARGV[3], '', now)
 if replayed then return replayed end

@@ -10,6 +10,8 @@
 local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
+denied = scope_guard(KEYS[2], ARGV[1], scope_path_of(cjson.decode(ARGV[10]).subject or {}))
+if denied then return denied end
 
 local replayed = replay(KEYS[3], ARGV[3], 'APPLIED', now)
 if replayed then return replayed end

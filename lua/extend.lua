@@ -10,6 +10,8 @@ if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
+denied = scope_guard(KEYS[2], ARGV[1], r.scope_path)
+if denied then return denied end
 local replayed = replay(KEYS[5], ARGV[4], r.status, now)
 if replayed then return replayed end
 

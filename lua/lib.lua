@@ -327,6 +327,25 @@ local function scope_path_of(subject)
   return table.concat(parts, '/')
 end
 
+-- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments; absent = everything)
+-- must admit the scope a runtime operation targets, else 403 (decision D7). Admin-key calls
+-- (no digest) are not filtered.
+local function scope_guard(key_record, digest, scope)
+  if digest == '' or not scope then return nil end
+  local raw = redis.call('HGET', key_record, 'scope_filter')
+  if not raw or raw == '' then return nil end
+  local ok, filter = pcall(cjson.decode, raw)
+  if not ok or type(filter) ~= 'table' or #filter == 0 then return nil end
+  for _, entry in ipairs(filter) do
+    entry = string.lower(entry)
+    local kind = string.match(entry, '^([^:]+:)%*$')
+    for segment in string.gmatch(scope, '[^/]+') do
+      if segment == entry or (kind and string.sub(segment, 1, #kind) == kind) then return nil end
+    end
+  end
+  return err('FORBIDDEN', "The API key's scope_filter does not admit scope " .. scope)
+end
+
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
 -- whose essential fields do not parse is returned with `corrupt` set (never acted on:
 -- callers quarantine or fail).

@@ -12,6 +12,8 @@
 local now = now_ms()
 local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
+denied = scope_guard(KEYS[2], ARGV[1], scope_path_of(cjson.decode(ARGV[11])))
+if denied then return denied end
 
 local existing = load_record(KEYS[3])
 if existing then

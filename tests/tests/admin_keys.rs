@@ -146,3 +146,28 @@ async fn introspection_reports_capabilities() {
     let forged = format!("cyc_live_{}_forged", t.key_id);
     h.admin_as(&forged, "GET", "/v1/auth/introspect", None).await.assert_error(401, "UNAUTHORIZED");
 }
+
+#[tokio::test]
+async fn scope_filters_bind_the_runtime_plane_too() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let wide = h.reserve_ok(&t, 10, json!({"subject": {"tenant": t.id, "agent": "b"}})).await;
+    let body = json!({"scope_filter": ["agent:a"]});
+    h.admin("PATCH", &format!("/v1/admin/api-keys/{}", t.key_id), Some(&body)).await.assert_ok();
+    let inside = json!({"subject": {"tenant": t.id, "agent": "A"}});
+    let rid = h.reserve_ok(&t, 10, inside.clone()).await;
+    h.commit(&t, &rid, 5).await.assert_ok();
+    let outside = json!({"subject": {"tenant": t.id, "agent": "b"}});
+    h.reserve(&t, 10, outside.clone()).await.assert_error(403, "FORBIDDEN");
+    h.reserve(&t, 10, json!({})).await.assert_error(403, "FORBIDDEN");
+    let mut dry = outside.clone();
+    merge(&mut dry, json!({"dry_run": true}));
+    h.reserve(&t, 10, dry).await.assert_error(403, "FORBIDDEN");
+    h.commit(&t, &wide, 5).await.assert_error(403, "FORBIDDEN");
+    h.release(&t, &wide).await.assert_error(403, "FORBIDDEN");
+    let ev = json!({"idempotency_key": unique("ev"), "subject": {"tenant": t.id, "agent": "b"},
+        "action": {"kind": "tool", "name": "x"}, "actual": {"unit": "TOKENS", "amount": 1}});
+    h.post(&t.key, "/v1/events", &ev).await.assert_error(403, "FORBIDDEN");
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.spent), (10, 5), "refused requests changed nothing");
+}

@@ -178,12 +178,8 @@ async fn closing_cascades_once_and_guards_every_mutation() {
         let b = h.admin("GET", &format!("/v1/admin/budgets/lookup?scope={scope}&unit=TOKENS"), None).await;
         assert_eq!(b.assert_ok()["status"], "CLOSED");
     }
-    let record: String = h
-        .store
-        .conn()
-        .get(TenantKeys::new(&t.id).reservation(&open.split('.').nth(1).unwrap().to_string()))
-        .await
-        .unwrap();
+    let record: String =
+        h.store.conn().get(TenantKeys::new(&t.id).reservation(open.split('.').nth(1).unwrap())).await.unwrap();
     let record: serde_json::Value = serde_json::from_str(&record).unwrap();
     assert_eq!((record["status"].as_str(), record["reason"].as_str()), (Some("RELEASED"), Some("tenant_closed")));
     let exp: i64 = h.store.conn().zcard(TenantKeys::new(&t.id).expiry_index()).await.unwrap();
