@@ -196,7 +196,7 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write").await?;
+    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write,admin:budgets:write").await?;
     let (r, _) = parse_json::<BudgetCreateRequest>(&req.body)?;
     let tenant = match (&caller, &r.tenant_id) {
         (Caller::Admin, Some(t)) => {
@@ -243,7 +243,7 @@ fn budget_not_found() -> ApiError {
 }
 
 pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read").await?;
+    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read,admin:budgets:read").await?;
     let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let tenant = scope_tenant(&scope)?;
     if let Caller::Tenant(k) = &caller {
@@ -299,7 +299,7 @@ fn parse_ratio(q: &ListQuery, name: &str) -> ApiResult<Option<f64>> {
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read").await?;
+    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read,admin:budgets:read").await?;
     let q = ListQuery::parse(
         req,
         &["utilization", "tenant_id", "scope", "unit", "status", "commit_overage_policy", "debt"],
@@ -440,7 +440,7 @@ async fn status_change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str) -
 }
 
 pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write").await?;
+    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write,admin:budgets:write").await?;
     let query = super::parse_query(&req.query)?;
     let (scope, unit) = ledger_query(&query)?;
     let (r, raw) = parse_json::<FundRequest>(&req.body)?;
