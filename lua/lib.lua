@@ -389,7 +389,18 @@ end
 -- as the state change that causes it. `data_json` is pre-built JSON (amounts as raw digits).
 -- `ctx` carries the causing request (request_id, trace_id, actor, key_id, tenant); nil for
 -- system work such as the expiry sweep.
-local function emit(events_key, event_id, event_type, tenant, scope, ctx, source, data_json, now)
+local function emit(events_key, _, event_type, tenant, scope, ctx, source, data_json, now)
+  -- The id names the stream entry and the tenant (evt_<ms>-<seq>.<tenant>), so getEvent finds
+  -- an event with one read; the entry id is chosen here (monotonic even if TIME steps back).
+  local last = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
+  local ms, seq = now, 0
+  if last then
+    local lms, lseq = string.match(last[1], '^(%d+)-(%d+)$')
+    lms, lseq = tonumber(lms), tonumber(lseq)
+    if lms >= now then ms, seq = lms, lseq + 1 end
+  end
+  local entry = string.format('%d-%d', ms, seq)
+  local event_id = 'evt_' .. entry .. '.' .. tenant
   local category = string.match(event_type, '^([^.]+)')
   local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
   if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
@@ -398,11 +409,12 @@ local function emit(events_key, event_id, event_type, tenant, scope, ctx, source
     cjson.encode(tenant) .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
     ',"actor":' .. actor .. '},"source":' .. cjson.encode(source) .. ',"data":' .. data_json
   if ctx then
-    json = json .. ',"request_id":' .. cjson.encode(ctx.request_id) .. ',"trace_id":' .. cjson.encode(ctx.trace_id)
+    if ctx.request_id and ctx.request_id ~= '' then json = json .. ',"request_id":' .. cjson.encode(ctx.request_id) end
+    if ctx.trace_id and ctx.trace_id ~= '' then json = json .. ',"trace_id":' .. cjson.encode(ctx.trace_id) end
     if ctx.correlation_id then json = json .. ',"correlation_id":' .. cjson.encode(ctx.correlation_id) end
   end
   json = json .. '}'
-  redis.call('XADD', events_key, '*', 'event_id', event_id, 'type', event_type, 'event', json)
+  redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
 end
 
 -- KEYS[first..] as a list (a script's trailing budget keys).

@@ -21,6 +21,64 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
     pub sweep_batch: usize,
+    /// Webhook delivery settings.
+    pub webhooks: WebhookConfig,
+}
+
+/// Outbound webhooks: the secret-encryption key, the SSRF guard and the dispatcher's pace.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// AES-256-GCM key for signing secrets and custom header values at rest.
+    pub encryption_key: [u8; 32],
+    /// Allow `http://` endpoints (default: https only).
+    pub allow_http: bool,
+    /// Endpoint addresses refused at create, update and delivery time.
+    pub blocked_cidrs: Vec<(std::net::IpAddr, u8)>,
+    /// Whole-request timeout of one delivery attempt.
+    pub timeout: Duration,
+    /// Pause between dispatcher passes.
+    pub interval: Duration,
+    /// A claimed delivery not recorded within this time (a crashed dispatcher) is sent again.
+    pub lease: Duration,
+}
+
+pub const DEFAULT_BLOCKED_CIDRS: &str =
+    "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.0/8,169.254.0.0/16,::1/128,fc00::/7";
+
+/// Parses `a.b.c.d/n,...` (an empty string blocks nothing).
+pub fn parse_cidrs(s: &str) -> Vec<(std::net::IpAddr, u8)> {
+    s.split(',')
+        .filter_map(|c| {
+            let (ip, bits) = c.trim().split_once('/')?;
+            Some((ip.parse().ok()?, bits.parse().ok()?))
+        })
+        .collect()
+}
+
+impl WebhookConfig {
+    fn from_env(pepper: &str) -> WebhookConfig {
+        use base64::Engine;
+        use sha2::Digest;
+        let key = env("CYCLES_WEBHOOK_ENCRYPTION_KEY")
+            .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok())
+            .and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok());
+        let encryption_key = key.unwrap_or_else(|| {
+            tracing::warn!(
+                "CYCLES_WEBHOOK_ENCRYPTION_KEY is not set (base64 of 32 bytes); deriving one from the pepper"
+            );
+            sha2::Sha256::digest(format!("cycles-webhook-secrets|{pepper}")).into()
+        });
+        WebhookConfig {
+            encryption_key,
+            allow_http: env("CYCLES_WEBHOOK_ALLOW_HTTP").is_some_and(|v| v == "true" || v == "1"),
+            blocked_cidrs: parse_cidrs(
+                &std::env::var("CYCLES_WEBHOOK_BLOCKED_CIDRS").unwrap_or_else(|_| DEFAULT_BLOCKED_CIDRS.into()),
+            ),
+            timeout: env_ms("CYCLES_WEBHOOK_TIMEOUT_MS", 30_000),
+            interval: env_ms("CYCLES_DELIVERY_INTERVAL_MS", 250),
+            lease: env_ms("CYCLES_DELIVERY_LEASE_MS", 60_000),
+        }
+    }
 }
 
 fn env(name: &str) -> Option<String> {
@@ -56,11 +114,12 @@ impl Config {
                 .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string()),
             redis_timeout: env_ms("REDIS_TIMEOUT_MS", 2_000),
             admin_api_key: env("ADMIN_API_KEY"),
-            key_pepper,
             retention: env_ms("CYCLES_RETENTION_MS", 30 * 24 * 3_600_000),
             event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env("CYCLES_SWEEP_BATCH").and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(200),
+            webhooks: WebhookConfig::from_env(&key_pepper),
+            key_pepper,
         }
     }
 }

@@ -31,10 +31,14 @@ pub enum ErrorCode {
     KeyRevoked,
     KeyExpired,
     DuplicateResource,
+    EventNotFound,
+    WebhookNotFound,
+    WebhookUrlInvalid,
+    ReplayInProgress,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 28] = [
         Self::InvalidRequest,
         Self::UnitMismatch,
         Self::Unauthorized,
@@ -59,6 +63,10 @@ impl ErrorCode {
         Self::KeyRevoked,
         Self::KeyExpired,
         Self::DuplicateResource,
+        Self::EventNotFound,
+        Self::WebhookNotFound,
+        Self::WebhookUrlInvalid,
+        Self::ReplayInProgress,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -87,6 +95,10 @@ impl ErrorCode {
             Self::KeyRevoked => "KEY_REVOKED",
             Self::KeyExpired => "KEY_EXPIRED",
             Self::DuplicateResource => "DUPLICATE_RESOURCE",
+            Self::EventNotFound => "EVENT_NOT_FOUND",
+            Self::WebhookNotFound => "WEBHOOK_NOT_FOUND",
+            Self::WebhookUrlInvalid => "WEBHOOK_URL_INVALID",
+            Self::ReplayInProgress => "REPLAY_IN_PROGRESS",
         }
     }
 
@@ -97,10 +109,14 @@ impl ErrorCode {
 
     pub fn status(self) -> u16 {
         match self {
-            Self::InvalidRequest | Self::UnitMismatch => 400,
+            Self::InvalidRequest | Self::UnitMismatch | Self::WebhookUrlInvalid => 400,
             Self::Unauthorized => 401,
             Self::Forbidden | Self::TenantSuspended | Self::InsufficientPermissions => 403,
-            Self::NotFound | Self::TenantNotFound | Self::BudgetNotFound => 404,
+            Self::NotFound
+            | Self::TenantNotFound
+            | Self::BudgetNotFound
+            | Self::EventNotFound
+            | Self::WebhookNotFound => 404,
             Self::ReservationExpired => 410,
             Self::LimitExceeded => 429,
             Self::InternalError => 500,

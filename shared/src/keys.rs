@@ -13,6 +13,11 @@ pub fn key_lookup(key_id: &str) -> String {
     format!("cy:keyid:{key_id}")
 }
 
+/// Global, immutable `subscription_id -> owner` lookup.
+pub fn webhook_lookup(id: &str) -> String {
+    format!("cy:whid:{id}")
+}
+
 /// Global registry of tenants (for sweeps and operator listings).
 pub const TENANT_REGISTRY: &str = "cy:tenants";
 
@@ -69,6 +74,30 @@ impl TenantKeys {
     /// Set of the tenant's API key ids (listing and the close cascade).
     pub fn api_key_index(&self) -> String {
         format!("{}:keys", self.prefix)
+    }
+    /// A webhook subscription owned by this tenant (or by `__system__`).
+    pub fn webhook(&self, id: &str) -> String {
+        format!("{}:wh:{id}", self.prefix)
+    }
+    /// Set of the subscription ids this tenant owns.
+    pub fn webhook_index(&self) -> String {
+        format!("{}:whs", self.prefix)
+    }
+    /// Stream id up to which this tenant's events were matched against subscriptions.
+    pub fn dispatch_cursor(&self) -> String {
+        format!("{}:whcursor", self.prefix)
+    }
+    /// A delivery of one of this owner's subscriptions.
+    pub fn delivery(&self, id: &str) -> String {
+        format!("{}:dl:{id}", self.prefix)
+    }
+    /// Due deliveries of this owner's subscriptions (score: when they are due).
+    pub fn delivery_queue(&self) -> String {
+        format!("{}:dq", self.prefix)
+    }
+    /// Deliveries of one subscription (score: created ms), for listing.
+    pub fn subscription_deliveries(&self, id: &str) -> String {
+        format!("{}:wdl:{id}", self.prefix)
     }
     pub fn budget(&self, scope: &str, unit: Unit) -> String {
         self.budget_by_code(&budget_code(scope, unit))

@@ -44,6 +44,34 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
     .await
 }
 
+/// The scheduled webhook dispatcher: passes every `CYCLES_DELIVERY_INTERVAL_MS` until shortly
+/// before the invocation's deadline. Overlapping invocations are safe (leased claims).
+pub async fn run_delivery() -> Result<(), lambda_http::Error> {
+    use lambda_http::lambda_runtime::{self, LambdaEvent};
+    crate::init_tracing(true);
+    let config = crate::config::Config::from_env(None);
+    let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
+    let dispatcher = Arc::new(crate::webhooks::Dispatcher::new(store, config.webhooks.clone()));
+    lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
+        let dispatcher = dispatcher.clone();
+        async move {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+            let left = Duration::from_millis(event.context.deadline.saturating_sub(now)).saturating_sub(MARGIN);
+            let deadline = std::time::Instant::now() + left;
+            let total = dispatcher.run_loop(dispatcher.config.interval, Some(deadline)).await;
+            tracing::info!(
+                created = total.deliveries_created,
+                delivered = total.delivered,
+                retrying = total.retrying,
+                failed = total.failed,
+                "delivery invocation done"
+            );
+            Ok::<_, lambda_http::Error>(serde_json::to_value(total)?)
+        }
+    }))
+    .await
+}
+
 const MARGIN: Duration = Duration::from_secs(5);
 
 /// Path parameters come from API Gateway when it provides them; otherwise (e.g. under

@@ -15,6 +15,7 @@ pub mod maintenance;
 pub mod model;
 pub mod provision;
 pub mod store;
+pub mod webhooks;
 
 pub use api::{ApiRequest, ApiResponse, App, Operation};
 

@@ -105,6 +105,8 @@ async fn run(args: Args) -> Result<(), String> {
     if args.seed_demo {
         seed_demo(&app, &base, &admin_base).await?;
     }
+    let dispatcher = crate::webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone());
+    tokio::spawn(async move { dispatcher.run_loop(dispatcher.config.interval, None).await });
     let sweeper = app.clone();
     tokio::spawn(async move {
         let opts = sweeper.config.sweep_options();

@@ -198,6 +198,14 @@ pub mod scripts {
         LazyLock::new(|| with_lib(include_str!("../../lua/budget_update.lua")));
     pub static BUDGET_FUND: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/budget_fund.lua")));
     pub static READ_HASHES: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/read_hashes.lua")));
+    pub static WEBHOOK_WRITE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/webhook_write.lua")));
+    pub static DELIVERY_ENQUEUE: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/delivery_enqueue.lua")));
+    pub static DELIVERY_CLAIM: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/delivery_claim.lua")));
+    pub static DELIVERY_RECORD: LazyLock<Script> =
+        LazyLock::new(|| with_lib(include_str!("../../lua/delivery_record.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 }

@@ -20,7 +20,11 @@ use serde_json::Value;
 
 pub use serde_json::json;
 
+pub mod receiver;
+
 pub struct Harness {
+    /// The webhook dispatcher, driven explicitly by the tests (`deliver`).
+    pub dispatcher: Arc<cycles_shared::webhooks::Dispatcher>,
     /// The runtime plane.
     pub base: String,
     /// The operator plane (tenants, keys, budgets, admin balances).
@@ -195,7 +199,13 @@ impl Harness {
         config.admin_api_key = Some(ADMIN_KEY.to_string());
         config.key_pepper = DEV_PEPPER.to_string();
         config.redis_timeout = Duration::from_secs(5);
+        // webhook receivers are local http servers; attempts time out fast, leases end fast
+        config.webhooks.allow_http = true;
+        config.webhooks.blocked_cidrs.clear();
+        config.webhooks.timeout = Duration::from_millis(1500);
+        config.webhooks.lease = Duration::from_millis(500);
         let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
+        let webhooks = config.webhooks.clone();
         let app = Arc::new(App::new(store.clone(), config));
         let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind gateway");
         let admin_listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind admin gateway");
@@ -204,7 +214,9 @@ impl Harness {
         tokio::spawn(local::serve(app.clone(), listener, Plane::Runtime));
         tokio::spawn(local::serve(app, admin_listener, Plane::Admin));
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+        let dispatcher = Arc::new(cycles_shared::webhooks::Dispatcher::new(store.clone(), webhooks));
         Harness {
+            dispatcher,
             base,
             admin_base,
             store,
@@ -291,6 +303,12 @@ impl Harness {
             let scope = b.scope.to_ascii_lowercase();
             self.set_budget(&b.tenant_id, &scope, b.unit, &[("caps", &caps.to_string())]).await;
         }
+    }
+
+    /// One dispatcher pass over the given tenants (and the system-wide subscriptions).
+    pub async fn deliver(&self, tenants: &[&str]) -> cycles_shared::webhooks::DeliveryReport {
+        let tenants: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        self.dispatcher.pass_tenants(&tenants).await.expect("dispatcher pass")
     }
 
     /// Every event in a tenant's stream, oldest first.

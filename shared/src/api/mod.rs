@@ -6,9 +6,11 @@ pub mod api_keys;
 pub mod auth;
 mod balances;
 pub mod budgets;
+pub mod events;
 mod list;
 mod reservations;
 pub mod tenants;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -90,6 +92,24 @@ pub enum Operation {
     FundBudget,
     IntrospectAuth,
     GetAdminBalances,
+    ListEvents,
+    GetEvent,
+    ListTenantEvents,
+    CreateWebhook,
+    ListWebhooks,
+    GetWebhook,
+    UpdateWebhook,
+    DeleteWebhook,
+    TestWebhook,
+    ListWebhookDeliveries,
+    ReplayEvents,
+    CreateTenantWebhook,
+    ListTenantWebhooks,
+    GetTenantWebhook,
+    UpdateTenantWebhook,
+    DeleteTenantWebhook,
+    TestTenantWebhook,
+    ListTenantWebhookDeliveries,
 }
 
 impl Operation {
@@ -124,6 +144,24 @@ impl Operation {
             Self::FundBudget => "fund-budget",
             Self::IntrospectAuth => "introspect-auth",
             Self::GetAdminBalances => "get-admin-balances",
+            Self::ListEvents => "list-events",
+            Self::GetEvent => "get-event",
+            Self::ListTenantEvents => "list-tenant-events",
+            Self::CreateWebhook => "create-webhook",
+            Self::ListWebhooks => "list-webhooks",
+            Self::GetWebhook => "get-webhook",
+            Self::UpdateWebhook => "update-webhook",
+            Self::DeleteWebhook => "delete-webhook",
+            Self::TestWebhook => "test-webhook",
+            Self::ListWebhookDeliveries => "list-webhook-deliveries",
+            Self::ReplayEvents => "replay-events",
+            Self::CreateTenantWebhook => "create-tenant-webhook",
+            Self::ListTenantWebhooks => "list-tenant-webhooks",
+            Self::GetTenantWebhook => "get-tenant-webhook",
+            Self::UpdateTenantWebhook => "update-tenant-webhook",
+            Self::DeleteTenantWebhook => "delete-tenant-webhook",
+            Self::TestTenantWebhook => "test-tenant-webhook",
+            Self::ListTenantWebhookDeliveries => "list-tenant-webhook-deliveries",
         }
     }
 }
@@ -152,7 +190,7 @@ const fn admin(method: Method, template: &'static str, op: Operation) -> Route {
 }
 
 /// The single source of truth for plane + method + path -> operation.
-pub static ROUTES: [Route; 28] = [
+pub static ROUTES: [Route; 46] = [
     // Operational routes (outside /v1: not part of the protocol).
     runtime(Method::GET, "/health/live", Operation::Liveness),
     runtime(Method::GET, "/health/ready", Operation::Readiness),
@@ -182,6 +220,24 @@ pub static ROUTES: [Route; 28] = [
     admin(Method::POST, "/v1/admin/budgets/fund", Operation::FundBudget),
     admin(Method::GET, "/v1/auth/introspect", Operation::IntrospectAuth),
     admin(Method::GET, "/v1/balances", Operation::GetAdminBalances),
+    admin(Method::GET, "/v1/admin/events", Operation::ListEvents),
+    admin(Method::GET, "/v1/admin/events/{event_id}", Operation::GetEvent),
+    admin(Method::GET, "/v1/events", Operation::ListTenantEvents),
+    admin(Method::POST, "/v1/admin/webhooks", Operation::CreateWebhook),
+    admin(Method::GET, "/v1/admin/webhooks", Operation::ListWebhooks),
+    admin(Method::GET, "/v1/admin/webhooks/{subscription_id}", Operation::GetWebhook),
+    admin(Method::PATCH, "/v1/admin/webhooks/{subscription_id}", Operation::UpdateWebhook),
+    admin(Method::DELETE, "/v1/admin/webhooks/{subscription_id}", Operation::DeleteWebhook),
+    admin(Method::POST, "/v1/admin/webhooks/{subscription_id}/test", Operation::TestWebhook),
+    admin(Method::GET, "/v1/admin/webhooks/{subscription_id}/deliveries", Operation::ListWebhookDeliveries),
+    admin(Method::POST, "/v1/admin/webhooks/{subscription_id}/replay", Operation::ReplayEvents),
+    admin(Method::POST, "/v1/webhooks", Operation::CreateTenantWebhook),
+    admin(Method::GET, "/v1/webhooks", Operation::ListTenantWebhooks),
+    admin(Method::GET, "/v1/webhooks/{subscription_id}", Operation::GetTenantWebhook),
+    admin(Method::PATCH, "/v1/webhooks/{subscription_id}", Operation::UpdateTenantWebhook),
+    admin(Method::DELETE, "/v1/webhooks/{subscription_id}", Operation::DeleteTenantWebhook),
+    admin(Method::POST, "/v1/webhooks/{subscription_id}/test", Operation::TestTenantWebhook),
+    admin(Method::GET, "/v1/webhooks/{subscription_id}/deliveries", Operation::ListTenantWebhookDeliveries),
 ];
 
 pub type Params = HashMap<String, String>;
@@ -299,6 +355,24 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
         Operation::FundBudget => budgets::fund(app, &mut ctx, &req).await,
         Operation::IntrospectAuth => admin::introspect(app, &mut ctx, &req).await,
         Operation::GetAdminBalances => budgets::balances(app, &mut ctx, &req).await,
+        Operation::ListEvents => events::admin_list(app, &mut ctx, &req).await,
+        Operation::GetEvent => events::admin_get(app, &mut ctx, &req, &params).await,
+        Operation::ListTenantEvents => events::tenant_list(app, &mut ctx, &req).await,
+        Operation::CreateWebhook => webhooks::admin_create(app, &mut ctx, &req).await,
+        Operation::ListWebhooks => webhooks::admin_list(app, &mut ctx, &req).await,
+        Operation::GetWebhook => webhooks::admin_get(app, &mut ctx, &req, &params).await,
+        Operation::UpdateWebhook => webhooks::admin_update(app, &mut ctx, &req, &params).await,
+        Operation::DeleteWebhook => webhooks::admin_delete(app, &mut ctx, &req, &params).await,
+        Operation::TestWebhook => webhooks::admin_test(app, &mut ctx, &req, &params).await,
+        Operation::ListWebhookDeliveries => webhooks::admin_deliveries(app, &mut ctx, &req, &params).await,
+        Operation::ReplayEvents => webhooks::admin_replay(app, &mut ctx, &req, &params).await,
+        Operation::CreateTenantWebhook => webhooks::tenant_create(app, &mut ctx, &req).await,
+        Operation::ListTenantWebhooks => webhooks::tenant_list(app, &mut ctx, &req).await,
+        Operation::GetTenantWebhook => webhooks::tenant_get(app, &mut ctx, &req, &params).await,
+        Operation::UpdateTenantWebhook => webhooks::tenant_update(app, &mut ctx, &req, &params).await,
+        Operation::DeleteTenantWebhook => webhooks::tenant_delete(app, &mut ctx, &req, &params).await,
+        Operation::TestTenantWebhook => webhooks::tenant_test(app, &mut ctx, &req, &params).await,
+        Operation::ListTenantWebhookDeliveries => webhooks::tenant_deliveries(app, &mut ctx, &req, &params).await,
     };
     respond(&ctx, outcome)
 }

@@ -338,11 +338,14 @@ pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, 
             })
             .map(|(scope, unit)| keys.budget(&scope, unit))
             .collect();
+        let subscriptions: Vec<String> = conn.smembers(keys.webhook_index()).await?;
         args.push(budgets.len().to_string());
         args.push(retention.as_millis().to_string());
+        args.push(key_ids.len().to_string());
         args.extend(rids.iter().cloned());
         script_keys.extend(budgets);
         script_keys.extend(key_ids.iter().map(|k| keys.api_key(k)));
+        script_keys.extend(subscriptions.iter().map(|w| keys.webhook(w)));
         let reply = store.run(&scripts::TENANT_CASCADE, &script_keys, &args).await?;
         if reply.status == "DONE" {
             break;

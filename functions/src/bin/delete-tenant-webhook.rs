@@ -1,0 +1,6 @@
+//! Lambda function: DeleteTenantWebhook.
+
+#[tokio::main]
+async fn main() -> Result<(), cycles_shared::lambda::Error> {
+    cycles_shared::lambda::run(cycles_shared::Operation::DeleteTenantWebhook).await
+}

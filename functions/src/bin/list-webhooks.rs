@@ -1,0 +1,6 @@
+//! Lambda function: ListWebhooks.
+
+#[tokio::main]
+async fn main() -> Result<(), cycles_shared::lambda::Error> {
+    cycles_shared::lambda::run(cycles_shared::Operation::ListWebhooks).await
+}

@@ -1,0 +1,698 @@
+//! Webhook subscriptions over HTTP: admin CRUD (`/v1/admin/webhooks`), tenant self-service
+//! (`/v1/webhooks`), the `/test` probe, delivery listings and replay. Both subscription
+//! invariants are checked on the resulting state of every write.
+
+use std::collections::BTreeMap;
+
+use redis::AsyncCommands;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::admin::*;
+use super::events::{tenant_events, CATEGORIES, EVENT_TYPES, SYSTEM_TENANT};
+use super::{Answer, ApiRequest, App, Ctx, Params};
+use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::keys::{self, TenantKeys};
+use crate::model::parse_json;
+use crate::provision::validate_tenant_id;
+use crate::store::scripts;
+use crate::webhooks::{self, check_invariants, check_url, encrypt, RetryPolicy, Subscription};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhookCreateRequest {
+    url: String,
+    event_types: Vec<String>,
+    #[serde(default)]
+    event_categories: Option<Vec<String>>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    scope_filter: Option<String>,
+    #[serde(default)]
+    thresholds: Option<Map<String, Value>>,
+    #[serde(default)]
+    signing_secret: Option<String>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    retry_policy: Option<RetryPolicy>,
+    #[serde(default)]
+    disable_after_failures: Option<i64>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhookUpdateRequest {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    event_types: Option<Vec<String>>,
+    #[serde(default)]
+    event_categories: Option<Vec<String>>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    scope_filter: Option<String>,
+    #[serde(default)]
+    thresholds: Option<Map<String, Value>>,
+    #[serde(default)]
+    signing_secret: Option<String>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    retry_policy: Option<RetryPolicy>,
+    #[serde(default)]
+    disable_after_failures: Option<i64>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    #[serde(default)]
+    from: Option<String>,
+    #[serde(default)]
+    to: Option<String>,
+    #[serde(default)]
+    event_types: Option<Vec<String>>,
+    #[serde(default)]
+    max_events: Option<i64>,
+}
+
+const RESERVED_HEADERS: [&str; 5] = ["content-type", "user-agent", "traceparent", "host", "content-length"];
+
+fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::WebhookNotFound, "Webhook subscription not found")
+}
+
+fn check_lists(types: &[String], categories: &[String]) -> ApiResult<()> {
+    if let Some(t) = types.iter().find(|t| !EVENT_TYPES.contains(&t.as_str())) {
+        return Err(ApiError::invalid(format!("event_types: {t:?} is not a known EventType")));
+    }
+    if let Some(c) = categories.iter().find(|c| !CATEGORIES.contains(&c.as_str())) {
+        return Err(ApiError::invalid(format!("event_categories: {c:?} is not a known EventCategory")));
+    }
+    Ok(())
+}
+
+fn check_texts(name: Option<&str>, description: Option<&str>) -> ApiResult<()> {
+    if name.is_some_and(|n| n.chars().count() > 256) {
+        return Err(ApiError::invalid("name must be at most 256 characters"));
+    }
+    if description.is_some_and(|d| d.chars().count() > 1024) {
+        return Err(ApiError::invalid("description must be at most 1024 characters"));
+    }
+    Ok(())
+}
+
+/// Custom headers: never ours to override; values encrypted at rest.
+fn sealed_headers(app: &App, headers: &BTreeMap<String, String>) -> ApiResult<String> {
+    let mut out = Map::new();
+    for (name, value) in headers {
+        let lower = name.to_ascii_lowercase();
+        if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("x-cycles-") {
+            return Err(ApiError::invalid(format!("headers: {name} cannot be overridden")));
+        }
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() || http::HeaderValue::from_str(value).is_err() {
+            return Err(ApiError::invalid(format!("headers: {name} is not a valid header")));
+        }
+        out.insert(name.clone(), json!(encrypt(&app.config.webhooks.encryption_key, value)));
+    }
+    Ok(Value::Object(out).to_string())
+}
+
+fn check_disable_after(v: Option<i64>) -> ApiResult<()> {
+    if v.is_some_and(|v| v < 1) {
+        return Err(ApiError::invalid("disable_after_failures must be >= 1"));
+    }
+    Ok(())
+}
+
+/// The wire `WebhookSubscription`: no secret, header values masked.
+pub fn subscription_json(r: &Record) -> Value {
+    let mut w = json!({
+        "subscription_id": field(r, "subscription_id").unwrap_or_default(),
+        "tenant_id": field(r, "tenant_id").unwrap_or(SYSTEM_TENANT),
+        "url": field(r, "url").unwrap_or_default(),
+        "event_types": json_field(r, "event_types").unwrap_or(json!([])),
+        "status": field(r, "status").unwrap_or("ACTIVE"),
+        "retry_policy": json_field(r, "retry_policy").unwrap_or_else(|| json!(RetryPolicy::default())),
+        "disable_after_failures": int_field(r, "disable_after_failures").unwrap_or(10),
+        "consecutive_failures": int_field(r, "consecutive_failures").unwrap_or(0),
+        "created_at": time_field(r, "created_at").unwrap_or_else(|| format_rfc3339_ms(0)),
+    });
+    for name in ["name", "description", "scope_filter"] {
+        if let Some(v) = field(r, name) {
+            w[name] = json!(v);
+        }
+    }
+    for name in ["event_categories", "thresholds", "metadata"] {
+        if let Some(v) = json_field(r, name) {
+            w[name] = v;
+        }
+    }
+    if let Some(Value::Object(h)) = json_field(r, "headers") {
+        w["headers"] = Value::Object(h.keys().map(|k| (k.clone(), json!("********"))).collect());
+    }
+    for name in ["updated_at", "last_triggered_at", "last_success_at", "last_failure_at"] {
+        if let Some(ts) = time_field(r, name) {
+            w[name] = json!(ts);
+        }
+    }
+    w
+}
+
+/// Runs `webhook_write.lua` for one subscription of `owner`.
+async fn write(
+    app: &App,
+    context: String,
+    owner: &str,
+    id: &str,
+    mode: &str,
+    fields: Value,
+    expected: &str,
+) -> ApiResult<crate::store::Reply> {
+    let keys = TenantKeys::new(owner);
+    let script_keys = [keys.tenant(), keys.webhook(id), keys.webhook_index(), keys.events(), keys.audit_log()];
+    let args = [context, mode.to_string(), fields.to_string(), expected.to_string(), owner.to_string(), id.to_string()];
+    app.store.run(&scripts::WEBHOOK_WRITE, &script_keys, &args).await
+}
+
+async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req: &ApiRequest) -> ApiResult<Answer> {
+    let (r, _) = parse_json::<WebhookCreateRequest>(&req.body)?;
+    if r.event_types.is_empty() {
+        return Err(ApiError::invalid("event_types must list at least one event type"));
+    }
+    let categories = r.event_categories.clone().unwrap_or_default();
+    check_lists(&r.event_types, &categories)?;
+    check_invariants(owner, &r.event_types, &categories)?;
+    check_texts(r.name.as_deref(), r.description.as_deref())?;
+    check_disable_after(r.disable_after_failures)?;
+    let retry = r.retry_policy.unwrap_or_default();
+    retry.validate()?;
+    check_url(&app.config.webhooks, &r.url).await?;
+    let id = format!("whsub_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let secret = r.signing_secret.clone().unwrap_or_else(|| {
+        use base64::Engine;
+        let mut b = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
+        format!("whsec_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b))
+    });
+    let mut f = json!({
+        "subscription_id": id,
+        "tenant_id": owner,
+        "url": r.url,
+        "event_types": json!(r.event_types).to_string(),
+        "retry_policy": json!(retry).to_string(),
+        "disable_after_failures": r.disable_after_failures.unwrap_or(10).to_string(),
+        "secret": encrypt(&app.config.webhooks.encryption_key, &secret),
+    });
+    if let Some(c) = &r.event_categories {
+        f["event_categories"] = json!(json!(c).to_string());
+    }
+    for (name, v) in [("name", &r.name), ("description", &r.description), ("scope_filter", &r.scope_filter)] {
+        if let Some(v) = v {
+            f[name] = json!(v);
+        }
+    }
+    for (name, v) in [("thresholds", &r.thresholds), ("metadata", &r.metadata)] {
+        if let Some(v) = v {
+            f[name] = json!(Value::Object(v.clone()).to_string());
+        }
+    }
+    if let Some(h) = &r.headers {
+        f["headers"] = json!(sealed_headers(app, h)?);
+    }
+    let _: () = app.store.conn().set(keys::webhook_lookup(&id), owner).await?;
+    let on_behalf = matches!(caller, Caller::Admin) && owner != SYSTEM_TENANT && req.path.starts_with("/v1/webhooks");
+    let reply = write(app, script_context(ctx, caller, on_behalf, None), owner, &id, "create", f, "").await?;
+    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+    Ok(Answer::json(201, &json!({"subscription": subscription_json(&record), "signing_secret": secret})))
+}
+
+/// The owner and stored record of a subscription id; `tenant` limits it to one tenant (404
+/// for any other, so existence does not leak).
+async fn resolve(app: &App, id: &str, tenant: Option<&str>) -> ApiResult<(String, Record)> {
+    let owner: Option<String> = app.store.conn().get(keys::webhook_lookup(id)).await?;
+    let owner = owner.ok_or_else(not_found)?;
+    if tenant.is_some_and(|t| t != owner) {
+        return Err(not_found());
+    }
+    let record: Record = app.store.conn().hgetall(TenantKeys::new(&owner).webhook(id)).await?;
+    if record.is_empty() {
+        return Err(not_found());
+    }
+    Ok((owner, record))
+}
+
+async fn update_for(
+    app: &App,
+    ctx: &mut Ctx,
+    caller: &Caller,
+    tenant: Option<&str>,
+    id: &str,
+    req: &ApiRequest,
+) -> ApiResult<Answer> {
+    let (r, _) = parse_json::<WebhookUpdateRequest>(&req.body)?;
+    if let Some(s) = &r.status {
+        if s != "ACTIVE" && s != "PAUSED" {
+            return Err(ApiError::invalid("status must be ACTIVE or PAUSED (DISABLED is set by the system only)"));
+        }
+    }
+    check_texts(r.name.as_deref(), r.description.as_deref())?;
+    check_disable_after(r.disable_after_failures)?;
+    if let Some(p) = &r.retry_policy {
+        p.validate()?;
+    }
+    for attempt in 0..3 {
+        let (owner, stored) = resolve(app, id, tenant).await?;
+        let current = Subscription::from_record(stored.clone());
+        let types = r.event_types.clone().unwrap_or(current.event_types.clone());
+        let categories = r.event_categories.clone().unwrap_or(current.event_categories.clone());
+        check_lists(&types, &categories)?;
+        check_invariants(&owner, &types, &categories)?;
+        if let Some(url) = &r.url {
+            check_url(&app.config.webhooks, url).await?;
+        }
+        let mut patch = Map::new();
+        if let Some(u) = &r.url {
+            patch.insert("url".into(), json!(u));
+        }
+        if let Some(t) = &r.event_types {
+            patch.insert("event_types".into(), json!(json!(t).to_string()));
+        }
+        if let Some(c) = &r.event_categories {
+            patch.insert("event_categories".into(), json!(json!(c).to_string()));
+        }
+        for (name, v) in [
+            ("name", &r.name),
+            ("description", &r.description),
+            ("scope_filter", &r.scope_filter),
+            ("status", &r.status),
+        ] {
+            if let Some(v) = v {
+                patch.insert(name.into(), json!(v));
+            }
+        }
+        for (name, v) in [("thresholds", &r.thresholds), ("metadata", &r.metadata)] {
+            if let Some(v) = v {
+                patch.insert(name.into(), json!(Value::Object(v.clone()).to_string()));
+            }
+        }
+        if let Some(p) = &r.retry_policy {
+            patch.insert("retry_policy".into(), json!(json!(p).to_string()));
+        }
+        if let Some(d) = r.disable_after_failures {
+            patch.insert("disable_after_failures".into(), json!(d.to_string()));
+        }
+        if let Some(h) = &r.headers {
+            patch.insert("headers".into(), json!(sealed_headers(app, h)?));
+        }
+        if let Some(s) = &r.signing_secret {
+            patch.insert("secret".into(), json!(encrypt(&app.config.webhooks.encryption_key, s)));
+        }
+        let expected = field(&stored, "updated_at_ms").unwrap_or_default().to_string();
+        let on_behalf = matches!(caller, Caller::Admin) && tenant.is_none() && req.path.starts_with("/v1/webhooks");
+        let context = script_context(ctx, caller, on_behalf, None);
+        match write(app, context, &owner, id, "update", Value::Object(patch), &expected).await {
+            Ok(reply) => {
+                let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+                return Ok(Answer::json(200, &subscription_json(&record)));
+            }
+            Err(e) if e.message.starts_with("The subscription changed meanwhile") && attempt < 2 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal("The subscription kept changing; retry"))
+}
+
+async fn delete_for(app: &App, ctx: &mut Ctx, caller: &Caller, tenant: Option<&str>, id: &str) -> ApiResult<Answer> {
+    let (owner, _) = resolve(app, id, tenant).await?;
+    write(app, script_context(ctx, caller, false, None), &owner, id, "delete", json!({}), "").await?;
+    Ok(Answer { status: 204, body: vec![] })
+}
+
+/// The `/test` probe: a synthetic `system.webhook_test` event sent now, never queued; one
+/// finished delivery row records it. It never counts as a failure.
+async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> ApiResult<Answer> {
+    let (owner, record) = resolve(app, id, tenant).await?;
+    if owner != SYSTEM_TENANT {
+        let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
+        if status.as_deref() == Some("CLOSED") {
+            return Err(ApiError::new(ErrorCode::TenantClosed, "Tenant is closed"));
+        }
+    }
+    let sub = Subscription::from_record(record);
+    let event_id = format!("evt_test_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let event = json!({
+        "event_id": event_id, "event_type": "system.webhook_test", "category": "system",
+        "timestamp": format_rfc3339_ms(crate::maintenance::now_ms()), "tenant_id": owner,
+        "actor": {"type": "admin"}, "source": "cycles-admin",
+        "data": {"subscription_id": id, "test": true},
+        "request_id": ctx.request_id, "trace_id": ctx.trace.trace_id,
+    });
+    if let Err(e) = check_url(&app.config.webhooks, &sub.url).await {
+        return Ok(Answer::json(200, &json!({"success": false, "error_message": e.message, "event_id": event_id})));
+    }
+    let dispatcher = webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone());
+    let attempt = dispatcher.post(&sub.url, &event, &sub.record).await;
+    let success = attempt.error.is_none();
+    let mut body = json!({"success": success, "response_time_ms": attempt.ms, "event_id": event_id});
+    if attempt.status > 0 {
+        body["response_status"] = json!(attempt.status);
+    }
+    if let Some(e) = &attempt.error {
+        body["error_message"] = json!(e);
+    }
+    Ok(Answer::json(200, &body))
+}
+
+/// Deliveries of one subscription, newest first.
+async fn deliveries_for(app: &App, tenant: Option<&str>, id: &str, req: &ApiRequest) -> ApiResult<Answer> {
+    let (owner, _) = resolve(app, id, tenant).await?;
+    let q = ListQuery::parse(req, &["attempted_at"])?;
+    if q.get("status").is_some_and(|s| !["PENDING", "SUCCESS", "FAILED", "RETRYING"].contains(&s)) {
+        return Err(ApiError::invalid("status must be PENDING, SUCCESS, FAILED or RETRYING"));
+    }
+    let time = |name: &str| -> ApiResult<Option<i64>> {
+        q.get(name)
+            .map(|v| {
+                parse_rfc3339_ms(v).ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
+            })
+            .transpose()
+    };
+    let (from, to) = (time("from")?, time("to")?);
+    let keys = TenantKeys::new(&owner);
+    let ids: Vec<String> = app.store.conn().zrevrange(keys.subscription_deliveries(id), 0, 9_999).await?;
+    let records = webhooks::read_deliveries(app, &owner, &ids).await?;
+    let rows = records
+        .into_iter()
+        .filter(|r| {
+            let at = int_field(r, "attempted_at_ms").unwrap_or(0);
+            q.get("status").is_none_or(|s| field(r, "status") == Some(s))
+                && from.is_none_or(|f| at >= f)
+                && to.is_none_or(|t| at <= t)
+        })
+        .map(|r| {
+            (
+                sort_int(int_field(&r, "attempted_at_ms").unwrap_or(0)),
+                field(&r, "delivery_id").unwrap_or_default().to_string(),
+                webhooks::delivery_json(&r),
+            )
+        })
+        .collect();
+    let (items, next) = q.page(rows);
+    Ok(Answer::json(200, &list_body("deliveries", items, next)))
+}
+
+/// Lists subscriptions of the given owners.
+async fn list_for(app: &App, owners: Vec<String>, req: &ApiRequest) -> ApiResult<Answer> {
+    let q = ListQuery::parse(req, &["consecutive_failures", "url", "tenant_id", "status"])?;
+    if q.get("status").is_some_and(|s| !["ACTIVE", "PAUSED", "DISABLED"].contains(&s)) {
+        return Err(ApiError::invalid("status must be ACTIVE, PAUSED or DISABLED"));
+    }
+    let mut rows = vec![];
+    for owner in owners {
+        for sub in webhooks::subscriptions(&app.store, &owner).await? {
+            let w = subscription_json(&sub.record);
+            if q.get("status").is_some_and(|s| sub.status != s)
+                || q.get("event_type").is_some_and(|t| !sub.event_types.iter().any(|x| x == t))
+                || !q.matches_search(&[&sub.id, &sub.url])
+            {
+                continue;
+            }
+            let key = match q.sort_by.as_str() {
+                "url" => sub.url.clone(),
+                "tenant_id" => sub.owner.clone(),
+                "status" => sub.status.clone(),
+                _ => sort_int(int_field(&sub.record, "consecutive_failures").unwrap_or(0)),
+            };
+            rows.push((key, sub.id.clone(), w));
+        }
+    }
+    let (items, next) = q.page(rows);
+    Ok(Answer::json(200, &list_body("subscriptions", items, next)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin routes
+
+pub async fn admin_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let q = super::parse_query(&req.query)?;
+    let owner = match q.get("tenant_id").filter(|t| !t.is_empty()) {
+        None => SYSTEM_TENANT.to_string(),
+        Some(t) if t == SYSTEM_TENANT => t.clone(),
+        Some(t) => {
+            let status: Option<String> = app.store.conn().hget(TenantKeys::new(t).tenant(), "status").await?;
+            if validate_tenant_id(t).is_err() || status.is_none() {
+                return Err(ApiError::new(ErrorCode::TenantNotFound, "Tenant not found"));
+            }
+            t.clone()
+        }
+    };
+    ctx.tenant = Some(owner.clone());
+    create_for(app, ctx, &Caller::Admin, &owner, req).await
+}
+
+pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let q = super::parse_query(&req.query)?;
+    let owners = match q.get("tenant_id").filter(|t| !t.is_empty()) {
+        Some(t) => vec![t.clone()],
+        None => {
+            let mut all: Vec<String> = app.store.conn().smembers(keys::TENANT_REGISTRY).await?;
+            all.push(SYSTEM_TENANT.to_string());
+            all
+        }
+    };
+    list_for(app, owners, req).await
+}
+
+pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let (_, record) = resolve(app, &params["subscription_id"], None).await?;
+    Ok(Answer::json(200, &subscription_json(&record)))
+}
+
+pub async fn admin_update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    update_for(app, ctx, &Caller::Admin, None, &params["subscription_id"], req).await
+}
+
+pub async fn admin_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    delete_for(app, ctx, &Caller::Admin, None, &params["subscription_id"]).await
+}
+
+pub async fn admin_test(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    test_for(app, ctx, None, &params["subscription_id"]).await
+}
+
+pub async fn admin_deliveries(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    deliveries_for(app, None, &params["subscription_id"], req).await
+}
+
+/// Replay: every deliverable event of the window becomes a new delivery, or 400 and nothing.
+pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    if req.body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid("a JSON body is required ({} replays everything the subscription selects)"));
+    }
+    let (r, _) = parse_json::<ReplayRequest>(&req.body)?;
+    let max = r.max_events.unwrap_or(100);
+    if !(1..=1000).contains(&max) {
+        return Err(ApiError::invalid("max_events must be from 1 to 1000"));
+    }
+    let time = |name: &str, v: &Option<String>| -> ApiResult<Option<i64>> {
+        v.as_ref()
+            .map(|s| {
+                parse_rfc3339_ms(s).ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
+            })
+            .transpose()
+    };
+    let (from, to) = (time("from", &r.from)?, time("to", &r.to)?);
+    let types = r.event_types.clone().unwrap_or_default();
+    check_lists(&types, &[])?;
+    let id = params["subscription_id"].clone();
+    let (owner, record) = resolve(app, &id, None).await?;
+    if owner != SYSTEM_TENANT {
+        let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
+        if status.as_deref() == Some("CLOSED") {
+            return Err(ApiError::new(ErrorCode::TenantClosed, "Tenant is closed"));
+        }
+    }
+    let sub = Subscription::from_record(record);
+    let replay_id = format!("replay_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    if sub.status != "ACTIVE" {
+        return Ok(Answer::json(
+            202,
+            &json!({"replay_id": replay_id, "events_queued": 0, "estimated_completion_seconds": 0}),
+        ));
+    }
+    let lock = format!("{}:replay", TenantKeys::new(&owner).webhook(&id));
+    let locked: bool = redis::cmd("SET")
+        .arg(&lock)
+        .arg(&replay_id)
+        .arg("NX")
+        .arg("EX")
+        .arg(3600)
+        .query_async::<Option<String>>(&mut app.store.conn())
+        .await?
+        .is_some();
+    if !locked {
+        return Err(ApiError::new(ErrorCode::ReplayInProgress, "A replay of this subscription is in progress"));
+    }
+    let outcome = replay(app, &owner, &sub, from, to, &types, max as usize).await;
+    // compare-and-delete: only our own lock
+    let held: Option<String> = app.store.conn().get(&lock).await?;
+    if held.as_deref() == Some(replay_id.as_str()) {
+        let _: () = app.store.conn().del(&lock).await?;
+    }
+    let queued = outcome?;
+    let estimate = if queued == 0 { 0 } else { (queued / 10).max(1) };
+    Ok(Answer::json(
+        202,
+        &json!({"replay_id": replay_id, "events_queued": queued, "estimated_completion_seconds": estimate}),
+    ))
+}
+
+async fn replay(
+    app: &App,
+    owner: &str,
+    sub: &Subscription,
+    from: Option<i64>,
+    to: Option<i64>,
+    types: &[String],
+    max: usize,
+) -> ApiResult<u64> {
+    let sources = if owner == SYSTEM_TENANT {
+        let mut all: Vec<String> = app.store.conn().smembers(keys::TENANT_REGISTRY).await?;
+        all.push(SYSTEM_TENANT.to_string());
+        all
+    } else {
+        vec![owner.to_string()]
+    };
+    let keep = |e: &Value| {
+        let ts = e["timestamp"].as_str().and_then(parse_rfc3339_ms).unwrap_or(0);
+        from.is_none_or(|f| ts >= f)
+            && to.is_none_or(|t| ts <= t)
+            && (types.is_empty() || types.iter().any(|t| e["event_type"] == t.as_str()))
+            && sub.selects(e)
+    };
+    let mut selected = vec![];
+    for source in sources {
+        selected.extend(tenant_events(&app.store, &source, &keep).await?);
+        if selected.len() > max {
+            return Err(ApiError::invalid(format!(
+                "the window holds more than max_events ({max}) deliverable events; narrow it or raise max_events"
+            )));
+        }
+    }
+    selected.sort_by_key(|e| e["timestamp"].as_str().unwrap_or_default().to_string());
+    let mut queued = 0;
+    for event in &selected {
+        let delivery_id = format!("del_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+        queued += webhooks::enqueue(&app.store, owner, event, &[(sub, delivery_id)]).await?;
+    }
+    Ok(queued)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenant self-service routes (`/v1/webhooks`); cross-tenant ids answer 404.
+
+/// The tenant a self-service call acts for: the key's, or (admin key) the one named in `tenant`.
+async fn self_service(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    accepted: &str,
+) -> ApiResult<(Caller, Option<String>)> {
+    let caller = dual_auth(app, ctx, req, accepted).await?;
+    let q = super::parse_query(&req.query)?;
+    let named = q.get("tenant").filter(|t| !t.is_empty()).cloned();
+    let tenant = match &caller {
+        Caller::Tenant(k) => {
+            if named.as_ref().is_some_and(|t| *t != k.tenant) {
+                return Err(ApiError::forbidden("tenant does not match the tenant of the API key"));
+            }
+            Some(k.tenant.clone())
+        }
+        Caller::Admin => named,
+    };
+    Ok((caller, tenant))
+}
+
+pub async fn tenant_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let key = tenant_auth(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    key.check_not_suspended()?;
+    let tenant = key.tenant.clone();
+    create_for(app, ctx, &Caller::Tenant(key), &tenant, req).await
+}
+
+pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let (_, tenant) = self_service(app, ctx, req, "webhooks:read,admin:read,admin:webhooks:read").await?;
+    let tenant = tenant
+        .ok_or_else(|| ApiError::invalid("tenant query parameter is required when using admin key authentication"))?;
+    list_for(app, vec![tenant], req).await
+}
+
+pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    let (caller, tenant) = self_service(app, ctx, req, "webhooks:read,admin:read,admin:webhooks:read").await?;
+    let scope = if matches!(caller, Caller::Admin) { None } else { tenant.as_deref() };
+    let (owner, record) = resolve(app, &params["subscription_id"], scope).await?;
+    if owner == SYSTEM_TENANT {
+        return Err(not_found());
+    }
+    Ok(Answer::json(200, &subscription_json(&record)))
+}
+
+pub async fn tenant_update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    let (caller, tenant) = self_service(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
+    update_for(app, ctx, &caller, Some(&scope), &params["subscription_id"], req).await
+}
+
+pub async fn tenant_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    let (caller, tenant) = self_service(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
+    delete_for(app, ctx, &caller, Some(&scope), &params["subscription_id"]).await
+}
+
+pub async fn tenant_test(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    let (caller, tenant) = self_service(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
+    test_for(app, ctx, Some(&scope), &params["subscription_id"]).await
+}
+
+pub async fn tenant_deliveries(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+    let (caller, tenant) = self_service(app, ctx, req, "webhooks:read,admin:read,admin:webhooks:read").await?;
+    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
+    deliveries_for(app, Some(&scope), &params["subscription_id"], req).await
+}
+
+/// The tenant a self-service call may touch: the key's own; under the admin key, the
+/// subscription's owner (never `__system__`, which is not reachable on these routes).
+async fn own_scope(app: &App, caller: &Caller, tenant: Option<&str>, id: &str) -> ApiResult<String> {
+    let scope = match (caller, tenant) {
+        (Caller::Tenant(_), Some(t)) => t.to_string(),
+        _ => resolve(app, id, None).await?.0,
+    };
+    if scope == SYSTEM_TENANT {
+        return Err(not_found());
+    }
+    Ok(scope)
+}
