@@ -323,6 +323,44 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
         "expiries": report.expired, "expiries_per_second": (report.expired as f64 / secs).round()})
 }
 
+/// Time from an event (a funding call returning) to its signed delivery at a local receiver,
+/// with the dispatcher looping at its default pace as in `cycles-local`.
+async fn webhook_latency(h: &Harness, o: &Opts) -> Value {
+    use cycles_tests::receiver::Receiver;
+    let t = h.funded(1_000_000).await;
+    let rx = Receiver::start().await;
+    let body = json!({"url": rx.url, "event_types": ["budget.funded"]});
+    let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", t.id), Some(&body)).await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let (dispatcher, tenant) = (h.dispatcher.clone(), vec![t.id.clone()]);
+    let interval = cycles_shared::config::Config::from_env(None).webhooks.interval;
+    let pump = tokio::spawn(async move {
+        loop {
+            let _ = dispatcher.pass_tenants(&tenant).await;
+            tokio::time::sleep(interval).await;
+        }
+    });
+    let n = (o.iterations / 5).clamp(5, 50);
+    let mut samples = Vec::with_capacity(n);
+    let path = format!("/v1/admin/budgets/fund?scope=tenant:{}&unit=TOKENS&tenant_id={}", t.id, t.id);
+    for i in 0..n {
+        let credit = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 1}});
+        assert_eq!(h.admin("POST", &path, Some(&credit)).await.status, 200);
+        let started = Instant::now();
+        while rx.received().len() <= i {
+            assert!(started.elapsed() < Duration::from_secs(10), "webhook delivery did not arrive");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        samples.push(started.elapsed().as_secs_f64() * 1000.0);
+        // de-phase the next event from the dispatcher's loop
+        tokio::time::sleep(Duration::from_millis(37)).await;
+    }
+    pump.abort();
+    let st = Stats { name: "event to webhook".into(), samples, errors: 0, wall: Duration::ZERO };
+    json!({"deliveries": n, "p50_ms": (st.pct(50.0) * 10.0).round() / 10.0, "p95_ms": (st.pct(95.0) * 10.0).round() / 10.0,
+        "dispatcher_interval_ms": interval.as_millis() as u64})
+}
+
 #[tokio::main]
 async fn main() {
     let o = opts();
@@ -541,6 +579,7 @@ async fn main() {
     }
     let mut extra = extras(&h, &o).await;
     extra["fan_out"] = fanout;
+    extra["event_to_webhook"] = webhook_latency(&h, &o).await;
     for l in &lifecycle {
         extra[l.name.as_str()] = json!({"lifecycles_per_s": l.ops().round(), "p50_ms": l.pct(50.0),
             "p95_ms": l.pct(95.0), "p99_ms": l.pct(99.0), "errors": l.errors,

@@ -274,6 +274,15 @@ pub async fn enqueue(store: &Store, owner: &str, event: &Value, subs: &[(&Subscr
     let mut script_keys = vec![keys.delivery_queue()];
     let mut args = vec![DELIVERY_RETENTION.as_millis().to_string()];
     let body = event.to_string();
+    // Due at the event's stream position (ms plus seq/1000): already due, and in event order.
+    let due = event["event_id"]
+        .as_str()
+        .and_then(crate::api::events::parse_event_id)
+        .and_then(|(_, entry)| {
+            let (ms, seq) = entry.split_once('-')?;
+            Some(format!("{}.{:03}", ms.parse::<i64>().ok()?, seq.parse::<u64>().ok()?.min(999)))
+        })
+        .unwrap_or_else(|| now_ms().to_string());
     for (sub, delivery_id) in subs {
         script_keys.push(keys.delivery(delivery_id));
         script_keys.push(keys.subscription_deliveries(&sub.id));
@@ -283,6 +292,7 @@ pub async fn enqueue(store: &Store, owner: &str, event: &Value, subs: &[(&Subscr
             "event_id": event["event_id"],
             "event_type": event["event_type"],
             "event": body,
+            "due": due,
         });
         if let Some(t) = event["trace_id"].as_str() {
             f["trace_id"] = json!(t);

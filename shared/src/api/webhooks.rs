@@ -602,7 +602,13 @@ async fn replay(
             )));
         }
     }
-    selected.sort_by_key(|e| e["timestamp"].as_str().unwrap_or_default().to_string());
+    // chronological: stream position (ms, seq), then tenant for the system-wide merge
+    selected.sort_by_key(|e| {
+        let id = e["event_id"].as_str().unwrap_or_default();
+        let (tenant, entry) = super::events::parse_event_id(id).unwrap_or_default();
+        let (ms, seq) = entry.split_once('-').unwrap_or_default();
+        (ms.parse::<i64>().unwrap_or(0), seq.parse::<i64>().unwrap_or(0), tenant.to_string())
+    });
     let mut queued = 0;
     for event in &selected {
         let delivery_id = format!("del_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
