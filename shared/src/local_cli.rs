@@ -87,6 +87,13 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut config = Config::from_env(Some(&url));
     config.redis_url = url.clone();
+    // Local development: webhook receivers are usually http://localhost unless configured.
+    if std::env::var("CYCLES_WEBHOOK_ALLOW_HTTP").is_err() {
+        config.webhooks.allow_http = true;
+    }
+    if std::env::var("CYCLES_WEBHOOK_BLOCKED_CIDRS").is_err() {
+        config.webhooks.blocked_cidrs.clear();
+    }
     if config.admin_api_key.is_none() {
         // A local-only convenience: without ADMIN_API_KEY the operator API gets a fresh key.
         let key = format!("local-admin-{}", uuid::Uuid::new_v4().simple());

@@ -104,6 +104,7 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
         }
         cursor = next;
     }
+    trim_deliveries(store, crate::api::events::SYSTEM_TENANT, &mut report).await?;
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
@@ -158,6 +159,18 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
     let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     report.trimmed_index += count(0);
     report.trimmed_events += count(1);
+    trim_deliveries(store, tenant, report).await
+}
+
+/// Drops delivery-index entries past the delivery retention (the rows expire by TTL).
+async fn trim_deliveries(store: &Store, owner: &str, report: &mut SweepReport) -> ApiResult<()> {
+    let keys = TenantKeys::new(owner);
+    let subscriptions: Vec<String> = store.conn().smembers(keys.webhook_index()).await?;
+    let horizon = now_ms() - crate::webhooks::DELIVERY_RETENTION.as_millis() as i64;
+    for id in subscriptions {
+        let n: u64 = store.conn().zrembyscore(keys.subscription_deliveries(&id), "-inf", horizon).await?;
+        report.trimmed_index += n;
+    }
     Ok(())
 }
 
