@@ -414,7 +414,13 @@ local function emit(events_key, _, event_type, tenant, scope, ctx, source, data_
     if ctx.correlation_id then json = json .. ',"correlation_id":' .. cjson.encode(ctx.correlation_id) end
   end
   json = json .. '}'
-  redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
+  -- the inbound traceparent flags travel beside the (closed) Event, for the outbound traceparent
+  local flags = ctx and ctx.trace_flags
+  if flags and flags ~= '' then
+    redis.call('XADD', events_key, entry, 'type', event_type, 'event', json, 'flags', flags)
+  else
+    redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
+  end
 end
 
 -- KEYS[first..] as a list (a script's trailing budget keys).

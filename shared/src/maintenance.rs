@@ -104,7 +104,8 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
         }
         cursor = next;
     }
-    trim_deliveries(store, crate::api::events::SYSTEM_TENANT, &mut report).await?;
+    // system events and system-wide subscriptions' deliveries age out too
+    trim_tenant(store, crate::api::events::SYSTEM_TENANT, opts, &mut report).await?;
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }

@@ -206,6 +206,7 @@ pub mod scripts {
         LazyLock::new(|| with_lib(include_str!("../../lua/delivery_claim.lua")));
     pub static DELIVERY_RECORD: LazyLock<Script> =
         LazyLock::new(|| with_lib(include_str!("../../lua/delivery_record.lua")));
+    pub static SYSTEM_EVENT: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/system_event.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 }

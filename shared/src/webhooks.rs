@@ -266,7 +266,13 @@ async fn read_records_store(store: &Store, keys: &[String]) -> ApiResult<Vec<Rec
 
 /// Creates PENDING deliveries of `event` for `subs` (all of one owner). Live dispatch passes
 /// deterministic ids so a repeated fan-out creates nothing twice; replay passes fresh ones.
-pub async fn enqueue(store: &Store, owner: &str, event: &Value, subs: &[(&Subscription, String)]) -> ApiResult<u64> {
+pub async fn enqueue(
+    store: &Store,
+    owner: &str,
+    event: &Value,
+    flags: Option<&str>,
+    subs: &[(&Subscription, String)],
+) -> ApiResult<u64> {
     if subs.is_empty() {
         return Ok(0);
     }
@@ -296,6 +302,10 @@ pub async fn enqueue(store: &Store, owner: &str, event: &Value, subs: &[(&Subscr
         });
         if let Some(t) = event["trace_id"].as_str() {
             f["trace_id"] = json!(t);
+        }
+        f["traceparent_inbound_valid"] = json!(if flags.is_some() { "true" } else { "false" });
+        if let Some(fl) = flags {
+            f["trace_flags"] = json!(fl);
         }
         args.push(f.to_string());
     }
@@ -391,6 +401,7 @@ impl Dispatcher {
                 let ts = entry.id.split('-').next().and_then(|m| m.parse::<i64>().ok()).unwrap_or(0);
                 let live = |s: &&Subscription| s.status == "ACTIVE" && s.created_at_ms <= ts && s.selects(&event);
                 let event_id = event["event_id"].as_str().unwrap_or_default();
+                let flags: Option<String> = entry.get("flags");
                 for (owner, subs) in [
                     (tenant, own.iter().filter(live).collect::<Vec<_>>()),
                     (SYSTEM_TENANT, system.iter().filter(live).collect()),
@@ -400,7 +411,8 @@ impl Dispatcher {
                     }
                     report.events_matched += 1;
                     let with_ids: Vec<_> = subs.into_iter().map(|s| (s, live_delivery_id(event_id, &s.id))).collect();
-                    report.deliveries_created += enqueue(&self.store, owner, &event, &with_ids).await?;
+                    report.deliveries_created +=
+                        enqueue(&self.store, owner, &event, flags.as_deref(), &with_ids).await?;
                 }
             }
             let _: () = conn.set(keys.dispatch_cursor(), &last).await?;
@@ -477,17 +489,18 @@ impl Dispatcher {
         if let Err(e) = check_url(&self.config, &sub.url).await {
             return Err(e.message);
         }
-        Ok(self.post(&sub.url, &event, &sub.record).await)
+        Ok(self.post(&sub.url, &event, field(delivery, "trace_flags"), &sub.record).await)
     }
 
     /// POSTs an event with the spec's headers and signature.
-    pub async fn post(&self, url: &str, event: &Value, sub: &Record) -> Attempt {
+    /// `flags`: the inbound traceparent flags of the request that caused the event (else 01).
+    pub async fn post(&self, url: &str, event: &Value, flags: Option<&str>, sub: &Record) -> Attempt {
         let body = serde_json::to_vec(event).expect("events serialize");
         let secret = field(sub, "secret").and_then(|s| decrypt(&self.config.encryption_key, s)).unwrap_or_default();
         let trace_id = event["trace_id"].as_str().map(String::from).unwrap_or_else(crate::ids::new_trace_id);
         let mut span = [0u8; 8];
         rand::thread_rng().fill_bytes(&mut span);
-        let flags = event["trace_flags"].as_str().unwrap_or("01");
+        let flags = flags.unwrap_or("01");
         let mut req = self
             .client
             .post(url)
@@ -539,6 +552,10 @@ impl Dispatcher {
             Ok(a) => ("sent", a.status, a.ms, a.error.unwrap_or_default()),
             Err(e) => ("precheck", 0, 0, e),
         };
+        let failure = json!({"component": "webhook_dispatcher", "severity": "warning",
+            "message": format!("webhook delivery failed after {attempts} attempts: {error}"),
+            "details": {"delivery_id": id, "subscription_id": sub_id, "owner": owner,
+                "event_id": field(delivery, "event_id").unwrap_or_default(), "response_status": status}});
         let args = [
             mode.to_string(),
             status.to_string(),
@@ -549,7 +566,20 @@ impl Dispatcher {
             sub.map(|s| s.disable_after).unwrap_or(10).to_string(),
             id.to_string(),
         ];
-        Ok(self.store.run(&scripts::DELIVERY_RECORD, &script_keys, &args).await?.status)
+        let outcome = self.store.run(&scripts::DELIVERY_RECORD, &script_keys, &args).await?.status;
+        if outcome == "FAILED" && mode == "sent" {
+            // A separate step (the system stream is another slot): a lost one only costs the alert.
+            let system = TenantKeys::new(SYSTEM_TENANT).events();
+            let args = [
+                "system.webhook_delivery_failed".to_string(),
+                failure.to_string(),
+                json!({"actor": "system"}).to_string(),
+            ];
+            if let Err(e) = self.store.run(&scripts::SYSTEM_EVENT, &[system], &args).await {
+                tracing::error!(error = %e.message, delivery_id = id, "could not write system.webhook_delivery_failed");
+            }
+        }
+        Ok(outcome)
     }
 
     /// Passes every `interval` until `deadline` (a Lambda invocation) or forever (local gateway).
@@ -598,7 +628,10 @@ pub fn delivery_json(r: &Record) -> Value {
         "attempted_at": time_field(r, "attempted_at").unwrap_or_else(|| crate::domain::format_rfc3339_ms(0)),
         "attempts": int_field(r, "attempts").unwrap_or(0),
     });
-    for name in ["event_type", "error_message", "trace_id"] {
+    if let Some(v) = field(r, "traceparent_inbound_valid") {
+        d["traceparent_inbound_valid"] = json!(v == "true");
+    }
+    for name in ["event_type", "error_message", "trace_id", "trace_flags"] {
         if let Some(v) = field(r, name) {
             d[name] = json!(v);
         }

@@ -38,7 +38,8 @@ async fn events_are_delivered_signed_with_trace_headers() {
     let rx = Receiver::start().await;
     let (sub, secret) = subscribe(&h, &t.id, &rx.url, json!({})).await;
     rx.expect_secret(&secret);
-    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    // an unsampled inbound trace (flags 00): the outbound traceparent keeps the flag
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
     let body = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 5}}).to_string();
     let path = format!("/v1/admin/budgets/fund?scope=tenant:{}&unit=TOKENS&tenant_id={}", t.id, t.id);
     let fund = h
@@ -68,12 +69,16 @@ async fn events_are_delivered_signed_with_trace_headers() {
     assert_eq!(d.header("x-cycles-event-type"), Some("budget.funded"));
     assert_eq!(d.header("x-cycles-trace-id"), Some("0af7651916cd43dd8448eb211c80319c"));
     let tp = d.header("traceparent").unwrap();
-    assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-") && tp.ends_with("-01") && tp.len() == 55, "{tp}");
+    assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-") && tp.ends_with("-00") && tp.len() == 55, "{tp}");
     assert_eq!(d.header("x-request-id"), fund.headers.get("x-request-id").map(String::as_str));
     let rows = deliveries(&h, &sub).await;
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0]["status"].as_str(), rows[0]["attempts"].as_i64()), (Some("SUCCESS"), Some(1)));
     assert_eq!(rows[0]["response_status"], 200);
+    assert_eq!(
+        (rows[0]["trace_flags"].as_str(), rows[0]["traceparent_inbound_valid"].as_bool()),
+        (Some("00"), Some(true))
+    );
     // a second pass delivers nothing new
     h.deliver(&[&t.id]).await;
     assert_eq!(rx.received().len(), 1);
@@ -137,6 +142,17 @@ async fn exhausted_deliveries_disable_the_subscription() {
         h.all_events(&t.id).await.into_iter().filter(|e| e["event_type"] == "webhook.disabled").collect();
     assert_eq!(disabled.len(), 1);
     assert_eq!(disabled[0]["data"]["disable_reason"], "consecutive_failures_exceeded_threshold");
+    // each exhausted delivery also raised a system alert
+    let alerts = h
+        .admin("GET", "/v1/admin/events?tenant_id=__system__&event_type=system.webhook_delivery_failed&limit=100", None)
+        .await;
+    let mine = alerts.assert_ok()["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"]["details"]["subscription_id"] == sub.as_str())
+        .count();
+    assert_eq!(mine, 2);
     // disabled: nothing more is sent; PATCH to ACTIVE re-enables and resets the counter
     credit(&h, &t, 3).await;
     h.deliver(&[&t.id]).await;

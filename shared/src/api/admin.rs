@@ -108,6 +108,7 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
         "trace_id": ctx.trace.trace_id,
         "actor": actor,
         "key_id": key_id,
+        "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
     });
     if let Some(c) = correlation_id {
         v["correlation_id"] = json!(c);

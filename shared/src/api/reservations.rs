@@ -324,6 +324,7 @@ fn event_context(ctx: &Ctx, caller: Option<&TenantCaller>, tenant: &str) -> Stri
         "actor": if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
         "key_id": caller.map(|c| c.key_id.as_str()).unwrap_or(""),
         "tenant": tenant,
+        "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
     })
     .to_string()
 }

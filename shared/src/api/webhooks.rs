@@ -366,7 +366,7 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
         return Ok(Answer::json(200, &json!({"success": false, "error_message": e.message, "event_id": event_id})));
     }
     let dispatcher = webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone());
-    let attempt = dispatcher.post(&sub.url, &event, &sub.record).await;
+    let attempt = dispatcher.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub.record).await;
     let success = attempt.error.is_none();
     let mut body = json!({"success": success, "response_time_ms": attempt.ms, "event_id": event_id});
     if attempt.status > 0 {
@@ -612,7 +612,7 @@ async fn replay(
     let mut queued = 0;
     for event in &selected {
         let delivery_id = format!("del_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
-        queued += webhooks::enqueue(&app.store, owner, event, &[(sub, delivery_id)]).await?;
+        queued += webhooks::enqueue(&app.store, owner, event, None, &[(sub, delivery_id)]).await?;
     }
     Ok(queued)
 }
