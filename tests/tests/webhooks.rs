@@ -12,6 +12,17 @@ async fn subscribe(h: &Harness, tenant: &str, url: &str, extra: serde_json::Valu
     let mut body = json!({"url": url, "event_types": ["budget.funded", "reservation.denied"],
         "retry_policy": {"initial_delay_ms": 100, "max_retries": 3, "max_delay_ms": 1000}});
     merge(&mut body, extra);
+    if body["event_types"] == json!([]) {
+        // category-only selectors are reachable through PATCH only (create needs event_types)
+        let categories = body.as_object_mut().unwrap().remove("event_categories").unwrap();
+        body["event_types"] = json!(["reservation.denied"]);
+        let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={tenant}"), Some(&body)).await;
+        assert_eq!(r.status, 201, "{}", r.raw);
+        let id = r.body["subscription"]["subscription_id"].as_str().unwrap().to_string();
+        let patch = json!({"event_types": [], "event_categories": categories});
+        h.admin("PATCH", &format!("/v1/admin/webhooks/{id}"), Some(&patch)).await.assert_ok();
+        return (id, r.body["signing_secret"].as_str().unwrap().to_string());
+    }
     let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={tenant}"), Some(&body)).await;
     assert_eq!(r.status, 201, "{}", r.raw);
     (
@@ -226,6 +237,37 @@ async fn replay_redelivers_the_selected_window() {
     h.admin("POST", "/v1/admin/webhooks/whsub_nope/replay", Some(&json!({})))
         .await
         .assert_error(404, "WEBHOOK_NOT_FOUND");
+    // one replay per subscription at a time
+    let lock = format!("{}:replay", cycles_shared::keys::TenantKeys::new(&t.id).webhook(&sub));
+    let _: () = redis::AsyncCommands::set(&mut h.store.conn(), &lock, "replay_other").await.unwrap();
+    h.admin("POST", &path, Some(&json!({}))).await.assert_error(409, "REPLAY_IN_PROGRESS");
+}
+
+#[tokio::test]
+async fn runtime_events_reach_subscribers_too() {
+    let h = Harness::start().await;
+    let t = h.funded(10).await;
+    let rx = Receiver::start().await;
+    let (_, secret) =
+        subscribe(&h, &t.id, &rx.url, json!({"event_types": [], "event_categories": ["reservation"]})).await;
+    rx.expect_secret(&secret);
+    // a DENY from decide, and a reservation that expires
+    let body = json!({"idempotency_key": unique("d"), "subject": {"tenant": t.id},
+        "action": {"kind": "llm", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 50}});
+    assert_eq!(h.post(&t.key, "/v1/decide", &body).await.assert_ok()["decision"], "DENY");
+    h.reserve_ok(&t, 5, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut report = cycles_shared::maintenance::SweepReport::default();
+    let opts = cycles_shared::maintenance::SweepOptions::default();
+    cycles_shared::maintenance::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
+    let got = rx
+        .wait_for(2, FAST, || async {
+            h.deliver(&[&t.id]).await;
+        })
+        .await;
+    let kinds: Vec<_> = got.iter().map(|r| r.body["event_type"].as_str().unwrap().to_string()).collect();
+    assert_eq!(kinds, ["reservation.denied", "reservation.expired"]);
+    assert!(got.iter().all(|r| r.signature_valid));
 }
 
 #[tokio::test]
