@@ -2,11 +2,14 @@
 //! gateway and a fresh Redis, with the machine's floors measured in the same run.
 //!
 //!   cargo run --release -p cycles-benches -- [--iterations N] [--warmup N] [--json FILE]
+//!       [--lambda-dir target/lambda]   (binary sizes and cold starts of built functions)
 //!
 //! Prints a markdown table (p50/p95/p99/min/max/mean, ops/s, errors, p50 ratio to the service
 //! floor) and optionally writes the same numbers as JSON.
 
 use std::time::{Duration, Instant};
+
+mod cold_start;
 
 use cycles_shared::model::Unit;
 use cycles_shared::provision::NewBudget;
@@ -18,10 +21,11 @@ struct Opts {
     iterations: usize,
     warmup: usize,
     json: Option<String>,
+    lambda_dir: Option<String>,
 }
 
 fn opts() -> Opts {
-    let mut o = Opts { iterations: 200, warmup: 50, json: None };
+    let mut o = Opts { iterations: 200, warmup: 50, json: None, lambda_dir: None };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut num = || it.next().and_then(|v| v.parse().ok()).expect("a number");
@@ -29,6 +33,7 @@ fn opts() -> Opts {
             "--iterations" => o.iterations = num(),
             "--warmup" => o.warmup = num(),
             "--json" => o.json = it.next(),
+            "--lambda-dir" => o.lambda_dir = it.next(),
             "--bench" => {} // passed by `cargo bench`
             other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
         }
@@ -580,6 +585,21 @@ async fn main() {
     let mut extra = extras(&h, &o).await;
     extra["fan_out"] = fanout;
     extra["event_to_webhook"] = webhook_latency(&h, &o).await;
+    if let Some(dir) = &o.lambda_dir {
+        let functions = cold_start::measure(std::path::Path::new(dir), &h.redis_url).await;
+        println!();
+        println!("| function | binary MB | cold start ms (process start to first answer) |");
+        println!("|---|---|---|");
+        for f in functions.as_array().unwrap() {
+            println!(
+                "| {} | {} | {} |",
+                f["function"].as_str().unwrap(),
+                f["size_mb"],
+                f.get("cold_start_ms").unwrap_or(&json!("scheduled"))
+            );
+        }
+        extra["functions"] = functions;
+    }
     for l in &lifecycle {
         extra[l.name.as_str()] = json!({"lifecycles_per_s": l.ops().round(), "p50_ms": l.pct(50.0),
             "p95_ms": l.pct(95.0), "p99_ms": l.pct(99.0), "errors": l.errors,
@@ -589,6 +609,9 @@ async fn main() {
     println!("| measure | value |");
     println!("|---|---|");
     for (k, v) in extra.as_object().unwrap() {
+        if v.is_array() {
+            continue; // printed as its own table
+        }
         if let Value::Object(rows) = v {
             for (k2, v2) in rows {
                 println!("| {k} {k2} | {v2} |");

@@ -89,7 +89,31 @@ fn env_ms(name: &str, default_ms: u64) -> Duration {
     Duration::from_millis(env(name).and_then(|v| v.parse().ok()).unwrap_or(default_ms))
 }
 
+/// Secrets that may come from AWS Secrets Manager: (environment variable, variable naming the
+/// secret's id or ARN). The secret's string value replaces the variable.
+pub const SECRET_SOURCES: [(&str, &str); 4] = [
+    ("REDIS_URL", "REDIS_URL_SECRET_ID"),
+    ("ADMIN_API_KEY", "ADMIN_API_KEY_SECRET_ID"),
+    ("CYCLES_KEY_PEPPER", "CYCLES_KEY_PEPPER_SECRET_ID"),
+    ("CYCLES_WEBHOOK_ENCRYPTION_KEY", "CYCLES_WEBHOOK_ENCRYPTION_KEY_SECRET_ID"),
+];
+
 impl Config {
+    /// `from_env`, after fetching every configured secret once (the Lambda init path). With
+    /// the `aws` feature the `*_SECRET_ID` variables name Secrets Manager secrets; without it,
+    /// setting one is an error rather than a silently missing secret.
+    pub async fn load(default_redis_url: Option<&str>) -> Result<Config, String> {
+        let wanted: Vec<(&str, String)> =
+            SECRET_SOURCES.iter().filter_map(|(var, id_var)| env(id_var).map(|id| (*var, id))).collect();
+        if !wanted.is_empty() {
+            for (var, value) in fetch_secrets(&wanted).await? {
+                // Set before any other thread reads the environment (single-threaded init).
+                unsafe { std::env::set_var(var, value) };
+            }
+        }
+        Ok(Config::from_env(default_redis_url))
+    }
+
     pub fn sweep_options(&self) -> crate::maintenance::SweepOptions {
         crate::maintenance::SweepOptions {
             batch: self.sweep_batch,
@@ -122,4 +146,31 @@ impl Config {
             key_pepper,
         }
     }
+}
+
+#[cfg(feature = "aws")]
+async fn fetch_secrets(wanted: &[(&str, String)]) -> Result<Vec<(String, String)>, String> {
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    let mut out = Vec::with_capacity(wanted.len());
+    for (var, id) in wanted {
+        let secret = client
+            .get_secret_value()
+            .secret_id(id)
+            .send()
+            .await
+            .map_err(|e| format!("cannot read secret {id} for {var}: {e}"))?;
+        let value = secret.secret_string().ok_or_else(|| format!("secret {id} for {var} has no string value"))?;
+        out.push((var.to_string(), value.trim().to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(not(feature = "aws"))]
+async fn fetch_secrets(wanted: &[(&str, String)]) -> Result<Vec<(String, String)>, String> {
+    let names: Vec<String> = wanted.iter().map(|(var, _)| format!("{var}_SECRET_ID")).collect();
+    Err(format!(
+        "{} set, but this build has no `aws` feature (build the functions with --features lambda)",
+        names.join(", ")
+    ))
 }

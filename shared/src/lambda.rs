@@ -11,6 +11,7 @@ use crate::api::{self, match_template, ApiRequest, App, Operation, Params, ROUTE
 /// Starts a Lambda function serving one operation. The Redis connection is made once, at init.
 pub async fn run(op: Operation) -> Result<(), lambda_http::Error> {
     crate::init_tracing(true);
+    crate::metrics::enable();
     let app = Arc::new(App::from_env().await?);
     lambda_http::run(service_fn(move |event: Request| {
         let app = app.clone();
@@ -24,7 +25,8 @@ pub async fn run(op: Operation) -> Result<(), lambda_http::Error> {
 pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
     use lambda_http::lambda_runtime::{self, LambdaEvent};
     crate::init_tracing(true);
-    let config = crate::config::Config::from_env(None);
+    crate::metrics::enable();
+    let config = crate::config::Config::load(None).await?;
     let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
     let (store, config) = (Arc::new(store), Arc::new(config));
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
@@ -38,6 +40,15 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
                 crate::maintenance::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
                     .await;
             total.log("maintenance invocation done");
+            crate::metrics::emit(
+                &[("Function", "maintenance")],
+                &[
+                    ("Expired", total.expired as f64),
+                    ("Quarantined", total.quarantined as f64),
+                    ("Trimmed", (total.trimmed_index + total.trimmed_events) as f64),
+                    ("ClosesConverged", total.closes_converged as f64),
+                ],
+            );
             Ok::<_, lambda_http::Error>(serde_json::to_value(total)?)
         }
     }))
@@ -49,7 +60,8 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
 pub async fn run_delivery() -> Result<(), lambda_http::Error> {
     use lambda_http::lambda_runtime::{self, LambdaEvent};
     crate::init_tracing(true);
-    let config = crate::config::Config::from_env(None);
+    crate::metrics::enable();
+    let config = crate::config::Config::load(None).await?;
     let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
     let dispatcher = Arc::new(crate::webhooks::Dispatcher::new(store, config.webhooks.clone()));
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
@@ -65,6 +77,15 @@ pub async fn run_delivery() -> Result<(), lambda_http::Error> {
                 retrying = total.retrying,
                 failed = total.failed,
                 "delivery invocation done"
+            );
+            crate::metrics::emit(
+                &[("Function", "deliver-webhooks")],
+                &[
+                    ("DeliveriesCreated", total.deliveries_created as f64),
+                    ("Delivered", total.delivered as f64),
+                    ("DeliveryRetries", total.retrying as f64),
+                    ("DeliveryFailures", total.failed as f64),
+                ],
             );
             Ok::<_, lambda_http::Error>(serde_json::to_value(total)?)
         }

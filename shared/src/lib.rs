@@ -12,6 +12,7 @@ pub mod lambda;
 pub mod local;
 pub mod local_cli;
 pub mod maintenance;
+pub mod metrics;
 pub mod model;
 pub mod provision;
 pub mod store;

@@ -37,8 +37,8 @@ impl App {
     }
 
     /// Connects to Redis as configured by the environment (the Lambda init path).
-    pub async fn from_env() -> Result<App, redis::RedisError> {
-        let config = Config::from_env(None);
+    pub async fn from_env() -> Result<App, Box<dyn std::error::Error + Send + Sync>> {
+        let config = Config::load(None).await?;
         let store = Store::connect(&config.redis_url, config.redis_timeout).await?;
         Ok(App::new(store, config))
     }
@@ -325,6 +325,7 @@ impl Answer {
 
 /// Runs one operation and turns its outcome into a response with the correlation headers.
 pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -> ApiResponse {
+    let started = std::time::Instant::now();
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = match op {
         Operation::Liveness => Ok(Answer::json(200, &serde_json::json!({"status": "ok"}))),
@@ -374,7 +375,9 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
         Operation::TestTenantWebhook => webhooks::tenant_test(app, &mut ctx, &req, &params).await,
         Operation::ListTenantWebhookDeliveries => webhooks::tenant_deliveries(app, &mut ctx, &req, &params).await,
     };
-    respond(&ctx, outcome)
+    let res = respond(&ctx, outcome);
+    crate::metrics::request(op.function_name(), res.status, started.elapsed().as_secs_f64() * 1000.0, &res.body);
+    res
 }
 
 /// Readiness: Redis answers a trivial script (the same path every operation takes), else 503.
