@@ -175,7 +175,7 @@ async fn run_case(h: Arc<Harness>, c: Case) {
         .iter()
         .map(|x| x["reservation_id"].as_str().unwrap().to_string())
         .collect();
-    let b = book.lock().unwrap();
+    let b = std::mem::take(&mut *book.lock().unwrap());
     for (id, n) in &b.finalized {
         assert!(*n <= 1, "seed {}: reservation {id} finalized {n} times", c.seed);
     }
