@@ -55,3 +55,36 @@ async fn liveness_ignores_redis_and_readiness_checks_it() {
     assert_eq!((ready.status, ready.body["status"].as_str()), (503, Some("unavailable")));
     assert_eq!(h.send("GET", "/health/live", &[], None).await.status, 200);
 }
+
+/// A Redis that hangs (SIGSTOP) beyond the client timeout: requests fail with a clear 500 in
+/// bounded time, never hang; once it resumes, the same process serves again, and a retry with
+/// the same idempotency key applies the operation exactly once (the paused request may have
+/// reached Redis after all).
+#[tokio::test]
+async fn a_paused_redis_is_a_bounded_500_and_retries_apply_once() {
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let pid = redis.pid().expect("redis pid").to_string();
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(1000).await;
+    let body = json!({"idempotency_key": "paused-1", "subject": {"tenant": t.id},
+        "action": {"kind": "llm", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 25}});
+    let signal = |s: &str| std::process::Command::new("kill").args([s, &pid]).status().expect("kill");
+    assert!(signal("-STOP").success());
+    let started = Instant::now();
+    let r = h.post(&t.key, "/v1/reservations", &body).await;
+    let waited = started.elapsed();
+    assert!(signal("-CONT").success());
+    r.assert_error(500, "INTERNAL_ERROR");
+    assert!(waited < Duration::from_secs(12), "bounded by the client timeout: {waited:?}");
+    let mut answered = None;
+    for _ in 0..50 {
+        let r = h.post(&t.key, "/v1/reservations", &body).await;
+        if r.status == 200 {
+            answered = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered.is_some(), "the service recovered without a restart");
+    assert_eq!(h.root(&t).await.reserved, 25, "held exactly once");
+}
