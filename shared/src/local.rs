@@ -75,7 +75,7 @@ async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<F
     }
     let res = match api::route(plane, &api_req.method, &api_req.path) {
         Some((op, params)) => api::handle(app, op, api_req, params).await,
-        None => api::not_found(&api_req),
+        None => api::no_route(plane, &api_req),
     };
     to_hyper(res)
 }

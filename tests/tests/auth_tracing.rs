@@ -279,3 +279,12 @@ async fn oversized_bodies_are_refused() {
     assert_eq!(r.status, 413);
     assert_error_shape(&r);
 }
+
+#[tokio::test]
+async fn undeclared_methods_get_405_with_allow() {
+    let h = Harness::start().await;
+    let r = h.send("DELETE", "/v1/reservations", &[], None).await;
+    r.assert_error(405, "INVALID_REQUEST");
+    assert_eq!(r.headers.get("allow").map(String::as_str), Some("GET, POST"));
+    h.send("PUT", "/v1/nothing-here", &[], None).await.assert_error(404, "NOT_FOUND");
+}

@@ -397,6 +397,24 @@ pub fn not_found(req: &ApiRequest) -> ApiResponse {
     respond(&ctx, Err(ApiError::not_found(format!("No route for {} {}", req.method, req.path))))
 }
 
+/// The answer when no route of `plane` matches: 405 with `Allow` when the path exists with
+/// other methods, else 404.
+pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
+    let allowed: Vec<&str> = ROUTES
+        .iter()
+        .filter(|r| r.plane == plane && match_template(r.template, &req.path, true).is_some())
+        .map(|r| r.method.as_str())
+        .collect();
+    if allowed.is_empty() {
+        return not_found(req);
+    }
+    let ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
+    let message = format!("{} is not allowed on {}; allowed: {}", req.method, req.path, allowed.join(", "));
+    let mut res = respond(&ctx, Err(ApiError::invalid(message).with_status(405)));
+    res.headers.push(("allow", allowed.join(", ")));
+    res
+}
+
 fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     let (status, body) = match outcome {
         Ok(a) => (a.status, a.body),
