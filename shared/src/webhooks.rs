@@ -247,21 +247,7 @@ pub async fn subscriptions(store: &Store, owner: &str) -> ApiResult<Vec<Subscrip
     let keys = TenantKeys::new(owner);
     let ids: Vec<String> = store.conn().smembers(keys.webhook_index()).await?;
     let record_keys: Vec<String> = ids.iter().map(|id| keys.webhook(id)).collect();
-    Ok(read_records_store(store, &record_keys).await?.into_iter().map(Subscription::from_record).collect())
-}
-
-async fn read_records_store(store: &Store, keys: &[String]) -> ApiResult<Vec<Record>> {
-    let mut out = vec![];
-    for chunk in keys.chunks(500) {
-        let reply = store.run(&scripts::READ_HASHES, chunk, &[]).await?;
-        for s in &reply.context {
-            let r: Record = serde_json::from_str(s).map_err(|_| ApiError::internal("Malformed record in the store"))?;
-            if !r.is_empty() {
-                out.push(r);
-            }
-        }
-    }
-    Ok(out)
+    Ok(read_records(store, &record_keys).await?.into_iter().map(Subscription::from_record).collect())
 }
 
 /// Creates PENDING deliveries of `event` for `subs` (all of one owner). Live dispatch passes
@@ -444,8 +430,7 @@ impl Dispatcher {
             return Ok(vec![]);
         }
         let records =
-            read_records_store(&self.store, &reply.context.iter().map(|id| keys.delivery(id)).collect::<Vec<_>>())
-                .await?;
+            read_records(&self.store, &reply.context.iter().map(|id| keys.delivery(id)).collect::<Vec<_>>()).await?;
         let subs: HashMap<String, Subscription> =
             subscriptions(&self.store, owner).await?.into_iter().map(|s| (s.id.clone(), s)).collect();
         let mut out = vec![];
@@ -652,7 +637,7 @@ pub fn delivery_json(r: &Record) -> Value {
 /// Reads one owner's delivery rows.
 pub async fn read_deliveries(app: &crate::api::App, owner: &str, ids: &[String]) -> ApiResult<Vec<Record>> {
     let keys = TenantKeys::new(owner);
-    read_records(app, &ids.iter().map(|id| keys.delivery(id)).collect::<Vec<_>>()).await
+    read_records(&app.store, &ids.iter().map(|id| keys.delivery(id)).collect::<Vec<_>>()).await
 }
 
 #[cfg(test)]

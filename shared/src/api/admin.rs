@@ -218,11 +218,11 @@ pub fn json_field(r: &Record, name: &str) -> Option<Value> {
     field(r, name).and_then(|v| serde_json::from_str(v).ok())
 }
 
-/// Reads hash records of one tenant in one round trip; absent ones are skipped.
-pub async fn read_records(app: &App, keys: &[String]) -> ApiResult<Vec<Record>> {
+/// Reads hash records of one tenant (one round trip per 500); absent ones are skipped.
+pub async fn read_records(store: &crate::store::Store, keys: &[String]) -> ApiResult<Vec<Record>> {
     let mut out = Vec::with_capacity(keys.len());
     for chunk in keys.chunks(500) {
-        let reply = app.store.run(&scripts::READ_HASHES, chunk, &[]).await?;
+        let reply = store.run(&scripts::READ_HASHES, chunk, &[]).await?;
         for s in &reply.context {
             let r = record_from_json(s)?;
             if !r.is_empty() {
@@ -286,6 +286,16 @@ impl ListQuery {
 
     pub fn get(&self, name: &str) -> Option<&str> {
         self.params.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// An RFC 3339 date-time parameter as epoch ms (blank = absent; malformed = 400).
+    pub fn time(&self, name: &str) -> ApiResult<Option<i64>> {
+        self.get(name)
+            .map(|v| {
+                crate::domain::parse_rfc3339_ms(v)
+                    .ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
+            })
+            .transpose()
     }
 
     /// Case-insensitive substring search over the given fields (true when no search is set).

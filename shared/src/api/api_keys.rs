@@ -269,7 +269,7 @@ pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
         let keys = TenantKeys::new(&tenant);
         let ids: Vec<String> = app.store.conn().smembers(keys.api_key_index()).await?;
         let record_keys: Vec<String> = ids.iter().map(|id| keys.api_key(id)).collect();
-        for r in read_records(app, &record_keys).await? {
+        for r in read_records(&app.store, &record_keys).await? {
             let k = api_key_json(&r);
             let text = |n: &str| k[n].as_str().unwrap_or_default().to_string();
             if q.get("status").is_some_and(|s| k["status"] != s) || !q.matches_search(&[&text("key_id"), &text("name")])

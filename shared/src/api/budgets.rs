@@ -268,7 +268,7 @@ pub async fn tenant_ledgers(app: &App, tenant: &str) -> ApiResult<Vec<Record>> {
         .flat_map(|(scope, units)| csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(move |u| (scope, u)))
         .map(|(scope, unit)| keys.budget(scope, unit))
         .collect();
-    read_records(app, &budget_keys).await
+    read_records(&app.store, &budget_keys).await
 }
 
 fn utilization(r: &Record) -> f64 {

@@ -163,14 +163,6 @@ impl EventFilter {
         {
             return Err(ApiError::invalid("trace_id must be 32 lowercase hex characters"));
         }
-        let time = |name: &str| -> ApiResult<Option<i64>> {
-            q.get(name)
-                .map(|v| {
-                    parse_rfc3339_ms(v)
-                        .ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
-                })
-                .transpose()
-        };
         Ok(EventFilter {
             event_type,
             category,
@@ -178,8 +170,8 @@ impl EventFilter {
             correlation_id: q.get("correlation_id").map(String::from),
             trace_id,
             request_id: q.get("request_id").map(String::from),
-            from: time("from")?,
-            to: time("to")?,
+            from: q.time("from")?,
+            to: q.time("to")?,
         })
     }
 

@@ -385,14 +385,7 @@ async fn deliveries_for(app: &App, tenant: Option<&str>, id: &str, req: &ApiRequ
     if q.get("status").is_some_and(|s| !["PENDING", "SUCCESS", "FAILED", "RETRYING"].contains(&s)) {
         return Err(ApiError::invalid("status must be PENDING, SUCCESS, FAILED or RETRYING"));
     }
-    let time = |name: &str| -> ApiResult<Option<i64>> {
-        q.get(name)
-            .map(|v| {
-                parse_rfc3339_ms(v).ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
-            })
-            .transpose()
-    };
-    let (from, to) = (time("from")?, time("to")?);
+    let (from, to) = (q.time("from")?, q.time("to")?);
     let keys = TenantKeys::new(&owner);
     let ids: Vec<String> = app.store.conn().zrevrange(keys.subscription_deliveries(id), 0, 9_999).await?;
     let records = webhooks::read_deliveries(app, &owner, &ids).await?;
