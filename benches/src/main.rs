@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 mod cold_start;
+mod soak;
 
 use cycles_shared::model::Unit;
 use cycles_shared::provision::NewBudget;
@@ -22,10 +23,11 @@ struct Opts {
     warmup: usize,
     json: Option<String>,
     lambda_dir: Option<String>,
+    soak_seconds: Option<u64>,
 }
 
 fn opts() -> Opts {
-    let mut o = Opts { iterations: 200, warmup: 50, json: None, lambda_dir: None };
+    let mut o = Opts { iterations: 200, warmup: 50, json: None, lambda_dir: None, soak_seconds: None };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut num = || it.next().and_then(|v| v.parse().ok()).expect("a number");
@@ -34,6 +36,7 @@ fn opts() -> Opts {
             "--warmup" => o.warmup = num(),
             "--json" => o.json = it.next(),
             "--lambda-dir" => o.lambda_dir = it.next(),
+            "--soak" => o.soak_seconds = it.next().and_then(|v| v.parse().ok()),
             "--bench" => {} // passed by `cargo bench`
             other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
         }
@@ -370,6 +373,9 @@ async fn webhook_latency(h: &Harness, o: &Opts) -> Value {
 async fn main() {
     let o = opts();
     let h = Harness::start().await;
+    if let Some(seconds) = o.soak_seconds {
+        return soak::run(std::sync::Arc::new(h), seconds).await;
+    }
     let a = h.tenant().await;
     h.budget_with(NewBudget {
         overdraft_limit: 100_000,

@@ -259,7 +259,7 @@ async fn evaluate(
         estimate.unit.as_str().to_string(),
         estimate.amount.to_string(),
         idempotency_key.to_string(),
-        EVALUATION_RETENTION_MS.to_string(),
+        (app.config.retention.as_millis() as u64).min(EVALUATION_RETENTION_MS).to_string(),
         event_context(ctx, Some(caller), &caller.tenant),
         serde_json::to_string(subject).expect("serializable"),
         serde_json::to_string(action).expect("serializable"),
@@ -286,7 +286,8 @@ async fn evaluate(
     })
 }
 
-/// dry_run and decide records are kept 24 hours (protocol.md §4.8).
+/// dry_run and decide records are kept 24 hours (protocol.md §4.8), or the record retention
+/// when an operator set it shorter.
 const EVALUATION_RETENTION_MS: u64 = 24 * 3_600_000;
 
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
