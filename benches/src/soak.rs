@@ -48,7 +48,7 @@ pub async fn run(h: Arc<Harness>, seconds: u64) {
                                 "action": {"kind": "llm", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 100}});
                             let r = h.post(&t.key, "/v1/reservations", &body).await;
                             let id = r.body["reservation_id"].as_str().unwrap_or_default().to_string();
-                            let done = if i % 5 == 0 { h.commit(&t, &id, 80).await } else { h.release(&t, &id).await };
+                            let done = if i.is_multiple_of(5) { h.commit(&t, &id, 80).await } else { h.release(&t, &id).await };
                             r.status == 200 && done.status == 200
                         }
                         2 => {
