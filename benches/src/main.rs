@@ -50,6 +50,8 @@ struct Stats {
     samples: Vec<f64>,
     errors: usize,
     wall: Duration,
+    /// Redis commands per operation and server time per script call (µs), from INFO commandstats.
+    redis: Option<(f64, f64)>,
 }
 
 impl Stats {
@@ -73,16 +75,18 @@ impl Stats {
     fn to_json(&self, floor_p50: f64) -> Value {
         json!({"case": self.name, "p50_ms": self.pct(50.0), "p95_ms": self.pct(95.0), "p99_ms": self.pct(99.0),
             "min_ms": self.pct(0.0), "max_ms": self.pct(100.0), "mean_ms": self.mean(), "ops_per_s": self.ops(),
-            "errors": self.errors, "p50_ratio_to_service_floor": self.pct(50.0) / floor_p50})
+            "errors": self.errors, "p50_ratio_to_service_floor": self.pct(50.0) / floor_p50,
+            "redis_commands_per_op": self.redis.map(|r| r.0), "script_usec_per_call": self.redis.map(|r| r.1)})
     }
 }
 
 /// Runs `op` `warmup` times untimed, then `n` times timed, sequentially.
-async fn measure<F, Fut>(name: &str, o: &Opts, mut op: F) -> Stats
+async fn measure<F, Fut>(h: &Harness, name: &str, o: &Opts, mut op: F) -> Stats
 where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut h.store.conn()).await.unwrap();
     for i in 0..o.warmup {
         op(i).await;
     }
@@ -96,7 +100,32 @@ where
         }
         samples.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    Stats { name: name.to_string(), samples, errors, wall: start.elapsed() }
+    let redis = Some(command_stats(h, (o.warmup + o.iterations) as f64).await);
+    Stats { name: name.to_string(), samples, errors, wall: start.elapsed(), redis }
+}
+
+/// From `INFO commandstats` since the last reset: Redis commands per operation and the server
+/// time per script call in µs (the stats commands themselves excluded).
+async fn command_stats(h: &Harness, ops: f64) -> (f64, f64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
+    let field = |line: &str, name: &str| -> f64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (mut calls, mut script_calls, mut script_usec) = (0.0, 0.0, 0.0);
+    for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+        if line.starts_with("cmdstat_config") || line.starts_with("cmdstat_info") {
+            continue;
+        }
+        calls += field(line, "calls");
+        if line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:") {
+            script_calls += field(line, "calls");
+            script_usec += field(line, "usec");
+        }
+    }
+    (calls / ops, if script_calls > 0.0 { script_usec / script_calls } else { 0.0 })
 }
 
 fn reserve_body(t: &Tenant, key: &str) -> Value {
@@ -183,7 +212,7 @@ where
     });
     let results = futures_join_all(loops.collect()).await;
     let wall = started.elapsed();
-    let mut stats = Stats { name, samples: Vec::new(), errors: 0, wall };
+    let mut stats = Stats { name, samples: Vec::new(), errors: 0, wall, redis: None };
     for (samples, errors) in results {
         stats.samples.extend(samples);
         stats.errors += errors;
@@ -364,7 +393,7 @@ async fn webhook_latency(h: &Harness, o: &Opts) -> Value {
         tokio::time::sleep(Duration::from_millis(37)).await;
     }
     pump.abort();
-    let st = Stats { name: "event to webhook".into(), samples, errors: 0, wall: Duration::ZERO };
+    let st = Stats { name: "event to webhook".into(), samples, errors: 0, wall: Duration::ZERO, redis: None };
     json!({"deliveries": n, "p50_ms": (st.pct(50.0) * 10.0).round() / 10.0, "p95_ms": (st.pct(95.0) * 10.0).round() / 10.0,
         "dispatcher_interval_ms": interval.as_millis() as u64})
 }
@@ -387,17 +416,18 @@ async fn main() {
 
     // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
     cases.push(
-        measure("Floor: HTTP", &o, |_| async { h.send("GET", "/_floor/http", &[], None).await.status == 200 }).await,
+        measure(&h, "Floor: HTTP", &o, |_| async { h.send("GET", "/_floor/http", &[], None).await.status == 200 })
+            .await,
     );
     cases.push(
-        measure("Floor: Redis EVALSHA", &o, |_| async {
+        measure(&h, "Floor: Redis EVALSHA", &o, |_| async {
             let mut c = h.store.conn();
             scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut c).await.is_ok()
         })
         .await,
     );
     cases.push(
-        measure("Floor: service (HTTP + EVALSHA)", &o, |_| async {
+        measure(&h, "Floor: service (HTTP + EVALSHA)", &o, |_| async {
             h.send("GET", "/_floor/redis", &[], None).await.status == 200
         })
         .await,
@@ -405,7 +435,7 @@ async fn main() {
     let floor = cases[2].pct(50.0);
 
     cases.push(
-        measure("Reserve", &o, |i| {
+        measure(&h, "Reserve", &o, |i| {
             let (h, a) = (&h, &a);
             async move { reserve(h, a, format!("r-{i}")).await.is_some() }
         })
@@ -413,7 +443,7 @@ async fn main() {
     );
     let ids = pre_create(&h, &a, "c", n).await;
     cases.push(
-        measure("Commit", &o, |i| {
+        measure(&h, "Commit", &o, |i| {
             let (h, a, id) = (&h, &a, ids[i].clone());
             async move { h.commit(a, &id, 80).await.status == 200 }
         })
@@ -421,7 +451,7 @@ async fn main() {
     );
     let ids = pre_create(&h, &a, "rl", n).await;
     cases.push(
-        measure("Release", &o, |i| {
+        measure(&h, "Release", &o, |i| {
             let (h, a, id) = (&h, &a, ids[i].clone());
             async move { h.release(a, &id).await.status == 200 }
         })
@@ -429,14 +459,14 @@ async fn main() {
     );
     let ids = pre_create(&h, &a, "ex", n).await;
     cases.push(
-        measure("Extend", &o, |i| {
+        measure(&h, "Extend", &o, |i| {
             let (h, a, id) = (&h, &a, ids[i].clone());
             async move { h.extend(a, &id, 10_000).await.status == 200 }
         })
         .await,
     );
     cases.push(
-        measure("Decide", &o, |i| {
+        measure(&h, "Decide", &o, |i| {
             let (h, a) = (&h, &a);
             async move {
                 let mut body = reserve_body(a, &format!("d-{i}"));
@@ -449,7 +479,7 @@ async fn main() {
         .await,
     );
     cases.push(
-        measure("Reserve+Commit", &o, |i| {
+        measure(&h, "Reserve+Commit", &o, |i| {
             let (h, a) = (&h, &a);
             async move {
                 match reserve(h, a, format!("rc-{i}")).await {
@@ -461,7 +491,7 @@ async fn main() {
         .await,
     );
     cases.push(
-        measure("Reserve+Release", &o, |i| {
+        measure(&h, "Reserve+Release", &o, |i| {
             let (h, a) = (&h, &a);
             async move {
                 match reserve(h, a, format!("rr-{i}")).await {
@@ -473,7 +503,7 @@ async fn main() {
         .await,
     );
     cases.push(
-        measure("Event", &o, |i| {
+        measure(&h, "Event", &o, |i| {
             let (h, a) = (&h, &a);
             async move {
                 let body = json!({"idempotency_key": format!("ev-{i}"), "subject": {"tenant": a.id},
@@ -485,7 +515,7 @@ async fn main() {
     );
     let one = reserve(&h, &a, "get-one".into()).await.unwrap();
     cases.push(
-        measure("GET reservation", &o, |_| {
+        measure(&h, "GET reservation", &o, |_| {
             let (h, a, id) = (&h, &a, one.clone());
             async move { h.get(&a.key, &format!("/v1/reservations/{id}")).await.status == 200 }
         })
@@ -494,7 +524,7 @@ async fn main() {
 
     let balances_path = format!("/v1/balances?tenant={}", a.id);
     cases.push(
-        measure("GET balances", &o, |_| {
+        measure(&h, "GET balances", &o, |_| {
             let (h, a, p) = (&h, &a, balances_path.clone());
             async move { h.get(&a.key, &p).await.status == 200 }
         })
@@ -503,7 +533,7 @@ async fn main() {
     let lt = h.funded(1_000_000).await;
     fill(&h, &lt, "ten", 10, json!({})).await;
     cases.push(
-        measure("LIST reservations (limit=10)", &o, |_| {
+        measure(&h, "LIST reservations (limit=10)", &o, |_| {
             let (h, lt) = (&h, &lt);
             async move { h.get(&lt.key, "/v1/reservations?limit=10").await.status == 200 }
         })
@@ -528,6 +558,7 @@ async fn main() {
             samples: Vec::new(),
             errors: 0,
             wall: Duration::ZERO,
+            redis: None,
         })
         .collect();
     for i in 0..o.warmup + o.iterations {
@@ -545,11 +576,12 @@ async fn main() {
     }
     cases.extend(sorted);
 
-    println!("| case | p50 ms | p95 ms | p99 ms | min ms | max ms | mean ms | ops/s | errors | p50 / service floor |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| case | p50 ms | p95 ms | p99 ms | min ms | max ms | mean ms | ops/s | errors | p50 / service floor | Redis commands/op (incl. inside scripts) | script µs/call |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for c in &cases {
+        let (cmds, usec) = c.redis.map(|(a, b)| (format!("{a:.2}"), format!("{b:.1}"))).unwrap_or_default();
         println!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {} | {:.2} |",
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {} | {:.2} | {cmds} | {usec} |",
             c.name,
             c.pct(50.0),
             c.pct(95.0),
