@@ -633,7 +633,7 @@ async fn main() {
                 "| {} | {} | {} |",
                 f["function"].as_str().unwrap(),
                 f["size_mb"],
-                f.get("cold_start_ms").unwrap_or(&json!("scheduled"))
+                f.get("cold_start_ms").unwrap_or(&json!("(scheduled)"))
             );
         }
         extra["functions"] = functions;
