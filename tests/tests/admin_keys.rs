@@ -29,6 +29,10 @@ async fn create_returns_the_secret_once_and_stores_only_a_digest() {
     rt.assert_ok();
     let created = h.admin("GET", &format!("/v1/admin/api-keys?tenant_id={}&status=REVOKED", t.id), None).await;
     assert_eq!(created.assert_ok()["keys"], json!([]));
+    for bad in ["status=LOST", "limit=0", "sort_by=secret", "cursor=%%%"] {
+        h.admin("GET", &format!("/v1/admin/api-keys?{bad}"), None).await.assert_error(400, "INVALID_REQUEST");
+    }
+    h.admin_as(&secret, "GET", "/v1/admin/api-keys", None).await.assert_error(401, "UNAUTHORIZED");
 }
 
 #[tokio::test]
