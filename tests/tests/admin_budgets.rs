@@ -249,8 +249,12 @@ async fn update_freeze_and_the_runtime() {
     let missing = format!("/v1/admin/budgets/freeze?scope={root}/agent:x&unit=TOKENS");
     h.admin("POST", &missing, None).await.assert_error(404, "BUDGET_NOT_FOUND");
     let missing = format!("/v1/admin/budgets?scope={root}/agent:x&unit=TOKENS");
-    h.admin("PATCH", &missing, Some(&json!({"commit_overage_policy": "REJECT"}))).await.assert_error(404, "BUDGET_NOT_FOUND");
-    h.admin("PATCH", &format!("/v1/admin/budgets?scope={root}"), Some(&json!({}))).await.assert_error(400, "INVALID_REQUEST");
+    h.admin("PATCH", &missing, Some(&json!({"commit_overage_policy": "REJECT"})))
+        .await
+        .assert_error(404, "BUDGET_NOT_FOUND");
+    h.admin("PATCH", &format!("/v1/admin/budgets?scope={root}"), Some(&json!({})))
+        .await
+        .assert_error(400, "INVALID_REQUEST");
 }
 
 async fn ledgers(h: &Harness, t: &Tenant, q: &str) -> Vec<String> {
