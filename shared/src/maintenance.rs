@@ -135,31 +135,44 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
     }
 }
 
+/// Most created-index batches one tenant's trim walks per sweep (bounds a sweep's work).
+const MAX_TRIM_BATCHES: usize = 50;
+
 /// Retention: drops events older than their retention and the created-index entries (older
-/// than the record retention) whose reservation records have expired. One batch per sweep.
+/// than the record retention) whose reservation records have expired. Walks the old part of the
+/// index batch by batch, past entries whose records still live (a long reservation never
+/// blocks the trim behind it).
 async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     let keys = TenantKeys::new(tenant);
-    let horizon = now_ms() - opts.retention.as_millis() as i64;
-    let old: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys.created_index())
-        .arg("-")
-        .arg(format!("({:013}", horizon.max(0)))
-        .arg("BYLEX")
-        .arg("LIMIT")
-        .arg(0)
-        .arg(opts.batch)
-        .query_async(&mut store.conn())
-        .await?;
-    let mut script_keys = vec![keys.created_index(), keys.events()];
-    let mut args = vec![(now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string()];
-    for member in &old {
-        script_keys.push(keys.reservation(member.get(13..).unwrap_or("-")));
-        args.push(member.clone());
+    let horizon = format!("({:013}", (now_ms() - opts.retention.as_millis() as i64).max(0));
+    let event_horizon = (now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string();
+    let mut start = "-".to_string();
+    for _ in 0..MAX_TRIM_BATCHES {
+        let old: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.created_index())
+            .arg(&start)
+            .arg(&horizon)
+            .arg("BYLEX")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(opts.batch)
+            .query_async(&mut store.conn())
+            .await?;
+        let mut script_keys = vec![keys.created_index(), keys.events()];
+        let mut args = vec![event_horizon.clone()];
+        for member in &old {
+            script_keys.push(keys.reservation(member.get(13..).unwrap_or("-")));
+            args.push(member.clone());
+        }
+        let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
+        let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        report.trimmed_index += count(0);
+        report.trimmed_events += count(1);
+        match old.last() {
+            Some(last) if old.len() == opts.batch => start = format!("({last}"),
+            _ => break,
+        }
     }
-    let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
-    let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    report.trimmed_index += count(0);
-    report.trimmed_events += count(1);
     trim_deliveries(store, tenant, report).await
 }
 

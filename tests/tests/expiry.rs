@@ -272,3 +272,26 @@ async fn the_sweep_loop_works_until_its_deadline() {
     assert_eq!(total.expired, 1, "the reservation that expired meanwhile was swept");
     assert_eq!(h.root(&t).await.reserved, 0);
 }
+
+/// A live reservation at the head of the created index never blocks the trim behind it, and
+/// one sweep walks as many batches as it needs.
+#[tokio::test]
+async fn trimming_walks_past_live_records() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let keys = TenantKeys::new(&t.id);
+    let opts = SweepOptions { batch: 2, retention: Duration::from_millis(1000), ..Default::default() };
+    let live = h.reserve_ok(&t, 10, json!({"ttl_ms": 600000})).await;
+    let token = |id: &str| cycles_shared::ids::ReservationId::parse(id).unwrap().token;
+    for _ in 0..5 {
+        let id = h.reserve_ok(&t, 1, json!({})).await;
+        h.commit(&t, &id, 1).await.assert_ok();
+        let _: () = h.store.conn().pexpire(keys.reservation(&token(&id)), 1000).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = sweep_one(&h, &t, &opts).await;
+    assert_eq!(r.trimmed_index, 5, "{r:?}");
+    let indexed: Vec<String> = h.store.conn().zrange(keys.created_index(), 0, -1).await.unwrap();
+    assert_eq!(indexed.len(), 1);
+    assert!(indexed[0].ends_with(&token(&live)));
+}
