@@ -32,10 +32,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let (store, config) = (store.clone(), config.clone());
         async move {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-            // Leave a margin for the last sweep to finish before the function times out.
-            let left = Duration::from_millis(event.context.deadline.saturating_sub(now)).saturating_sub(MARGIN);
-            let deadline = std::time::Instant::now() + left;
+            let deadline = deadline_of(&event.context);
             let total =
                 crate::maintenance::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
                     .await;
@@ -67,17 +64,9 @@ pub async fn run_delivery() -> Result<(), lambda_http::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let dispatcher = dispatcher.clone();
         async move {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-            let left = Duration::from_millis(event.context.deadline.saturating_sub(now)).saturating_sub(MARGIN);
-            let deadline = std::time::Instant::now() + left;
+            let deadline = deadline_of(&event.context);
             let total = dispatcher.run_loop(dispatcher.config.interval, Some(deadline)).await;
-            tracing::info!(
-                created = total.deliveries_created,
-                delivered = total.delivered,
-                retrying = total.retrying,
-                failed = total.failed,
-                "delivery invocation done"
-            );
+            total.log("delivery invocation done");
             crate::metrics::emit(
                 &[("Function", "deliver-webhooks")],
                 &[
@@ -94,6 +83,14 @@ pub async fn run_delivery() -> Result<(), lambda_http::Error> {
 }
 
 const MARGIN: Duration = Duration::from_secs(5);
+
+/// When a scheduled invocation must stop: its deadline less a margin for the last pass.
+fn deadline_of(context: &lambda_http::lambda_runtime::Context) -> std::time::Instant {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let left = Duration::from_millis(context.deadline.saturating_sub(now)).saturating_sub(MARGIN);
+    std::time::Instant::now() + left
+}
 
 /// Path parameters come from API Gateway when it provides them; otherwise (e.g. under
 /// `cargo lambda watch`) the route template is matched against the raw path.

@@ -317,6 +317,17 @@ pub struct DeliveryReport {
 }
 
 impl DeliveryReport {
+    /// One structured log line with every counter.
+    pub fn log(&self, message: &str) {
+        tracing::info!(
+            created = self.deliveries_created,
+            delivered = self.delivered,
+            retrying = self.retrying,
+            failed = self.failed,
+            "{message}"
+        );
+    }
+
     fn add(&mut self, o: &DeliveryReport) {
         self.events_matched += o.events_matched;
         self.deliveries_created += o.deliveries_created;
@@ -574,13 +585,7 @@ impl Dispatcher {
             match self.pass().await {
                 Ok(r) => {
                     if r.deliveries_created + r.delivered + r.failed + r.retrying > 0 {
-                        tracing::info!(
-                            created = r.deliveries_created,
-                            delivered = r.delivered,
-                            retrying = r.retrying,
-                            failed = r.failed,
-                            "webhook dispatch pass"
-                        );
+                        r.log("webhook dispatch pass");
                     }
                     total.add(&r);
                 }
