@@ -60,6 +60,12 @@ async fn balances_require_a_filter_and_stay_in_the_tenant() {
     assert_eq!(r.assert_ok()["balances"].as_array().unwrap().len(), 1);
     h.get(&t.key, &format!("/v1/balances?tenant={}&limit=0", t.id)).await.assert_error(400, "INVALID_REQUEST");
     h.get(&t.key, &format!("/v1/balances?tenant={}&limit=201", t.id)).await.assert_error(400, "INVALID_REQUEST");
+    // include_children is a boolean (its effect may be ignored in v0, its type may not).
+    let r = h.get(&t.key, &format!("/v1/balances?tenant={}&include_children=-5", t.id)).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["message"].as_str().unwrap().contains("include_children"), "{}", r.raw);
+    let r = h.get(&t.key, &format!("/v1/balances?tenant={}&include_children=true", t.id)).await;
+    assert_eq!(r.assert_ok()["balances"].as_array().unwrap().len(), 1);
     h.send("GET", &format!("/v1/balances?tenant={}", t.id), &[("x-admin-api-key", ADMIN_KEY)], None)
         .await
         .assert_error(401, "UNAUTHORIZED");

@@ -5,7 +5,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::auth::Principal;
-use super::{parse_query, Answer, ApiRequest, App, Ctx};
+use super::{parse_query, query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::{leaf_segment, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{digest, TenantKeys};
@@ -68,6 +68,8 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         }
     }
     let limit = parse_limit(query.get("limit"), 200)?;
+    // include_children may be ignored in v0 (every matching ledger is listed), but must be a boolean.
+    query_bool(query.get("include_children").map(String::as_str), "include_children")?;
     // Each supplied filter must appear as a whole `level:value` segment (case-insensitive).
     let segments: Vec<String> =
         FILTERS.iter().filter_map(|f| given(f).map(|v| format!("{f}:{}", v.to_ascii_lowercase()))).collect();

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::admin::*;
-use super::{Answer, ApiRequest, App, Ctx};
+use super::{query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::{self, TenantKeys};
@@ -279,15 +279,6 @@ fn utilization(r: &Record) -> f64 {
     int_field(r, "spent").unwrap_or(0) as f64 / allocated as f64
 }
 
-fn parse_bool(q: &ListQuery, name: &str) -> ApiResult<Option<bool>> {
-    match q.get(name) {
-        None => Ok(None),
-        Some("true") => Ok(Some(true)),
-        Some("false") => Ok(Some(false)),
-        Some(_) => Err(ApiError::invalid(format!("{name} must be true or false"))),
-    }
-}
-
 fn parse_ratio(q: &ListQuery, name: &str) -> ApiResult<Option<f64>> {
     match q.get(name) {
         None => Ok(None),
@@ -309,7 +300,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     if q.get("status").is_some_and(|s| !["ACTIVE", "FROZEN", "CLOSED"].contains(&s)) {
         return Err(ApiError::invalid("status must be ACTIVE, FROZEN or CLOSED"));
     }
-    let (over_limit, has_debt) = (parse_bool(&q, "over_limit")?, parse_bool(&q, "has_debt")?);
+    let (over_limit, has_debt) = (query_bool(q.get("over_limit"), "over_limit")?, query_bool(q.get("has_debt"), "has_debt")?);
     let (umin, umax) = (parse_ratio(&q, "utilization_min")?, parse_ratio(&q, "utilization_max")?);
     if let (Some(a), Some(b)) = (umin, umax) {
         if a > b {

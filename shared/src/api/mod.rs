@@ -279,6 +279,16 @@ pub fn parse_query(query: &str) -> ApiResult<HashMap<String, String>> {
     Ok(out)
 }
 
+/// A boolean query parameter: exactly `true` or `false` (absent is `None`).
+pub fn query_bool(value: Option<&str>, name: &str) -> ApiResult<Option<bool>> {
+    match value {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(_) => Err(ApiError::invalid(format!("{name} must be true or false"))),
+    }
+}
+
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
