@@ -25,7 +25,7 @@ struct BalanceResponse {
 /// Parses `limit` (1..=max, default 50).
 pub fn parse_limit(value: Option<&String>, max: usize) -> ApiResult<usize> {
     match value.map(String::as_str) {
-        None | Some("") => Ok(50),
+        None => Ok(50),
         Some(v) => match v.parse::<usize>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
             _ => Err(ApiError::invalid(format!("limit must be an integer between 1 and {max}"))),

@@ -300,7 +300,8 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     if q.get("status").is_some_and(|s| !["ACTIVE", "FROZEN", "CLOSED"].contains(&s)) {
         return Err(ApiError::invalid("status must be ACTIVE, FROZEN or CLOSED"));
     }
-    let (over_limit, has_debt) = (query_bool(q.get("over_limit"), "over_limit")?, query_bool(q.get("has_debt"), "has_debt")?);
+    let (over_limit, has_debt) =
+        (query_bool(q.get("over_limit"), "over_limit")?, query_bool(q.get("has_debt"), "has_debt")?);
     let (umin, umax) = (parse_ratio(&q, "utilization_min")?, parse_ratio(&q, "utilization_max")?);
     if let (Some(a), Some(b)) = (umin, umax) {
         if a > b {

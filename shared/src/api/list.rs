@@ -109,8 +109,10 @@ fn window(q: &HashMap<String, String>, from: &str, to: &str) -> ApiResult<(Optio
 
 impl Query {
     fn parse(q: &HashMap<String, String>, tenant: &str) -> ApiResult<Query> {
+        // Blank subject filters and date bounds mean "absent" (P-109); a blank status, sort or
+        // limit is an invalid value of its enum or integer type.
         let given = |name: &str| q.get(name).map(|v| v.as_str()).filter(|v| !v.is_empty());
-        let status = match given("status") {
+        let status = match q.get("status").map(String::as_str) {
             Some(s) if STATUSES.contains(&s) => Some(s.to_string()),
             Some(s) => {
                 return Err(ApiError::invalid(format!("status must be one of {} (got {s:?})", STATUSES.join(", "))))
@@ -128,13 +130,13 @@ impl Query {
         let created = window(q, "from", "to")?;
         let expires = window(q, "expires_from", "expires_to")?;
         let finalized = window(q, "finalized_from", "finalized_to")?;
-        let sort_given = given("sort_by").map(str::to_ascii_lowercase);
+        let sort_given = q.get("sort_by").map(|s| s.to_ascii_lowercase());
         if let Some(s) = &sort_given {
             if !SORT_KEYS.contains(&s.as_str()) {
                 return Err(ApiError::invalid(format!("sort_by must be one of {}", SORT_KEYS.join(", "))));
             }
         }
-        let dir_given = given("sort_dir").map(str::to_ascii_lowercase);
+        let dir_given = q.get("sort_dir").map(|s| s.to_ascii_lowercase());
         let desc = match dir_given.as_deref() {
             None | Some("desc") => true,
             Some("asc") => false,

@@ -442,7 +442,8 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
         ("x-request-id", ctx.request_id.clone()),
         ("x-cycles-trace-id", ctx.trace.trace_id.clone()),
     ];
-    if let Some(t) = &ctx.tenant {
+    // A tenant id taken from a path may hold bytes no header can carry (it is then unknown anyway).
+    if let Some(t) = ctx.tenant.as_ref().filter(|t| http::HeaderValue::from_str(t).is_ok()) {
         headers.push(("x-cycles-tenant", t.clone()));
     }
     ApiResponse { status, headers, body }
