@@ -5,12 +5,12 @@
 -- ARGV[5] payload hash  ARGV[6] actual unit  ARGV[7] actual amount  ARGV[8] metrics json or ''
 -- ARGV[9] metadata json or ''  ARGV[10] retention ms (terminal records)  ARGV[11] request context json
 local now = now_ms()
-local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-denied = scope_guard(KEYS[2], ARGV[1], r.scope_path)
+denied = filter and scope_guard(filter, r.scope_path)
 if denied then return denied end
 if r.status == 'COMMITTED' and r.rec.ck == ARGV[4] then
   if r.rec.ch ~= ARGV[5] then

@@ -9,9 +9,9 @@
 -- json  ARGV[9] subject json  ARGV[10] action json
 -- ARGV[11..] per budget key: "<scope>|<key code>" aligned with KEYS[7..]
 local now = now_ms()
-local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
-denied = scope_guard(KEYS[2], ARGV[1], scope_path_of(cjson.decode(ARGV[9])))
+denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[9])))
 if denied then return denied end
 
 local replayed = replay(KEYS[3], ARGV[3], '', now)

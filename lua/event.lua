@@ -8,9 +8,9 @@
 -- ARGV[9] request context json  ARGV[10] the request body (kept with the record)
 -- ARGV[11..] per budget key: "<scope>|<key code>" aligned with KEYS[6..]
 local now = now_ms()
-local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
-denied = scope_guard(KEYS[2], ARGV[1], scope_path_of(cjson.decode(ARGV[10]).subject or {}))
+denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[10]).subject or {}))
 if denied then return denied end
 
 local replayed = replay(KEYS[3], ARGV[3], 'APPLIED', now)

@@ -5,12 +5,12 @@
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] payload hash
 -- ARGV[5] extend_by_ms  ARGV[6] retention ms (terminal records)
 local now = now_ms()
-local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-denied = scope_guard(KEYS[2], ARGV[1], r.scope_path)
+denied = filter and scope_guard(filter, r.scope_path)
 if denied then return denied end
 local replayed = replay(KEYS[5], ARGV[4], r.status, now)
 if replayed then return replayed end

@@ -121,20 +121,24 @@ local function err(code, message, details, status)
 end
 
 -- API-key check inside the operation's own script: digest, status, expiry, permission.
--- Every failure yields the same 401 message; the reason travels separately for logs.
+-- Every failure yields the same 401 message; the reason travels separately for logs. On
+-- success the second value is the key's raw scope_filter (nil when it has none), for
+-- `scope_guard`.
 local function authorize(key_record, digest, accepted, now)
   if digest == '' then return nil end -- admin-key call, authenticated by the handler
-  local f = redis.call('HMGET', key_record, 'digest', 'status', 'expires_at_ms', 'permissions')
+  local f = redis.call('HMGET', key_record, 'digest', 'status', 'expires_at_ms', 'permissions', 'scope_filter')
   local reason = nil
   if not f[1] then reason = 'KEY_NOT_FOUND'
   elseif f[1] ~= digest then reason = 'INVALID_KEY'
   elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
   if reason then return err('UNAUTHORIZED', 'Invalid or missing API key', reason) end
-  if accepted == '' then return nil end
+  local filter = f[5]
+  if filter == '' then filter = nil end
+  if accepted == '' then return nil, filter end
   local held = f[4] or ''
   for p in string.gmatch(accepted, '[^,]+') do
-    if string.find(held, ',' .. p .. ',', 1, true) then return nil end
+    if string.find(held, ',' .. p .. ',', 1, true) then return nil, filter end
   end
   return err('FORBIDDEN', 'API key lacks the permission this operation requires: ' .. string.match(accepted, '[^,]+'))
 end
@@ -190,7 +194,7 @@ local function read_budget(key, scope)
   local b = { key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
     remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
     overdraft_limit = f[9] or '0', over = (f[10] == 'true'), caps = f[11], policy = f[12] }
-  b.before = {remaining = b.remaining, debt = b.debt, over = b.over}
+  b.before = {remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt, over = b.over}
   return b
 end
 
@@ -254,16 +258,22 @@ local function resolve_policy(requested, budgets, tenant)
   return (tenant and tenant.default_policy) or 'ALLOW_IF_AVAILABLE'
 end
 
--- Checks that every new value fits int64, then writes all budgets (never half way).
+-- Checks that every new value fits int64, then writes all budgets (never half way): only the
+-- fields that changed (Redis charges per argument) and the update time.
+local LEDGER_FIELDS = {'remaining', 'reserved', 'spent', 'debt'}
 local function write_budgets(budgets, now)
   for _, b in ipairs(budgets) do
-    for _, v in ipairs({b.remaining, b.reserved, b.spent, b.debt}) do
-      if not d_fits(v) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
+    for _, field in ipairs(LEDGER_FIELDS) do
+      if not d_fits(b[field]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
     end
   end
   for _, b in ipairs(budgets) do
-    redis.call('HSET', b.key, 'remaining', b.remaining, 'reserved', b.reserved, 'spent', b.spent,
-      'debt', b.debt, 'is_over_limit', b.over and 'true' or 'false', 'updated_at_ms', now)
+    local args = {'updated_at_ms', now}
+    for _, field in ipairs(LEDGER_FIELDS) do
+      if b[field] ~= b.before[field] then args[#args + 1] = field; args[#args + 1] = b[field] end
+    end
+    if b.over ~= b.before.over then args[#args + 1] = 'is_over_limit'; args[#args + 1] = b.over and 'true' or 'false' end
+    redis.call('HSET', b.key, unpack(args))
   end
   return nil
 end
@@ -327,13 +337,10 @@ local function scope_path_of(subject)
   return table.concat(parts, '/')
 end
 
--- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments; absent = everything)
--- must admit the scope a runtime operation targets, else 403 (decision D7). Admin-key calls
--- (no digest) are not filtered.
-local function scope_guard(key_record, digest, scope)
-  if digest == '' or not scope then return nil end
-  local raw = redis.call('HGET', key_record, 'scope_filter')
-  if not raw or raw == '' then return nil end
+-- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments, as `authorize`
+-- returns it) must admit the scope a runtime operation targets, else 403 (decision D7).
+-- Callers skip it when the key has no filter: `denied = filter and scope_guard(filter, scope)`.
+local function scope_guard(raw, scope)
   local ok, filter = pcall(cjson.decode, raw)
   if not ok or type(filter) ~= 'table' or #filter == 0 then return nil end
   for _, entry in ipairs(filter) do

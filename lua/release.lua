@@ -6,12 +6,12 @@
 -- ARGV[4] idempotency key  ARGV[5] payload hash  ARGV[6] reason or ''  ARGV[7] retention ms
 -- ARGV[8] audit entry json ('' unless an admin released on behalf of the tenant)
 local now = now_ms()
-local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
 local r = read_reservation(KEYS[3], ARGV[3])
 if not r then return err('NOT_FOUND', 'Reservation not found') end
-denied = scope_guard(KEYS[2], ARGV[1], r.scope_path)
+denied = filter and scope_guard(filter, r.scope_path)
 if denied then return denied end
 if r.status == 'RELEASED' and r.rec.rk == ARGV[4] then
   if r.rec.rh ~= ARGV[5] then

@@ -10,9 +10,9 @@
 -- ARGV[15..] per budget key: "<scope>|<key code>" aligned with KEYS[8..]; then 'reclaimed' on
 -- the retry after a lazy reclaim (so a reserve asks for a reclaim at most once)
 local now = now_ms()
-local denied = authorize(KEYS[2], ARGV[1], ARGV[2], now)
+local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
-denied = scope_guard(KEYS[2], ARGV[1], scope_path_of(cjson.decode(ARGV[11])))
+denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[11])))
 if denied then return denied end
 
 local existing = load_record(KEYS[3])

@@ -163,7 +163,43 @@ pub mod scripts {
     const LIB: &str = include_str!("../../lua/lib.lua");
 
     fn with_lib(body: &str) -> Script {
-        Script::new(&format!("{LIB}\n{body}"))
+        Script::new(&link(LIB, body))
+    }
+
+    /// `body` preceded by the helpers of `lib` it uses, directly or through other helpers, in
+    /// their original order. Redis runs a script's whole text on every call, so each script
+    /// carries only what it needs. A helper is a top-level `local` definition of `lib`.
+    pub fn link(lib: &str, body: &str) -> String {
+        let mut items: Vec<(Vec<&str>, String)> = Vec::new();
+        for line in lib.lines() {
+            if let Some(def) = line.strip_prefix("local ") {
+                let names = def.strip_prefix("function ").unwrap_or(def);
+                let names = names.split(['=', '(']).next().unwrap_or_default();
+                items.push((names.split(',').map(str::trim).collect(), String::new()));
+            }
+            if let Some((_, text)) = items.last_mut() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        let mut needed = identifiers(body);
+        let mut kept = vec![false; items.len()];
+        while let Some(i) = (0..items.len()).find(|&i| !kept[i] && items[i].0.iter().any(|n| needed.contains(n))) {
+            kept[i] = true;
+            needed.extend(identifiers(&items[i].1));
+        }
+        let mut out: String = items.iter().zip(&kept).filter(|(_, k)| **k).map(|(item, _)| item.1.as_str()).collect();
+        out.push_str(body);
+        out
+    }
+
+    /// The identifiers a piece of Lua mentions outside comments.
+    fn identifiers(code: &str) -> std::collections::HashSet<&str> {
+        code.lines()
+            .map(|l| l.split("--").next().unwrap_or_default())
+            .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
+            .collect()
     }
 
     pub static RESERVE: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/reserve.lua")));
@@ -209,4 +245,23 @@ pub mod scripts {
     pub static SYSTEM_EVENT: LazyLock<Script> = LazyLock::new(|| with_lib(include_str!("../../lua/system_event.lua")));
     /// The trivial script of the benchmark floors.
     pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scripts::link;
+
+    const LIB: &str = "-- header\nlocal A, B = 1, 2\n\n-- uses A\nlocal function f(x)\n  return x + A\nend\n\
+                       local function unused() return 0 end\nlocal T = {\n  g = function() return f(1) end,\n}\n";
+
+    #[test]
+    fn link_keeps_what_the_body_needs_transitively_in_order() {
+        let out = link(LIB, "return T.g()");
+        assert_eq!(out, "local A, B = 1, 2\n\n-- uses A\nlocal function f(x)\n  return x + A\nend\nlocal T = {\n  g = function() return f(1) end,\n}\nreturn T.g()");
+    }
+
+    #[test]
+    fn link_ignores_names_in_comments() {
+        assert_eq!(link(LIB, "-- unused f\nreturn B"), "local A, B = 1, 2\n\n-- uses A\n-- unused f\nreturn B");
+    }
 }
