@@ -5,8 +5,15 @@ use rand::RngCore;
 
 use crate::keys::digest;
 
+/// A v4 UUID from the thread-local generator (`Uuid::new_v4` makes a getrandom syscall).
+pub fn random_uuid() -> uuid::Uuid {
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    uuid::Builder::from_random_bytes(bytes).into_uuid()
+}
+
 pub fn new_request_id() -> String {
-    uuid::Uuid::new_v4().to_string()
+    random_uuid().to_string()
 }
 
 fn is_lower_hex(s: &str, len: usize) -> bool {

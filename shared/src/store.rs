@@ -62,7 +62,13 @@ impl Store {
             let client = ClusterClientBuilder::new(seeds)
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
-                .retries(3)
+                // Resharding answers ASK/MOVED (followed at once) and TRYAGAIN while a multi-key
+                // script's keys are split across two nodes: wait briefly and retry, for about
+                // 1.2 s in all (the client's default first wait alone is 1.28 s).
+                .retries(8)
+                .min_retry_wait(5)
+                .max_retry_wait(250)
+                .retry_wait_formula(10, 2)
                 .build()?;
             Conn::Cluster(client.get_async_connection().await?)
         } else {

@@ -350,7 +350,7 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         caller.digest.clone(),
         Permission::ReservationsCommit.accepted().to_string(),
         payload_hash(&raw, &[]),
-        format!("evt_{}", uuid::Uuid::new_v4().simple()),
+        format!("evt_{}", crate::ids::random_uuid().simple()),
         unit.as_str().to_string(),
         r.actual.amount.to_string(),
         r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),

@@ -1,0 +1,150 @@
+//! Resharding under load (Redis Cluster only): the slot of a busy tenant moves to another
+//! master and back while clients reserve and commit against it. Redis answers ASK, TRYAGAIN
+//! and finally MOVED during each move; no client may see an error and no write may be lost.
+//! On standalone Redis there is no slot to move and the test says so.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cycles_shared::keys::TenantKeys;
+use cycles_tests::*;
+use redis::aio::MultiplexedConnection;
+
+/// A master of the cluster: its address and node id.
+#[derive(Clone, Debug)]
+struct Node {
+    host: String,
+    port: u16,
+    id: String,
+}
+
+async fn connect(node: &Node) -> MultiplexedConnection {
+    let client = redis::Client::open(format!("redis://{}:{}", node.host, node.port)).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+/// The masters, and the one serving `slot`, read from `CLUSTER SLOTS` on a seed node.
+async fn topology(seed: &str, slot: u16) -> (Vec<Node>, Node) {
+    let mut c = redis::Client::open(seed).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c).await.unwrap();
+    let (mut masters, mut owner) = (Vec::new(), None);
+    for range in ranges {
+        let redis::Value::Array(parts) = range else { panic!("CLUSTER SLOTS shape") };
+        let int = |v: &redis::Value| -> i64 { redis::from_redis_value_ref(v).unwrap() };
+        let (start, end) = (int(&parts[0]), int(&parts[1]));
+        let redis::Value::Array(master) = &parts[2] else { panic!("CLUSTER SLOTS node shape") };
+        let text = |v: &redis::Value| -> String { redis::from_redis_value_ref(v).unwrap() };
+        let (host, port, id) = (text(&master[0]), int(&master[1]) as u16, text(&master[2]));
+        let node = Node { host, port, id };
+        if (start..=end).contains(&i64::from(slot)) {
+            owner = Some(node.clone());
+        }
+        if !masters.iter().any(|m: &Node| m.id == node.id) {
+            masters.push(node);
+        }
+    }
+    (masters, owner.expect("the slot has an owner"))
+}
+
+/// Moves `slot` from `from` to `to` the way `redis-cli --cluster reshard` does: mark it
+/// importing/migrating, MIGRATE its keys in batches while clients keep writing, then assign it.
+async fn move_slot(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize {
+    let (mut src, mut dst) = (connect(from).await, connect(to).await);
+    let setslot = |state: &str, node: &str| redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(node).clone();
+    let _: () = setslot("IMPORTING", &from.id).query_async(&mut dst).await.unwrap();
+    let _: () = setslot("MIGRATING", &to.id).query_async(&mut src).await.unwrap();
+    let mut moved = 0;
+    loop {
+        let keys: Vec<Vec<u8>> =
+            redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100).query_async(&mut src).await.unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        moved += keys.len();
+        let mut migrate = redis::cmd("MIGRATE");
+        migrate.arg(&to.host).arg(to.port).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys);
+        let _: () = migrate.query_async(&mut src).await.unwrap();
+        // Let clients run between batches, so requests meet a half-moved slot.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for node in std::iter::once(to)
+        .chain(std::iter::once(from))
+        .chain(masters.iter().filter(|m| m.id != to.id && m.id != from.id))
+    {
+        let _: () = setslot("NODE", &to.id).query_async(&mut connect(node).await).await.unwrap();
+    }
+    moved
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_busy_tenants_slot_shows_no_errors_and_loses_no_writes() {
+    let h = Arc::new(Harness::start().await);
+    if !h.store.is_cluster() {
+        eprintln!("standalone Redis: slot migration is a cluster test (scripts/test runs it on a 3-master cluster)");
+        return;
+    }
+    const ALLOCATED: i64 = 1_000_000_000;
+    let t = Arc::new(h.funded(ALLOCATED).await);
+    let seed = h.redis_url.split(',').next().unwrap().to_string();
+    let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let slot: u16 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(TenantKeys::new(&t.id).tenant()).query_async(&mut c).await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ops, committed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicI64::new(0)));
+    let slowest_ms = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut clients = Vec::new();
+    for n in 0..8 {
+        let (h, t, stop, ops, committed, errors, slowest_ms) =
+            (h.clone(), t.clone(), stop.clone(), ops.clone(), committed.clone(), errors.clone(), slowest_ms.clone());
+        clients.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let started = Instant::now();
+                let r = h.reserve(&t, 10, json!({})).await;
+                let Some(rid) = r.body["reservation_id"].as_str().map(str::to_string) else {
+                    errors.lock().unwrap().push(format!("reserve: {} {}", r.status, r.raw));
+                    continue;
+                };
+                let r = if (n + i) % 3 == 0 { h.release(&t, &rid).await } else { h.commit(&t, &rid, 7).await };
+                if r.status != 200 {
+                    errors.lock().unwrap().push(format!("finish: {} {}", r.status, r.raw));
+                } else if r.body["charged"].is_object() {
+                    committed.fetch_add(7, Ordering::Relaxed);
+                }
+                ops.fetch_add(2, Ordering::Relaxed);
+                slowest_ms.fetch_max(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (masters, home) = topology(&seed, slot).await;
+    let away = masters.iter().find(|m| m.id != home.id).expect("a second master").clone();
+    let before = ops.load(Ordering::Relaxed);
+    let moved_out = move_slot(slot, &home, &away, &masters).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let moved_back = move_slot(slot, &away, &home, &masters).await;
+    let during = ops.load(Ordering::Relaxed) - before;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+
+    let slowest = slowest_ms.load(Ordering::Relaxed);
+    eprintln!("moved {moved_out} keys out and {moved_back} back; {during} operations meanwhile; slowest lifecycle {slowest} ms");
+    let errors = errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "{} client-visible errors, first: {:?}", errors.len(), errors.first());
+    assert!(moved_out > 0 && moved_back >= moved_out, "keys moved: {moved_out} out, {moved_back} back");
+    assert!(during > 20, "load overlapped the moves: {during} operations");
+    assert!(slowest < 3_000, "retries during a move are short: slowest lifecycle {slowest} ms");
+    assert_eq!(topology(&seed, slot).await.1.id, home.id, "the slot is home again");
+    // No lost or doubled write: every commit is in `spent`, every hold came back.
+    let root = h.root(&t).await;
+    let spent = committed.load(Ordering::Relaxed);
+    assert_eq!((root.spent, root.reserved, root.remaining), (spent, 0, ALLOCATED - spent), "ledger after the moves");
+}
