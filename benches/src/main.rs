@@ -80,28 +80,36 @@ impl Stats {
     }
 }
 
-/// Runs `op` `warmup` times untimed, then `n` times timed, sequentially.
-async fn measure<F, Fut>(h: &Harness, name: &str, o: &Opts, mut op: F) -> Stats
-where
-    F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut h.store.conn()).await.unwrap();
-    for i in 0..o.warmup {
-        op(i).await;
-    }
-    let mut samples = Vec::with_capacity(o.iterations);
-    let mut errors = 0;
-    let start = Instant::now();
-    for i in 0..o.iterations {
-        let t = Instant::now();
-        if !op(o.warmup + i).await {
-            errors += 1;
+/// One single-connection case: call index -> success.
+type Op<'a> = Box<dyn FnMut(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>> + 'a>;
+
+/// Measures the single-connection cases. First each case alone for `stat_calls` calls, for its
+/// Redis commands and script time (`INFO commandstats` cannot tell interleaved cases apart);
+/// then `warmup` untimed and `iterations` timed rounds that run every case once each, so slow
+/// drift of a shared machine hits every case and the floors alike and the ratios stay fair.
+async fn measure_interleaved(h: &Harness, ops: &mut [(&str, Op<'_>)], stat_calls: usize, o: &Opts) -> Vec<Stats> {
+    let mut stats = Vec::with_capacity(ops.len());
+    for (name, op) in ops.iter_mut() {
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut h.store.conn()).await.unwrap();
+        for i in 0..stat_calls {
+            op(i).await;
         }
-        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+        let redis = Some(command_stats(h, stat_calls as f64).await);
+        stats.push(Stats { name: name.to_string(), samples: Vec::new(), errors: 0, wall: Duration::ZERO, redis });
     }
-    let redis = Some(command_stats(h, (o.warmup + o.iterations) as f64).await);
-    Stats { name: name.to_string(), samples, errors, wall: start.elapsed(), redis }
+    for round in 0..o.warmup + o.iterations {
+        for ((_, op), st) in ops.iter_mut().zip(stats.iter_mut()) {
+            let t = Instant::now();
+            let ok = op(stat_calls + round).await;
+            let elapsed = t.elapsed();
+            if round >= o.warmup {
+                st.samples.push(elapsed.as_secs_f64() * 1000.0);
+                st.wall += elapsed;
+                st.errors += usize::from(!ok);
+            }
+        }
+    }
+    stats
 }
 
 /// From `INFO commandstats` since the last reset: Redis commands per operation and the server
@@ -411,141 +419,132 @@ async fn main() {
         ..NewBudget::new(&a.id, &format!("tenant:{}", a.id), Unit::Tokens, 1_000_000_000)
     })
     .await;
-    let n = o.warmup + o.iterations;
-    let mut cases = Vec::new();
-
-    // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
-    cases.push(
-        measure(&h, "Floor: HTTP", &o, |_| async { h.send("GET", "/_floor/http", &[], None).await.status == 200 })
-            .await,
-    );
-    cases.push(
-        measure(&h, "Floor: Redis EVALSHA", &o, |_| async {
-            let mut c = h.store.conn();
-            scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut c).await.is_ok()
-        })
-        .await,
-    );
-    cases.push(
-        measure(&h, "Floor: service (HTTP + EVALSHA)", &o, |_| async {
-            h.send("GET", "/_floor/redis", &[], None).await.status == 200
-        })
-        .await,
-    );
-    let floor = cases[2].pct(50.0);
-
-    cases.push(
-        measure(&h, "Reserve", &o, |i| {
-            let (h, a) = (&h, &a);
-            async move { reserve(h, a, format!("r-{i}")).await.is_some() }
-        })
-        .await,
-    );
-    let ids = pre_create(&h, &a, "c", n).await;
-    cases.push(
-        measure(&h, "Commit", &o, |i| {
-            let (h, a, id) = (&h, &a, ids[i].clone());
-            async move { h.commit(a, &id, 80).await.status == 200 }
-        })
-        .await,
-    );
-    let ids = pre_create(&h, &a, "rl", n).await;
-    cases.push(
-        measure(&h, "Release", &o, |i| {
-            let (h, a, id) = (&h, &a, ids[i].clone());
-            async move { h.release(a, &id).await.status == 200 }
-        })
-        .await,
-    );
-    let ids = pre_create(&h, &a, "ex", n).await;
-    cases.push(
-        measure(&h, "Extend", &o, |i| {
-            let (h, a, id) = (&h, &a, ids[i].clone());
-            async move { h.extend(a, &id, 10_000).await.status == 200 }
-        })
-        .await,
-    );
-    cases.push(
-        measure(&h, "Decide", &o, |i| {
-            let (h, a) = (&h, &a);
-            async move {
-                let mut body = reserve_body(a, &format!("d-{i}"));
-                for f in ["ttl_ms", "overage_policy"] {
-                    body.as_object_mut().unwrap().remove(f);
-                }
-                h.post(&a.key, "/v1/decide", &body).await.status == 200
-            }
-        })
-        .await,
-    );
-    cases.push(
-        measure(&h, "Reserve+Commit", &o, |i| {
-            let (h, a) = (&h, &a);
-            async move {
-                match reserve(h, a, format!("rc-{i}")).await {
-                    Some(id) => h.commit(a, &id, 80).await.status == 200,
-                    None => false,
-                }
-            }
-        })
-        .await,
-    );
-    cases.push(
-        measure(&h, "Reserve+Release", &o, |i| {
-            let (h, a) = (&h, &a);
-            async move {
-                match reserve(h, a, format!("rr-{i}")).await {
-                    Some(id) => h.release(a, &id).await.status == 200,
-                    None => false,
-                }
-            }
-        })
-        .await,
-    );
-    cases.push(
-        measure(&h, "Event", &o, |i| {
-            let (h, a) = (&h, &a);
-            async move {
-                let body = json!({"idempotency_key": format!("ev-{i}"), "subject": {"tenant": a.id},
-                    "action": {"kind": "llm.completion", "name": "test-model"}, "actual": {"unit": "TOKENS", "amount": 50}});
-                h.post(&a.key, "/v1/events", &body).await.status == 201
-            }
-        })
-        .await,
-    );
+    // Each case's op gets a call index unique within the case (a stats pass, then the
+    // interleaved warm-up and timed rounds), so pre-created ids are never reused.
+    let stat_calls = o.iterations.min(100);
+    let n = stat_calls + o.warmup + o.iterations;
+    let commit_ids = pre_create(&h, &a, "c", n).await;
+    let release_ids = pre_create(&h, &a, "rl", n).await;
+    let extend_ids = pre_create(&h, &a, "ex", n).await;
     let one = reserve(&h, &a, "get-one".into()).await.unwrap();
-    cases.push(
-        measure(&h, "GET reservation", &o, |_| {
-            let (h, a, id) = (&h, &a, one.clone());
-            async move { h.get(&a.key, &format!("/v1/reservations/{id}")).await.status == 200 }
-        })
-        .await,
-    );
-
     let balances_path = format!("/v1/balances?tenant={}", a.id);
-    cases.push(
-        measure(&h, "GET balances", &o, |_| {
-            let (h, a, p) = (&h, &a, balances_path.clone());
-            async move { h.get(&a.key, &p).await.status == 200 }
-        })
-        .await,
-    );
     let lt = h.funded(1_000_000).await;
     fill(&h, &lt, "ten", 10, json!({})).await;
-    cases.push(
-        measure(&h, "LIST reservations (limit=10)", &o, |_| {
-            let (h, lt) = (&h, &lt);
-            async move { h.get(&lt.key, "/v1/reservations?limit=10").await.status == 200 }
-        })
-        .await,
-    );
+    let (h, a, lt) = (&h, &a, &lt);
+    let mut ops: Vec<(&str, Op)> = vec![
+        // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
+        (
+            "Floor: HTTP",
+            Box::new(move |_| Box::pin(async move { h.send("GET", "/_floor/http", &[], None).await.status == 200 })),
+        ),
+        (
+            "Floor: Redis EVALSHA",
+            Box::new(move |_| {
+                Box::pin(async move {
+                    let mut c = h.store.conn();
+                    scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut c).await.is_ok()
+                })
+            }),
+        ),
+        (
+            "Floor: service (HTTP + EVALSHA)",
+            Box::new(move |_| Box::pin(async move { h.send("GET", "/_floor/redis", &[], None).await.status == 200 })),
+        ),
+        ("Reserve", Box::new(move |i| Box::pin(async move { reserve(h, a, format!("r-{i}")).await.is_some() }))),
+        (
+            "Commit",
+            Box::new(|i| {
+                let id = &commit_ids[i];
+                Box::pin(async move { h.commit(a, id, 80).await.status == 200 })
+            }),
+        ),
+        (
+            "Release",
+            Box::new(|i| {
+                let id = &release_ids[i];
+                Box::pin(async move { h.release(a, id).await.status == 200 })
+            }),
+        ),
+        (
+            "Extend",
+            Box::new(|i| {
+                let id = &extend_ids[i];
+                Box::pin(async move { h.extend(a, id, 10_000).await.status == 200 })
+            }),
+        ),
+        (
+            "Decide",
+            Box::new(move |i| {
+                Box::pin(async move {
+                    let mut body = reserve_body(a, &format!("d-{i}"));
+                    for f in ["ttl_ms", "overage_policy"] {
+                        body.as_object_mut().unwrap().remove(f);
+                    }
+                    h.post(&a.key, "/v1/decide", &body).await.status == 200
+                })
+            }),
+        ),
+        (
+            "Reserve+Commit",
+            Box::new(move |i| {
+                Box::pin(async move {
+                    match reserve(h, a, format!("rc-{i}")).await {
+                        Some(id) => h.commit(a, &id, 80).await.status == 200,
+                        None => false,
+                    }
+                })
+            }),
+        ),
+        (
+            "Reserve+Release",
+            Box::new(move |i| {
+                Box::pin(async move {
+                    match reserve(h, a, format!("rr-{i}")).await {
+                        Some(id) => h.release(a, &id).await.status == 200,
+                        None => false,
+                    }
+                })
+            }),
+        ),
+        (
+            "Event",
+            Box::new(move |i| {
+                Box::pin(async move {
+                    let body = json!({"idempotency_key": format!("ev-{i}"), "subject": {"tenant": a.id},
+                "action": {"kind": "llm.completion", "name": "test-model"}, "actual": {"unit": "TOKENS", "amount": 50}});
+                    h.post(&a.key, "/v1/events", &body).await.status == 201
+                })
+            }),
+        ),
+        (
+            "GET reservation",
+            Box::new(|_| {
+                let p = format!("/v1/reservations/{one}");
+                Box::pin(async move { h.get(&a.key, &p).await.status == 200 })
+            }),
+        ),
+        (
+            "GET balances",
+            Box::new(|_| {
+                let p = &balances_path;
+                Box::pin(async move { h.get(&a.key, p).await.status == 200 })
+            }),
+        ),
+        (
+            "LIST reservations (limit=10)",
+            Box::new(move |_| Box::pin(async move { h.get(&lt.key, "/v1/reservations?limit=10").await.status == 200 })),
+        ),
+    ];
+    let mut cases = measure_interleaved(h, &mut ops, stat_calls, &o).await;
+    let floor = cases[2].pct(50.0);
+    drop(ops);
     // Sorted listing at 1k and 10k rows (half in each of two tenants; the listed tenant holds half).
     // Seed both datasets first, then measure (10k first), so drift cannot favour either size.
     let mut datasets = Vec::new();
     for total in [1_000usize, 10_000] {
         let (x, y) = (h.funded(i64::MAX / 4).await, h.funded(i64::MAX / 4).await);
-        fill(&h, &x, &format!("sx{total}"), total / 2, json!({})).await;
-        fill(&h, &y, &format!("sy{total}"), total / 2, json!({})).await;
+        fill(h, &x, &format!("sx{total}"), total / 2, json!({})).await;
+        fill(h, &y, &format!("sy{total}"), total / 2, json!({})).await;
         datasets.push((total, x));
     }
 
@@ -601,8 +600,8 @@ async fn main() {
     }
     // Concurrency cases: 5 s each (shorter in smoke runs).
     let dur = if o.iterations >= 50 { Duration::from_secs(5) } else { Duration::from_millis(300) };
-    let lifecycle = lifecycles(&h, dur).await;
-    let fanout = fan_out(&h, dur).await;
+    let lifecycle = lifecycles(h, dur).await;
+    let fanout = fan_out(h, dur).await;
     println!();
     println!(
         "| lifecycle case | lifecycles/s | p50 ms | p95 ms | p99 ms | errors | lifecycles/s / service-floor req/s |"
@@ -620,9 +619,9 @@ async fn main() {
             l.ops() / cases[2].ops()
         );
     }
-    let mut extra = extras(&h, &o).await;
+    let mut extra = extras(h, &o).await;
     extra["fan_out"] = fanout;
-    extra["event_to_webhook"] = webhook_latency(&h, &o).await;
+    extra["event_to_webhook"] = webhook_latency(h, &o).await;
     if let Some(dir) = &o.lambda_dir {
         let functions = cold_start::measure(std::path::Path::new(dir), &h.redis_url).await;
         println!();
