@@ -109,20 +109,7 @@ async fn listing_time_windows() {
         async move { h.get(&key, &format!("/v1/reservations/{id}")).await.body }
     };
     let (da, db) = (detail(a.clone()).await, detail(b.clone()).await);
-    let iso = |ms: i64| {
-        // RFC 3339 from epoch ms (UTC)
-        let secs = ms.div_euclid(1000);
-        let days = secs.div_euclid(86_400);
-        let (y, m, d) = civil(days);
-        let rem = secs.rem_euclid(86_400);
-        format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60,
-            ms.rem_euclid(1000)
-        )
-    };
+    let iso = cycles_shared::domain::format_rfc3339_ms;
     let ca = da["created_at_ms"].as_i64().unwrap();
     let cb = db["created_at_ms"].as_i64().unwrap();
     // P-106: inclusive bounds on created_at_ms.
@@ -148,18 +135,6 @@ async fn listing_time_windows() {
     h.get(&t.key, "/v1/reservations?from=yesterday").await.assert_error(400, "INVALID_REQUEST");
     let r = h.get(&t.key, "/v1/reservations?from=2000-01-01T01:00:00%2B01:00").await;
     assert_eq!(ids(&r).len(), 2);
-}
-
-fn civil(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 #[tokio::test]
