@@ -2,7 +2,7 @@
 //! script runner every operation goes through (EVALSHA; NOSCRIPT -> load and retry).
 
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -110,10 +110,28 @@ impl Store {
         for a in args {
             inv.arg(a);
         }
-        let mut conn = self.conn.clone();
-        let parts: Vec<String> = inv.invoke_async(&mut conn).await?;
-        Reply::decode(parts)
+        // While a slot moves, a script can be refused (TRYAGAIN while its keys are split across
+        // two nodes, or a redirect the client ran out of retries for). Refused means not run,
+        // so it is retried until the move is over, within a bound.
+        let patience = Instant::now() + Duration::from_secs(3);
+        let mut wait = Duration::from_millis(10);
+        loop {
+            let mut conn = self.conn.clone();
+            match inv.invoke_async::<Vec<String>>(&mut conn).await {
+                Ok(parts) => return Reply::decode(parts),
+                Err(e) if self.cluster && slot_in_motion(&e) && Instant::now() + wait < patience => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
+}
+
+/// Cluster answers that mean the command was not executed because its slot is being moved.
+fn slot_in_motion(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("TRYAGAIN" | "ASK" | "MOVED" | "CLUSTERDOWN"))
 }
 
 /// What a script answered: its stored result (a JSON array of strings) plus the record's

@@ -57,7 +57,7 @@ async fn move_slot(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize
     let mut moved = 0;
     loop {
         let keys: Vec<Vec<u8>> =
-            redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100).query_async(&mut src).await.unwrap();
+            redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(50).query_async(&mut src).await.unwrap();
         if keys.is_empty() {
             break;
         }
@@ -66,7 +66,7 @@ async fn move_slot(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize
         migrate.arg(&to.host).arg(to.port).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys);
         let _: () = migrate.query_async(&mut src).await.unwrap();
         // Let clients run between batches, so requests meet a half-moved slot.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for node in std::iter::once(to)
         .chain(std::iter::once(from))
