@@ -27,3 +27,8 @@ pub fn init_tracing(json: bool) {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     let _ = if json { builder.json().flatten_event(true).try_init() } else { builder.compact().try_init() };
 }
+
+/// mimalloc for every binary that links this crate: a request allocates many small,
+/// short-lived objects, and glibc's malloc/free took about a tenth of a warm request's CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
