@@ -177,7 +177,7 @@ async fn listing_pagination_and_cursor_binding() {
     h.get(&t.key, "/v1/reservations?sort_dir=up").await.assert_error(400, "INVALID_REQUEST");
     h.get(&t.key, "/v1/reservations?status=DONE").await.assert_error(400, "INVALID_REQUEST");
     // Blank enum and integer values are invalid values, not absent ones (only date bounds, P-109).
-    for blank in ["status=", "sort_by=", "sort_dir=", "limit="] {
+    for blank in ["status=", "sort_by=", "sort_dir=", "limit=", "idempotency_key="] {
         h.get(&t.key, &format!("/v1/reservations?{blank}")).await.assert_error(400, "INVALID_REQUEST");
     }
 }

@@ -109,8 +109,8 @@ fn window(q: &HashMap<String, String>, from: &str, to: &str) -> ApiResult<(Optio
 
 impl Query {
     fn parse(q: &HashMap<String, String>, tenant: &str) -> ApiResult<Query> {
-        // Blank subject filters and date bounds mean "absent" (P-109); a blank status, sort or
-        // limit is an invalid value of its enum or integer type.
+        // Blank subject filters and date bounds mean "absent" (P-109); a blank status, sort,
+        // limit or idempotency_key is an invalid value of its type.
         let given = |name: &str| q.get(name).map(|v| v.as_str()).filter(|v| !v.is_empty());
         let status = match q.get("status").map(String::as_str) {
             Some(s) if STATUSES.contains(&s) => Some(s.to_string()),
@@ -123,9 +123,9 @@ impl Query {
             .iter()
             .filter_map(|f| given(f).map(|v| format!("{f}:{}", v.to_ascii_lowercase())))
             .collect();
-        let idempotency_key = given("idempotency_key").map(str::to_string);
-        if idempotency_key.as_ref().is_some_and(|k| k.chars().count() > 256) {
-            return Err(ApiError::invalid("idempotency_key must be at most 256 characters"));
+        let idempotency_key = q.get("idempotency_key").cloned();
+        if idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.chars().count() > 256) {
+            return Err(ApiError::invalid("idempotency_key must be 1 to 256 characters"));
         }
         let created = window(q, "from", "to")?;
         let expires = window(q, "expires_from", "expires_to")?;
