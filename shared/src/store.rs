@@ -63,8 +63,8 @@ impl Store {
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
                 // Resharding answers ASK/MOVED (followed at once) and TRYAGAIN while a multi-key
-                // script's keys are split across two nodes: wait briefly and retry, for about
-                // 1.2 s in all (the client's default first wait alone is 1.28 s).
+                // script's keys are split across two nodes: retry after short waits (the
+                // client's default first wait alone is 1.28 s); `run` covers longer moves.
                 .retries(8)
                 .min_retry_wait(5)
                 .max_retry_wait(250)
@@ -129,7 +129,8 @@ impl Store {
     }
 }
 
-/// Cluster answers that mean the command was not executed because its slot is being moved.
+/// Cluster answers that mean the command was not executed: its slot is moving (TRYAGAIN, or a
+/// redirect left over once the client's own retries are spent) or the cluster is briefly down.
 fn slot_in_motion(e: &redis::RedisError) -> bool {
     matches!(e.code(), Some("TRYAGAIN" | "ASK" | "MOVED" | "CLUSTERDOWN"))
 }

@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use super::auth::Principal;
-use super::{parse_query, ApiRequest, App, Ctx};
+use super::{parse_limit, parse_query, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, scope_admitted};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::TenantKeys;
@@ -248,13 +248,7 @@ impl ListQuery {
     /// `sort_dir`, `search` (at most 128 characters) and `cursor`.
     pub fn parse(req: &ApiRequest, sorts: &[&str]) -> ApiResult<ListQuery> {
         let params = parse_query(&req.query)?;
-        let limit = match params.get("limit") {
-            None => 50,
-            Some(l) => match l.parse::<usize>() {
-                Ok(n) if (1..=100).contains(&n) => n,
-                _ => return Err(ApiError::invalid("limit must be an integer from 1 to 100")),
-            },
-        };
+        let limit = parse_limit(params.get("limit"), 100)?;
         let sort_by = match params.get("sort_by") {
             None => sorts[0].to_string(),
             Some(s) if sorts.contains(&s.as_str()) => s.clone(),

@@ -5,7 +5,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::auth::Principal;
-use super::{parse_query, query_bool, Answer, ApiRequest, App, Ctx};
+use super::{parse_limit, parse_query, query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::{leaf_segment, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{digest, TenantKeys};
@@ -20,17 +20,6 @@ struct BalanceResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
     has_more: bool,
-}
-
-/// Parses `limit` (1..=max, default 50).
-pub fn parse_limit(value: Option<&String>, max: usize) -> ApiResult<usize> {
-    match value.map(String::as_str) {
-        None => Ok(50),
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(ApiError::invalid(format!("limit must be an integer between 1 and {max}"))),
-        },
-    }
 }
 
 /// A cursor: the last (scope, unit) served, bound to the filters that produced it.

@@ -12,8 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::auth::Principal;
-use super::balances::parse_limit;
-use super::{parse_query, Answer, ApiRequest, App, Ctx};
+use super::{parse_limit, parse_query, Answer, ApiRequest, App, Ctx};
 use crate::domain::{derive_scopes, parse_rfc3339_ms, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{digest, TenantKeys};

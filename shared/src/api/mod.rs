@@ -279,6 +279,17 @@ pub fn parse_query(query: &str) -> ApiResult<HashMap<String, String>> {
     Ok(out)
 }
 
+/// The `limit` query parameter: 1..=max, default 50.
+pub fn parse_limit(value: Option<&String>, max: usize) -> ApiResult<usize> {
+    match value.map(String::as_str) {
+        None => Ok(50),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(ApiError::invalid(format!("limit must be an integer between 1 and {max}"))),
+        },
+    }
+}
+
 /// A boolean query parameter: exactly `true` or `false` (absent is `None`).
 pub fn query_bool(value: Option<&str>, name: &str) -> ApiResult<Option<bool>> {
     match value {
