@@ -104,6 +104,7 @@ local function d_pos(a) return d_cmp(a, '0') > 0 end
 -- true when the value fits in int64 (checked before any write, so no script ever
 -- fails half way through its mutations)
 local function d_fits(a)
+  if #a <= 18 then return true end -- 18 digits, or a sign and 17, always fit (the common case)
   local neg, m = split_sign(a)
   m = strip(m)
   if neg then return mag_cmp(m, INT64_MIN_MAG) <= 0 end

@@ -406,10 +406,13 @@ async fn webhook_latency(h: &Harness, o: &Opts) -> Value {
         "dispatcher_interval_ms": interval.as_millis() as u64})
 }
 
-#[tokio::main]
+// The load generator runs on one thread and the gateway on another (`start_isolated`), each
+// with its own scheduler, as a client and a Lambda container would: neither pays for the other's
+// thread hand-offs, so the floors and the cases measure the same path.
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let o = opts();
-    let h = Harness::start().await;
+    let h = Harness::start_isolated().await;
     if let Some(seconds) = o.soak_seconds {
         return soak::run(std::sync::Arc::new(h), seconds).await;
     }

@@ -8,6 +8,13 @@ use lambda_http::{service_fn, Body, Request, RequestExt, Response};
 
 use crate::api::{self, match_template, ApiRequest, App, Operation, Params, ROUTES};
 
+/// Runs a function's main future on a single-threaded runtime. A Lambda container handles one
+/// invocation at a time, so worker threads would only add cross-thread wake-ups (a parked
+/// worker woken through a futex when the Redis reply arrives) to every request's latency.
+pub fn start(main: impl std::future::Future<Output = Result<(), Error>>) -> Result<(), Error> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(main)
+}
+
 /// Starts a Lambda function serving one operation. The Redis connection is made once, at init.
 pub async fn run(op: Operation) -> Result<(), lambda_http::Error> {
     crate::init_tracing(true);

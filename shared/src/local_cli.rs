@@ -63,7 +63,9 @@ pub fn main() -> ExitCode {
         }
     };
     crate::init_tracing(false);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    // One thread, like a Lambda container (`lambda::start`): no hand-offs between workers on
+    // the request path; the embedded maintenance and delivery loops are I/O bound.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -36,6 +36,8 @@ pub struct Harness {
     pub embedded: Option<EmbeddedRedis>,
     /// Keeps a Docker container (the testcontainers fallback) alive for the harness's life.
     _container: Option<Container>,
+    /// Stops an isolated gateway's thread when the harness is dropped.
+    _stop_gateway: Option<tokio::sync::oneshot::Sender<()>>,
     pub redis_url: String,
 }
 
@@ -185,6 +187,23 @@ pub struct Ledger {
     pub is_over_limit: bool,
 }
 
+/// Binds both planes of `app` on free loopback ports: their base URLs, and the future serving them.
+async fn gateway(app: Arc<App>) -> ((String, String), impl std::future::Future<Output = ()>) {
+    let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind gateway");
+    let admin_listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind admin gateway");
+    let bases = (
+        format!("http://{}", listener.local_addr().unwrap()),
+        format!("http://{}", admin_listener.local_addr().unwrap()),
+    );
+    let serving = async move {
+        let _ = tokio::join!(
+            local::serve(app.clone(), listener, Plane::Runtime),
+            local::serve(app, admin_listener, Plane::Admin)
+        );
+    };
+    (bases, serving)
+}
+
 impl Harness {
     pub async fn start() -> Harness {
         let (url, embedded, container) = redis_for_tests().await;
@@ -193,7 +212,21 @@ impl Harness {
         h
     }
 
+    /// Like `start`, but the gateway runs apart from the caller: on its own thread, with its own
+    /// single-threaded runtime and Redis connection, as one Lambda container would (`lambda::start`).
+    /// The benchmarks use it, so the load generator and the server never share a scheduler.
+    pub async fn start_isolated() -> Harness {
+        let (url, embedded, container) = redis_for_tests().await;
+        let mut h = Self::start_with(url, embedded, true).await;
+        h._container = container;
+        h
+    }
+
     pub async fn start_on(url: String, embedded: Option<EmbeddedRedis>) -> Harness {
+        Self::start_with(url, embedded, false).await
+    }
+
+    async fn start_with(url: String, embedded: Option<EmbeddedRedis>, isolated: bool) -> Harness {
         let mut config = Config::from_env(Some(&url));
         config.redis_url = url.clone();
         config.admin_api_key = Some(ADMIN_KEY.to_string());
@@ -206,13 +239,25 @@ impl Harness {
         config.webhooks.lease = Duration::from_millis(500);
         let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
         let webhooks = config.webhooks.clone();
-        let app = Arc::new(App::new(store.clone(), config));
-        let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind gateway");
-        let admin_listener = local::bind("127.0.0.1:0".parse().unwrap()).await.expect("bind admin gateway");
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let admin_base = format!("http://{}", admin_listener.local_addr().unwrap());
-        tokio::spawn(local::serve(app.clone(), listener, Plane::Runtime));
-        tokio::spawn(local::serve(app, admin_listener, Plane::Admin));
+        let ((base, admin_base), stop_gateway) = if isolated {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let (bases_tx, bases) = tokio::sync::oneshot::channel();
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                runtime.block_on(async move {
+                    let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
+                    let (bases, serving) = gateway(Arc::new(App::new(store, config))).await;
+                    let _ = bases_tx.send(bases);
+                    tokio::select! { _ = serving => {}, _ = stopped => {} }
+                });
+            });
+            (bases.await.expect("isolated gateway started"), Some(stop))
+        } else {
+            let (bases, serving) = gateway(Arc::new(App::new(store.clone(), config))).await;
+            tokio::spawn(serving);
+            (bases, None)
+        };
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
         let dispatcher = Arc::new(cycles_shared::webhooks::Dispatcher::new(store.clone(), webhooks));
         Harness {
@@ -224,6 +269,7 @@ impl Harness {
             admin_key: ADMIN_KEY.to_string(),
             embedded,
             _container: None,
+            _stop_gateway: stop_gateway,
             redis_url: url,
         }
     }

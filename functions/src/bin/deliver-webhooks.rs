@@ -1,6 +1,5 @@
 //! Lambda function: the scheduled webhook dispatcher.
 
-#[tokio::main]
-async fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::run_delivery().await
+fn main() -> Result<(), cycles_shared::lambda::Error> {
+    cycles_shared::lambda::start(cycles_shared::lambda::run_delivery())
 }

@@ -1,6 +1,5 @@
 //! Lambda function: ListTenantWebhooks.
 
-#[tokio::main]
-async fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::run(cycles_shared::Operation::ListTenantWebhooks).await
+fn main() -> Result<(), cycles_shared::lambda::Error> {
+    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::ListTenantWebhooks))
 }

@@ -1,6 +1,5 @@
 //! Lambda function: RevokeApiKey.
 
-#[tokio::main]
-async fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::run(cycles_shared::Operation::RevokeApiKey).await
+fn main() -> Result<(), cycles_shared::lambda::Error> {
+    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::RevokeApiKey))
 }
