@@ -128,7 +128,7 @@ async fn command_stats(h: &Harness, ops: f64) -> (f64, f64) {
             continue;
         }
         calls += field(line, "calls");
-        if line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:") {
+        if ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"].iter().any(|c| line.starts_with(c)) {
             script_calls += field(line, "calls");
             script_usec += field(line, "usec");
         }

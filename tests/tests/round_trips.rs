@@ -1,5 +1,6 @@
-//! A warm request makes exactly one Redis round trip: one EVALSHA, nothing else (observed
-//! with MONITOR on a Redis this test starts for itself).
+//! A warm request makes exactly one Redis round trip: one FCALL of the Cycles library, or one
+//! EVALSHA where the server refuses Redis Functions (observed with MONITOR on a Redis each test
+//! starts for itself).
 
 use cycles_shared::local::EmbeddedRedis;
 use cycles_tests::*;
@@ -7,10 +8,43 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 #[tokio::test]
-async fn one_evalsha_per_warm_request() {
-    // Always a private standalone server: other tests must not pollute the counters.
+async fn one_fcall_per_warm_request() {
+    let h = private_redis(None).await;
+    every_hot_path_request_is_one(&h, "fcall").await;
+}
+
+/// Without FUNCTION (as on Redis 6, or under such an ACL) the scripts run by EVALSHA.
+#[tokio::test]
+async fn one_evalsha_per_warm_request_where_functions_are_refused() {
+    let h = private_redis(Some("-function -fcall -fcall_ro")).await;
+    every_hot_path_request_is_one(&h, "evalsha").await;
+}
+
+/// FCALL allowed but the library cannot be loaded: EVALSHA too, after the first refusal.
+#[tokio::test]
+async fn one_evalsha_per_warm_request_where_the_library_cannot_be_loaded() {
+    let h = private_redis(Some("-function")).await;
+    every_hot_path_request_is_one(&h, "evalsha").await;
+}
+
+/// A harness on a private standalone server (other tests must not pollute MONITOR), connected
+/// as a user whose ACL removes `denied` commands, when given.
+async fn private_redis(denied: Option<&str>) -> Harness {
     let redis = EmbeddedRedis::start(&[]).await.expect("redis-server for the round-trip test");
-    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let Some(denied) = denied else {
+        return Harness::start_on(redis.url(), Some(redis)).await;
+    };
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("restricted").arg("on").arg(">pw").arg("~*").arg("&*").arg("+@all");
+    acl.arg(denied.split(' ').collect::<Vec<_>>());
+    let _: () = acl.query_async(&mut admin).await.unwrap();
+    let url = format!("redis://restricted:pw@127.0.0.1:{}", redis.port);
+    Harness::start_on(url, Some(redis)).await
+}
+
+async fn every_hot_path_request_is_one(h: &Harness, command: &str) {
     let t = h.funded(1_000_000).await;
     // Warm up: scripts loaded, key lookup cached.
     let rid = h.reserve_ok(&t, 10, json!({})).await;
@@ -30,15 +64,15 @@ async fn one_evalsha_per_warm_request() {
     h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
 
     let rid = h.reserve_ok(&t, 10, json!({})).await;
-    one_evalsha(&h, "reserve", h.reserve(&t, 10, json!({}))).await;
-    one_evalsha(&h, "dry_run", h.reserve(&t, 10, json!({"dry_run": true}))).await;
-    one_evalsha(&h, "extend", h.extend(&t, &rid, 10)).await;
-    one_evalsha(&h, "get", h.get(&t.key, &format!("/v1/reservations/{rid}"))).await;
-    one_evalsha(&h, "commit", h.commit(&t, &rid, 5)).await;
+    one_round_trip(h, "reserve", command, h.reserve(&t, 10, json!({}))).await;
+    one_round_trip(h, "dry_run", command, h.reserve(&t, 10, json!({"dry_run": true}))).await;
+    one_round_trip(h, "extend", command, h.extend(&t, &rid, 10)).await;
+    one_round_trip(h, "get", command, h.get(&t.key, &format!("/v1/reservations/{rid}"))).await;
+    one_round_trip(h, "commit", command, h.commit(&t, &rid, 5)).await;
     let event = json!({"idempotency_key": "ev-1", "subject": {"tenant": t.id}, "action": {"kind": "k", "name": "n"},
         "actual": {"unit": "TOKENS", "amount": 1}});
     let (body, path) = (event.to_string(), "/v1/events");
-    one_evalsha(&h, "event", async {
+    one_round_trip(h, "event", command, async {
         let r = h.send("POST", path, &[("x-cycles-api-key", &t.key)], Some(&body)).await;
         assert_eq!(r.status, 201);
         Resp { status: 200, ..r }
@@ -46,15 +80,15 @@ async fn one_evalsha_per_warm_request() {
     .await;
     let decide = json!({"idempotency_key": "d-1", "subject": {"tenant": t.id}, "action": {"kind": "k", "name": "n"},
         "estimate": {"unit": "TOKENS", "amount": 1}});
-    one_evalsha(&h, "decide", h.post(&t.key, "/v1/decide", &decide)).await;
+    one_round_trip(h, "decide", command, h.post(&t.key, "/v1/decide", &decide)).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
-    one_evalsha(&h, "release", h.release(&t, &rid)).await;
+    one_round_trip(h, "release", command, h.release(&t, &rid)).await;
 }
 
 /// Runs `request` (futures are lazy: nothing is sent before MONITOR is listening) and asserts
-/// that exactly one command — an EVALSHA — reached Redis from a client. MONITOR lists the
+/// that exactly one command — `command` — reached Redis from a client. MONITOR lists the
 /// commands scripts run as `[0 lua]`; those are inside the one round trip and not counted.
-async fn one_evalsha(h: &Harness, name: &str, request: impl std::future::Future<Output = Resp>) {
+async fn one_round_trip(h: &Harness, name: &str, command: &str, request: impl std::future::Future<Output = Resp>) {
     let port = h.embedded.as_ref().unwrap().port;
     let mut monitor = BufReader::new(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     monitor.get_mut().write_all(b"MONITOR\r\n").await.unwrap();
@@ -75,5 +109,5 @@ async fn one_evalsha(h: &Harness, name: &str, request: impl std::future::Future<
             client_commands.push(line.split("] ").nth(1).unwrap_or(&line).split(' ').next().unwrap().to_lowercase());
         }
     }
-    assert_eq!(client_commands, vec!["\"evalsha\"".to_string()], "{name} made other round trips");
+    assert_eq!(client_commands, vec![format!("\"{command}\"")], "{name} made other round trips");
 }

@@ -157,3 +157,20 @@ async fn dropped_connections_lose_nothing_and_double_nothing() {
     }
     assert_eq!(h.root(&t).await.reserved, 8 * 40 * 3, "exactly one hold per idempotency key");
 }
+
+/// The scripts' function library may vanish at any time (FUNCTION FLUSH, a failover to an
+/// empty node, a new shard): the next call loads it again and answers normally, on every master.
+#[tokio::test]
+async fn a_flushed_function_library_is_loaded_again() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut h.store.conn()).await.unwrap();
+
+    h.commit(&t, &rid, 7).await.assert_ok();
+    let l = h.ledger(&t.id, &format!("tenant:{}", t.id), cycles_shared::model::Unit::Tokens).await;
+    assert_eq!((l.spent, l.reserved), (7, 0));
+    let libraries: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut h.store.conn()).await.unwrap();
+    let wanted = format!("cycles_{}", cycles_shared::store::scripts::LIBRARY.version);
+    assert!(format!("{libraries:?}").contains(&wanted), "{wanted} loaded again: {libraries:?}");
+}
