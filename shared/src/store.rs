@@ -126,7 +126,7 @@ impl Store {
                 answer => return Reply::decode(answer?),
             }
         }
-        let mut inv = script.prepare_invoke();
+        let mut inv = script.script().prepare_invoke();
         for k in keys {
             inv.key(k);
         }
@@ -251,22 +251,23 @@ pub mod scripts {
     const LIB: &str = include_str!("../../lua/lib.lua");
 
     /// One operation's script. `Store::run` calls it as the function `function` of the
-    /// library, or by EVALSHA of its own text (the helpers it needs, then its body).
+    /// library, or by EVALSHA of its own text (the helpers it needs, then its body), which is
+    /// linked only on a server without Functions.
     pub struct Lua {
         pub function: String,
-        script: Script,
-    }
-
-    impl std::ops::Deref for Lua {
-        type Target = Script;
-        fn deref(&self) -> &Script {
-            &self.script
-        }
+        body: &'static str,
+        script: std::sync::OnceLock<Script>,
     }
 
     impl Lua {
-        fn new(name: &str, body: &str) -> Lua {
-            Lua { function: format!("{name}_{}", LIBRARY.version), script: Script::new(&link(LIB, body)) }
+        fn new(name: &str) -> Lua {
+            let body = SOURCES.iter().find(|(n, _)| *n == name).expect("a listed script").1;
+            Lua { function: format!("{name}_{}", LIBRARY.version), body, script: Default::default() }
+        }
+
+        /// The EVALSHA form.
+        pub fn script(&self) -> &Script {
+            self.script.get_or_init(|| Script::new(&link(LIB, self.body)))
         }
     }
 
@@ -339,8 +340,7 @@ pub mod scripts {
     macro_rules! scripts {
         ($($name:ident = $file:literal;)*) => {
             const SOURCES: &[(&str, &str)] = &[$(($file, include_str!(concat!("../../lua/", $file, ".lua")))),*];
-            $(pub static $name: LazyLock<Lua> =
-                LazyLock::new(|| Lua::new($file, include_str!(concat!("../../lua/", $file, ".lua"))));)*
+            $(pub static $name: LazyLock<Lua> = LazyLock::new(|| Lua::new($file));)*
         };
     }
 
