@@ -4,7 +4,7 @@
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] idempotency key
 -- ARGV[5] payload hash  ARGV[6] actual unit  ARGV[7] actual amount  ARGV[8] metrics json or ''
 -- ARGV[9] metadata json or ''  ARGV[10] retention ms (terminal records)  ARGV[11] request context json
-local now = now_ms()
+local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
@@ -16,7 +16,7 @@ if r.status == 'COMMITTED' and r.rec.ck == ARGV[4] then
   if r.rec.ch ~= ARGV[5] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
   end
-  return {'REPLAY', cjson.encode(r.rec.cr), r.status, tostring(now), r.rec.subject, r.unit}
+  return {'REPLAY', cjson.encode(r.rec.cr), r.status, now_s, r.rec.subject, r.unit}
 end
 
 local guard = tenant_guard(tenant_record(KEYS[1]))
@@ -62,10 +62,10 @@ local released = ''
 if d_cmp(charged, E) < 0 then released = d_sub(E, charged) end
 local result = snapshot({charged, released}, budgets)
 local rec = r.rec
-rec.status, rec.charged, rec.finalized, rec.ck, rec.ch, rec.cr = 'COMMITTED', charged, tostring(now), ARGV[4], ARGV[5], result
+rec.status, rec.charged, rec.finalized, rec.ck, rec.ch, rec.cr = 'COMMITTED', charged, now_s, ARGV[4], ARGV[5], result
 if ARGV[8] ~= '' then rec.metrics = ARGV[8] end
 if ARGV[9] ~= '' then rec.cmeta = ARGV[9] end
 save_record(KEYS[3], rec)
 redis.call('PEXPIRE', KEYS[3], retention)
 redis.call('ZREM', KEYS[4], r.rid)
-return {'OK', cjson.encode(result), 'COMMITTED', tostring(now), rec.subject, rec.unit}
+return {'OK', cjson.encode(result), 'COMMITTED', now_s, rec.subject, rec.unit}

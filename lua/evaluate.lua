@@ -8,7 +8,7 @@
 -- ARGV[5] amount  ARGV[6] idempotency key  ARGV[7] record retention ms  ARGV[8] request context
 -- json  ARGV[9] subject json  ARGV[10] action json
 -- ARGV[11..] per budget key: "<scope>|<key code>" aligned with KEYS[7..]
-local now = now_ms()
+local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[9])))
@@ -37,7 +37,7 @@ local function decide(decision, reason, caps, e)
   end
   redis.call('HSET', KEYS[3], 'payload_hash', ARGV[3], 'result', result)
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
-  return {'OK', result, '', tostring(now)}
+  return {'OK', result, '', now_s}
 end
 
 local tenant = tenant_record(KEYS[1])

@@ -7,7 +7,7 @@
 -- ARGV[5] unit  ARGV[6] actual  ARGV[7] overage policy or ''  ARGV[8] record retention ms
 -- ARGV[9] request context json  ARGV[10] the request body (kept with the record)
 -- ARGV[11..] per budget key: "<scope>|<key code>" aligned with KEYS[6..]
-local now = now_ms()
+local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[10]).subject or {}))
@@ -54,4 +54,4 @@ local result = cjson.encode(snapshot({ARGV[4], capped, table.concat(e.codes)}, b
 redis.call('HSET', KEYS[3], 'payload_hash', ARGV[3], 'result', result, 'request', ARGV[10],
   'charged', charged, 'policy', policy, 'created_at_ms', now)
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[8]))
-return {'OK', result, 'APPLIED', tostring(now)}
+return {'OK', result, 'APPLIED', now_s}

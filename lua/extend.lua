@@ -4,7 +4,7 @@
 -- KEYS[7..] the reservation's budgets (for expire-on-touch)
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] payload hash
 -- ARGV[5] extend_by_ms  ARGV[6] retention ms (terminal records)
-local now = now_ms()
+local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
@@ -28,10 +28,10 @@ if r.extensions >= r.max_extensions then
 end
 
 local expires_at = r.expires_at + tonumber(ARGV[5])
-r.rec.expires, r.rec.ext = tostring(expires_at), tostring(r.extensions + 1)
+r.rec.expires, r.rec.ext = itoa(expires_at), tostring(r.extensions + 1)
 save_record(KEYS[3], r.rec)
 redis.call('ZADD', KEYS[4], expires_at + r.grace, r.rid)
-local result = cjson.encode({tostring(expires_at)})
+local result = cjson.encode({itoa(expires_at)})
 redis.call('HSET', KEYS[5], 'payload_hash', ARGV[4], 'result', result)
 redis.call('PEXPIRE', KEYS[5], expires_at + r.grace - now + retention)
-return {'OK', result, 'ACTIVE', tostring(now)}
+return {'OK', result, 'ACTIVE', now_s}

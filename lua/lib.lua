@@ -51,14 +51,14 @@ local function mag_sub(a, b)
   return strip(string.reverse(table.concat(out)))
 end
 
-local function small(a, b) return #a <= 15 and #b <= 15 end
-
-local function fmt(n) return string.format('%.0f', n) end
+-- Integers as strings, without a float format: '%d' costs half of '%.0f', and arithmetic on
+-- digit strings (Lua coerces them) a third of tonumber().
+local function itoa(n) return string.format('%d', n) end
 
 -- d_cmp(a, b): -1, 0 or 1 for signed decimal strings
 local function d_cmp(a, b)
-  if small(a, b) then
-    local x, y = tonumber(a), tonumber(b)
+  if #a <= 15 and #b <= 15 then
+    local x, y = a + 0, b + 0
     if x < y then return -1 elseif x > y then return 1 else return 0 end
   end
   local na, ma = split_sign(a)
@@ -73,7 +73,7 @@ local function d_cmp(a, b)
 end
 
 local function d_add(a, b)
-  if small(a, b) then return fmt(tonumber(a) + tonumber(b)) end
+  if #a <= 15 and #b <= 15 then return itoa(a + b) end
   local na, ma = split_sign(a)
   local nb, mb = split_sign(b)
   ma, mb = strip(ma), strip(mb)
@@ -99,7 +99,10 @@ end
 local function d_sub(a, b) return d_add(a, d_neg(b)) end
 local function d_min(a, b) if d_cmp(a, b) <= 0 then return a end return b end
 local function d_max(a, b) if d_cmp(a, b) >= 0 then return a end return b end
-local function d_pos(a) return d_cmp(a, '0') > 0 end
+local function d_pos(a)
+  if #a <= 15 then return a + 0 > 0 end
+  return d_cmp(a, '0') > 0
+end
 
 -- true when the value fits in int64 (checked before any write, so no script ever
 -- fails half way through its mutations)
@@ -111,9 +114,11 @@ local function d_fits(a)
   return mag_cmp(m, INT64_MAX) <= 0
 end
 
+-- Redis's clock in ms, as a number and as digits.
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  return now, itoa(now)
 end
 
 -- An error reply; `status` overrides the code's usual HTTP status where the spec says so.
@@ -268,8 +273,9 @@ local function write_budgets(budgets, now)
       if not d_fits(b[field]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
     end
   end
+  local stamp = itoa(now)
   for _, b in ipairs(budgets) do
-    local args = {'updated_at_ms', now}
+    local args = {'updated_at_ms', stamp}
     for _, field in ipairs(LEDGER_FIELDS) do
       if b[field] ~= b.before[field] then args[#args + 1] = field; args[#args + 1] = b[field] end
     end
@@ -357,6 +363,7 @@ end
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
 -- whose essential fields do not parse is returned with `corrupt` set (never acted on:
 -- callers quarantine or fail).
+local STATUSES = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
 local function read_reservation(key, rid)
   local rec = load_record(key)
   if not rec then return nil end
@@ -366,10 +373,9 @@ local function read_reservation(key, rid)
     expires_at = tonumber(rec.expires), grace = tonumber(rec.grace or '5000'), policy = rec.policy,
     extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext or '10'),
     created_at = tonumber(rec.created) }
-  local statuses = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
   local subject_ok, subject = pcall(cjson.decode, rec.subject or '')
   if subject_ok and type(subject) == 'table' then r.scope_path = scope_path_of(subject) end
-  if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and statuses[r.status] and type(r.estimate) == 'string'
+  if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
       and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
     r.corrupt = true
   end
@@ -474,30 +480,40 @@ end
 -- insufficient. Returns an evaluation: budgets, scopes, codes of the budgeted scopes, and
 -- either `unit_error` (no budget in this unit, but in another: 400), or `reason` (a denial
 -- reason code, 'BUDGET_NOT_FOUND' included) with `message`.
-local DENIAL_CHECKS = {
-  {'BUDGET_FROZEN', 'Budget is frozen for scope ', function(b) return b.status == 'FROZEN' end},
-  {'BUDGET_CLOSED', 'Budget is closed for scope ', function(b) return b.status == 'CLOSED' end},
-  {'OVERDRAFT_LIMIT_EXCEEDED', 'Over the overdraft limit on scope ', function(b) return b.over end},
-  {'DEBT_OUTSTANDING', 'Outstanding debt on scope ',
-    function(b) return d_pos(b.debt) and not d_pos(b.overdraft_limit) end},
-  {'BUDGET_EXCEEDED', 'Insufficient budget on scope ', function(b, amount) return d_cmp(b.remaining, amount) < 0 end},
+local DENIALS = {
+  {'BUDGET_FROZEN', 'Budget is frozen for scope '},
+  {'BUDGET_CLOSED', 'Budget is closed for scope '},
+  {'OVERDRAFT_LIMIT_EXCEEDED', 'Over the overdraft limit on scope '},
+  {'DEBT_OUTSTANDING', 'Outstanding debt on scope '},
+  {'BUDGET_EXCEEDED', 'Insufficient budget on scope '},
 }
+
+-- The first of DENIALS that holds for budget b, as an index; nil when b admits the hold.
+local function denial(b, amount)
+  if b.status == 'FROZEN' then return 1 end
+  if b.status == 'CLOSED' then return 2 end
+  if b.over then return 3 end
+  if d_pos(b.debt) and not d_pos(b.overdraft_limit) then return 4 end
+  if d_cmp(b.remaining, amount) < 0 then return 5 end
+  return nil
+end
 
 -- The budgets of the derived scopes in `unit`; `unit_error` / `reason = 'BUDGET_NOT_FOUND'`
 -- when no derived scope has one.
 local function scoped_budgets(units_key, first_key, first_arg, unit)
-  local e = {budgets = {}, scopes = {}, codes = {}}
+  local budgets, scopes, codes = {}, {}, {}
+  local e = {budgets = budgets, scopes = scopes, codes = codes}
   for i = first_key, #KEYS do
     local scope, code = string.match(ARGV[i - first_key + first_arg], '^(.*)|(.*)$')
-    e.scopes[#e.scopes + 1] = scope
+    scopes[#scopes + 1] = scope
     local b = read_budget(KEYS[i], scope)
     if b then
-      e.budgets[#e.budgets + 1] = b
-      e.codes[#e.codes + 1] = code
+      budgets[#budgets + 1] = b
+      codes[#codes + 1] = code
     end
   end
-  if #e.budgets == 0 then
-    for _, scope in ipairs(e.scopes) do
+  if #budgets == 0 then
+    for _, scope in ipairs(scopes) do
       local units = redis.call('HGET', units_key, scope)
       if units and units ~= '' then
         local expected = {}
@@ -509,7 +525,7 @@ local function scoped_budgets(units_key, first_key, first_arg, unit)
       end
     end
     e.reason = 'BUDGET_NOT_FOUND'
-    e.message = 'Budget not found for provided scope: ' .. e.scopes[#e.scopes]
+    e.message = 'Budget not found for provided scope: ' .. scopes[#scopes]
   end
   return e
 end
@@ -517,13 +533,16 @@ end
 local function evaluate(units_key, first_key, first_arg, unit, amount)
   local e = scoped_budgets(units_key, first_key, first_arg, unit)
   if e.unit_error or e.reason then return e end
-  for _, check in ipairs(DENIAL_CHECKS) do
-    for _, b in ipairs(e.budgets) do
-      if check[3](b, amount) then
-        e.reason, e.message, e.denied_by = check[1], check[2] .. b.scope, b
-        return e
-      end
-    end
+  -- One condition at a time across all scopes: the earliest condition wins, then the
+  -- shallowest scope.
+  local worst, denied_by
+  for _, b in ipairs(e.budgets) do
+    local k = denial(b, amount)
+    if k and (not worst or k < worst) then worst, denied_by = k, b end
+  end
+  if worst then
+    e.reason, e.message, e.denied_by = DENIALS[worst][1], DENIALS[worst][2] .. denied_by.scope, denied_by
+    return e
   end
   -- Operator caps come from the deepest derived scope's budget, when it has one.
   local deepest = e.budgets[#e.budgets]

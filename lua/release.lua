@@ -5,7 +5,7 @@
 -- ARGV[1] key digest ('' for an admin-key call)  ARGV[2] accepted permissions  ARGV[3] reservation id
 -- ARGV[4] idempotency key  ARGV[5] payload hash  ARGV[6] reason or ''  ARGV[7] retention ms
 -- ARGV[8] audit entry json ('' unless an admin released on behalf of the tenant)
-local now = now_ms()
+local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 
@@ -17,7 +17,7 @@ if r.status == 'RELEASED' and r.rec.rk == ARGV[4] then
   if r.rec.rh ~= ARGV[5] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
   end
-  return {'REPLAY', cjson.encode(r.rec.rr), r.status, tostring(now), r.rec.subject, r.unit}
+  return {'REPLAY', cjson.encode(r.rec.rr), r.status, now_s, r.rec.subject, r.unit}
 end
 
 local guard = tenant_guard(tenant_record(KEYS[1]))
@@ -38,7 +38,7 @@ if failed then return failed end
 
 local result = snapshot({r.estimate}, budgets)
 local rec = r.rec
-rec.status, rec.finalized, rec.rk, rec.rh, rec.rr = 'RELEASED', tostring(now), ARGV[4], ARGV[5], result
+rec.status, rec.finalized, rec.rk, rec.rh, rec.rr = 'RELEASED', now_s, ARGV[4], ARGV[5], result
 if ARGV[6] ~= '' then rec.reason = ARGV[6] end
 save_record(KEYS[3], rec)
 redis.call('PEXPIRE', KEYS[3], retention)
@@ -49,4 +49,4 @@ if ARGV[8] ~= '' then
   entry.timestamp_ms = now
   redis.call('RPUSH', KEYS[5], cjson.encode(entry))
 end
-return {'OK', cjson.encode(result), 'RELEASED', tostring(now), rec.subject, rec.unit}
+return {'OK', cjson.encode(result), 'RELEASED', now_s, rec.subject, rec.unit}

@@ -9,7 +9,7 @@
 -- ARGV[12] action json  ARGV[13] metadata json or ''  ARGV[14] retention ms (terminal records)
 -- ARGV[15..] per budget key: "<scope>|<key code>" aligned with KEYS[8..]; then 'reclaimed' on
 -- the retry after a lazy reclaim (so a reserve asks for a reclaim at most once)
-local now = now_ms()
+local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
 denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[11])))
@@ -21,7 +21,7 @@ if existing then
   if existing.ph ~= ARGV[3] then
     return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
   end
-  return {'REPLAY', cjson.encode(with_id(existing.result, ARGV[4] .. existing.codes)), existing.status, tostring(now)}
+  return {'REPLAY', cjson.encode(with_id(existing.result, ARGV[4] .. existing.codes)), existing.status, now_s}
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload (dry_run)')
@@ -39,7 +39,7 @@ if e.reason == 'BUDGET_EXCEEDED' and ARGV[15 + #e.scopes] ~= 'reclaimed' then
   -- Holds of dead reservations must never block a reserve: hand their ids back so the caller
   -- expires them (their keys are unknown here) and retries once.
   local overdue = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. now, 'LIMIT', 0, 50)
-  if #overdue > 0 then return {'RECLAIM', cjson.encode(overdue), '', tostring(now)} end
+  if #overdue > 0 then return {'RECLAIM', cjson.encode(overdue), '', now_s} end
 end
 if e.reason then return err(e.reason, e.message) end
 local budgets = e.budgets
@@ -60,19 +60,20 @@ if failed then return failed end
 
 local rid = ARGV[4] .. table.concat(e.codes)
 local expires_at = now + ttl
+local expires = itoa(expires_at)
 local grace = tonumber(ARGV[8])
 local decision = e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
 -- The stored replay omits the id (the record has it); answers carry it second.
-local result = snapshot({decision, tostring(expires_at), e.caps or ''}, budgets)
+local result = snapshot({decision, expires, e.caps or ''}, budgets)
 local rec = {codes = table.concat(e.codes), status = 'ACTIVE', ik = ARGV[10], ph = ARGV[3], result = result,
   unit = unit, estimate = amount, subject = ARGV[11], action = ARGV[12],
-  created = tostring(now), expires = tostring(expires_at), policy = policy}
+  created = now_s, expires = expires, policy = policy}
 if grace ~= 5000 then rec.grace = tostring(grace) end
 if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end
 if ARGV[13] ~= '' then rec.metadata = ARGV[13] end
 save_record(KEYS[3], rec)
-redis.call('ZADD', KEYS[6], expires_at + grace, rid)
+redis.call('ZADD', KEYS[6], itoa(expires_at + grace), rid)
 -- Created index: lexicographic members "<13-digit created ms><token>", so one index serves
 -- time windows, both directions and stable cursors (ZRANGE ... BYLEX).
-redis.call('ZADD', KEYS[7], 0, string.format('%013d', now) .. string.match(rid, '^[^.]+%.([^.]+)%.'))
-return {'OK', cjson.encode(with_id(result, rid)), 'ACTIVE', tostring(now)}
+redis.call('ZADD', KEYS[7], 0, string.rep('0', 13 - #now_s) .. now_s .. string.match(rid, '^[^.]+%.([^.]+)%.'))
+return {'OK', cjson.encode(with_id(result, rid)), 'ACTIVE', now_s}
