@@ -4,6 +4,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 
 use crate::model::Subject;
 
@@ -35,14 +36,19 @@ pub fn leaf_segment(scope_path: &str) -> &str {
 /// ordered), defaults for `grace_period_ms` and `dry_run` materialized, `client_time_ms`
 /// excluded (it must not take part in idempotency decisions).
 pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
-    let mut canonical = body.clone();
-    if let Value::Object(map) = &mut canonical {
-        map.remove("client_time_ms");
-        for (field, default) in defaults {
-            map.entry(field.to_string()).or_insert_with(|| default.clone());
+    // Serialized borrowed (the map is sorted, so this is the same JSON as a cloned, edited map).
+    let bytes = match body {
+        Value::Object(map) => {
+            let mut canonical: BTreeMap<&str, &Value> =
+                map.iter().filter(|(k, _)| *k != "client_time_ms").map(|(k, v)| (k.as_str(), v)).collect();
+            for (field, default) in defaults {
+                canonical.entry(field).or_insert(default);
+            }
+            serde_json::to_vec(&canonical)
         }
+        other => serde_json::to_vec(other),
     }
-    let bytes = serde_json::to_vec(&canonical).expect("JSON values always serialize");
+    .expect("JSON values always serialize");
     URL_SAFE_NO_PAD.encode(&Sha256::digest(&bytes)[..16])
 }
 
@@ -132,6 +138,17 @@ mod tests {
         assert_eq!(a, b);
         let c = payload_hash(&json!({"b": 2, "a": 1, "grace_period_ms": 4000}), &d);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn hash_is_stable_across_versions() {
+        // Stored idempotency records compare against this value: it must never change.
+        let body = json!({"idempotency_key": "k-1", "subject": {"tenant": "t", "agent": "a"},
+            "action": {"kind": "llm.completion", "name": "m", "tags": ["x", "y"]},
+            "estimate": {"unit": "TOKENS", "amount": 100}, "client_time_ms": 1, "metadata": {"z": null, "é": 1.5}});
+        let d = [("grace_period_ms", json!(5000)), ("dry_run", json!(false))];
+        assert_eq!(payload_hash(&body, &d), "N4hyXxkX1v5EudyDh3ioug");
+        assert_eq!(payload_hash(&body, &[]), "CwlTXw3l7ej3-E4OziakyQ");
     }
 }
 

@@ -414,6 +414,10 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<(T, Value)> {
     if !value.is_object() {
         return Err(ApiError::invalid("Malformed request body: expected a JSON object"));
     }
+    // The path of a field in error is tracked only when there is an error to report.
+    if let Ok(typed) = T::deserialize(&value) {
+        return Ok((typed, value));
+    }
     let typed: T = serde_path_to_error::deserialize(&value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
