@@ -96,7 +96,10 @@ local function d_neg(a)
   return '-' .. a
 end
 
-local function d_sub(a, b) return d_add(a, d_neg(b)) end
+local function d_sub(a, b)
+  if #a <= 15 and #b <= 15 then return itoa(a - b) end
+  return d_add(a, d_neg(b))
+end
 local function d_min(a, b) if d_cmp(a, b) <= 0 then return a end return b end
 local function d_max(a, b) if d_cmp(a, b) >= 0 then return a end return b end
 local function d_pos(a)
@@ -308,8 +311,8 @@ end
 -- A reservation is one JSON string (every value a string, or an array of strings), which
 -- keeps a finished reservation, replay records included, well under 1 KB. Fields:
 --   codes (the budget codes of its id) status ik (reserve idempotency key) ph (its payload
---   hash) result (reserve replay) unit estimate subject action metadata created expires grace
---   policy ext max_ext
+--   hash) result (reserve replay) unit estimate subject scope (its scope path; absent in records
+--   written before 2026-12-03) action metadata created expires grace policy ext max_ext
 --   (grace, ext and max_ext are omitted at their defaults 5000, 0 and 10)
 --   on commit: ck ch cr (key, payload hash, replay) charged metrics cmeta finalized
 --   on release: rk rh rr reason finalized;  on expiry: expired
@@ -373,8 +376,12 @@ local function read_reservation(key, rid)
     expires_at = tonumber(rec.expires), grace = tonumber(rec.grace or '5000'), policy = rec.policy,
     extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext or '10'),
     created_at = tonumber(rec.created) }
-  local subject_ok, subject = pcall(cjson.decode, rec.subject or '')
-  if subject_ok and type(subject) == 'table' then r.scope_path = scope_path_of(subject) end
+  -- Records keep their scope path since 2026-12-03; older ones derive it from the subject.
+  r.scope_path = rec.scope
+  if not r.scope_path then
+    local subject_ok, subject = pcall(cjson.decode, rec.subject or '')
+    if subject_ok and type(subject) == 'table' then r.scope_path = scope_path_of(subject) end
+  end
   if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
       and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
     r.corrupt = true

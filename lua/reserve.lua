@@ -66,7 +66,7 @@ local decision = e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
 -- The stored replay omits the id (the record has it); answers carry it second.
 local result = snapshot({decision, expires, e.caps or ''}, budgets)
 local rec = {codes = table.concat(e.codes), status = 'ACTIVE', ik = ARGV[10], ph = ARGV[3], result = result,
-  unit = unit, estimate = amount, subject = ARGV[11], action = ARGV[12],
+  unit = unit, estimate = amount, subject = ARGV[11], scope = e.scopes[#e.scopes], action = ARGV[12],
   created = now_s, expires = expires, policy = policy}
 if grace ~= 5000 then rec.grace = tostring(grace) end
 if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end

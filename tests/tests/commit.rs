@@ -1,7 +1,10 @@
 //! commitReservation: protocol.md §1.8 and §3.4, P-68..P-84.
 
+use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
 use cycles_tests::*;
+use redis::AsyncCommands;
+use serde_json::Value;
 
 #[tokio::test]
 async fn commit_below_estimate_releases_the_rest() {
@@ -245,4 +248,34 @@ async fn commit_records_metrics_and_metadata() {
     let bad =
         json!({"idempotency_key": "c2", "actual": {"unit": "TOKENS", "amount": 3}, "metrics": {"latency_ms": -1}});
     h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &bad).await.assert_error(400, "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn records_without_a_stored_scope_path_still_settle() {
+    // Records written before the reserve script stored the scope path derive it from the subject.
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 100, json!({"subject": {"tenant": t.id, "agent": "Bot"}})).await;
+    let path = format!("tenant:{}/agent:bot", t.id);
+    let key = TenantKeys::new(&t.id).reservation(rid.split('.').nth(1).unwrap());
+    let raw: String = h.store.conn().get(&key).await.unwrap();
+    let mut record: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(record["scope"], path, "new records keep their scope path");
+    record.as_object_mut().unwrap().remove("scope");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(record.to_string())
+        .arg("KEEPTTL")
+        .query_async(&mut h.store.conn())
+        .await
+        .unwrap();
+
+    let d = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
+    assert_eq!(d.assert_ok()["scope_path"], path);
+    h.commit(&t, &rid, 80).await.assert_ok();
+    let l = h.root(&t).await;
+    assert_eq!((l.remaining, l.reserved, l.spent), (920, 0, 80));
+    let raw: String = h.store.conn().get(&key).await.unwrap();
+    let record: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!((record["status"].as_str(), record.get("scope")), (Some("COMMITTED"), None));
 }
