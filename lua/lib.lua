@@ -68,7 +68,7 @@ local function d_cmp(a, b)
   if mb == '0' then nb = false end
   if na ~= nb then return na and -1 or 1 end
   local c = mag_cmp(ma, mb)
-  if na then return -c end
+  if na then return 0 - c end -- (never -0)
   return c
 end
 
