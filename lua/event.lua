@@ -10,7 +10,7 @@
 local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
-denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[10]).subject or {}))
+denied = filter and scope_guard(filter, request_scope(6, 11))
 if denied then return denied end
 
 local replayed = replay(KEYS[3], ARGV[3], 'APPLIED', now)

@@ -28,10 +28,11 @@ if r.extensions >= r.max_extensions then
 end
 
 local expires_at = r.expires_at + tonumber(ARGV[5])
-r.rec.expires, r.rec.ext = itoa(expires_at), tostring(r.extensions + 1)
+local expires = itoa(expires_at)
+r.rec.expires, r.rec.ext = expires, tostring(r.extensions + 1)
 save_record(KEYS[3], r.rec)
 redis.call('ZADD', KEYS[4], expires_at + r.grace, r.rid)
-local result = cjson.encode({itoa(expires_at)})
+local result = cjson.encode({expires})
 redis.call('HSET', KEYS[5], 'payload_hash', ARGV[4], 'result', result)
 redis.call('PEXPIRE', KEYS[5], expires_at + r.grace - now + retention)
 return {'OK', result, 'ACTIVE', now_s}

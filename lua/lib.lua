@@ -338,13 +338,20 @@ end
 local LEVELS = {'tenant', 'workspace', 'app', 'workflow', 'agent', 'toolset'}
 
 -- The deepest canonical scope of a subject (levels in order, values lower-cased), as the
--- handlers derive it; records keep only the subject.
+-- handlers derive it; for records written before they kept their scope path.
 local function scope_path_of(subject)
   local parts = {}
   for _, level in ipairs(LEVELS) do
     if type(subject[level]) == 'string' then parts[#parts + 1] = level .. ':' .. string.lower(subject[level]) end
   end
   return table.concat(parts, '/')
+end
+
+-- The request's scope path (its deepest derived scope), from the last "<scope>|<code>"
+-- argument the handler passes (ARGV[first_arg..], aligned with KEYS[first_key..]); a subject
+-- always has at least one level.
+local function request_scope(first_key, first_arg)
+  return string.match(ARGV[first_arg + #KEYS - first_key], '^(.*)|')
 end
 
 -- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments, as `authorize`

@@ -12,7 +12,8 @@
 local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
-denied = filter and scope_guard(filter, scope_path_of(cjson.decode(ARGV[11])))
+local scope_path = request_scope(8, 15)
+denied = filter and scope_guard(filter, scope_path)
 if denied then return denied end
 
 local existing = load_record(KEYS[3])
@@ -66,7 +67,7 @@ local decision = e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
 -- The stored replay omits the id (the record has it); answers carry it second.
 local result = snapshot({decision, expires, e.caps or ''}, budgets)
 local rec = {codes = table.concat(e.codes), status = 'ACTIVE', ik = ARGV[10], ph = ARGV[3], result = result,
-  unit = unit, estimate = amount, subject = ARGV[11], scope = e.scopes[#e.scopes], action = ARGV[12],
+  unit = unit, estimate = amount, subject = ARGV[11], scope = scope_path, action = ARGV[12],
   created = now_s, expires = expires, policy = policy}
 if grace ~= 5000 then rec.grace = tostring(grace) end
 if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end
