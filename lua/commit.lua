@@ -45,7 +45,7 @@ local charged, overflow = settle(budgets, E, X, r.policy)
 if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Commit would exceed the overdraft limit of scope ' .. overflow.scope)
 end
-local failed = write_budgets(budgets, now)
+local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 local ctx = request_context(ARGV[11])
 budget_events(KEYS[5], budgets, ctx, now, r.unit, r.rid, r.policy)

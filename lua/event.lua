@@ -44,7 +44,7 @@ local charged, overflow = settle(budgets, '0', X, policy)
 if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Event would exceed the overdraft limit of scope ' .. overflow.scope)
 end
-local failed = write_budgets(budgets, now)
+local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(KEYS[5], budgets, request_context(ARGV[9]), now, unit, nil, policy)
 

@@ -268,17 +268,17 @@ local function resolve_policy(requested, budgets, tenant)
 end
 
 -- Checks that every new value fits int64, then writes all budgets (never half way): only the
--- fields that changed (Redis charges per argument) and the update time.
+-- fields that changed (Redis charges per argument) and the update time (`now_s`, the digits
+-- `now_ms` returns).
 local LEDGER_FIELDS = {'remaining', 'reserved', 'spent', 'debt'}
-local function write_budgets(budgets, now)
+local function write_budgets(budgets, now_s)
   for _, b in ipairs(budgets) do
     for _, field in ipairs(LEDGER_FIELDS) do
       if not d_fits(b[field]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
     end
   end
-  local stamp = itoa(now)
   for _, b in ipairs(budgets) do
-    local args = {'updated_at_ms', stamp}
+    local args = {'updated_at_ms', now_s}
     for _, field in ipairs(LEDGER_FIELDS) do
       if b[field] ~= b.before[field] then args[#args + 1] = field; args[#args + 1] = b[field] end
     end
@@ -471,7 +471,7 @@ local function expire_if_overdue(res_key, r, budget_keys, expiry_index, events_k
     b.reserved = d_sub(b.reserved, r.estimate)
     b.remaining = d_add(b.remaining, r.estimate)
   end
-  local e = write_budgets(budgets, now)
+  local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
   r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
   save_record(res_key, r.rec)

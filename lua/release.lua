@@ -33,7 +33,7 @@ for _, b in ipairs(budgets) do
   b.reserved = d_sub(b.reserved, r.estimate)
   b.remaining = d_add(b.remaining, r.estimate)
 end
-local failed = write_budgets(budgets, now)
+local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 
 local result = snapshot({r.estimate}, budgets)

@@ -56,7 +56,7 @@ for _, b in ipairs(budgets) do
   b.reserved = d_add(b.reserved, amount)
   b.remaining = d_sub(b.remaining, amount)
 end
-local failed = write_budgets(budgets, now)
+local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 
 local rid = ARGV[4] .. table.concat(e.codes)
