@@ -3,7 +3,7 @@
 -- one consecutive failure and, at disable_after_failures, disables the subscription with one
 -- webhook.disabled event; otherwise the delivery is RETRYING at now + delay.
 -- KEYS[1] delivery  KEYS[2] owner's delivery queue  KEYS[3] subscription  KEYS[4] owner's event stream
--- ARGV[1] 'sent' | 'precheck'  ARGV[2] HTTP status (0 = transport error)  ARGV[3] response ms
+-- ARGV[1] 'sent' | 'precheck'  ARGV[2] HTTP status (0 = no HTTP answer)  ARGV[3] response ms
 -- ARGV[4] error message  ARGV[5] max retries  ARGV[6] retry delay ms  ARGV[7] disable after
 -- ARGV[8] delivery id
 local now = now_ms()
@@ -25,7 +25,12 @@ end
 
 local attempts = tonumber(d[2] or '0') + 1
 local code = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'attempts', tostring(attempts), 'response_status', ARGV[2], 'response_time_ms', ARGV[3])
+if code > 0 then
+  redis.call('HSET', KEYS[1], 'attempts', tostring(attempts), 'response_status', ARGV[2], 'response_time_ms', ARGV[3])
+else -- no HTTP answer: no status and no timing are kept (they would tell the state of a port)
+  redis.call('HSET', KEYS[1], 'attempts', tostring(attempts))
+  redis.call('HDEL', KEYS[1], 'response_status', 'response_time_ms')
+end
 local sub_exists = redis.call('EXISTS', KEYS[3]) == 1
 if code >= 200 and code < 300 then
   redis.call('HDEL', KEYS[1], 'error_message')

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::egress;
+
 /// Default pepper for local development only; deployments must set `CYCLES_KEY_PEPPER`.
 pub const DEV_PEPPER: &str = "cycles-local-development-pepper";
 
@@ -30,10 +32,8 @@ pub struct Config {
 pub struct WebhookConfig {
     /// AES-256-GCM key for signing secrets and custom header values at rest.
     pub encryption_key: [u8; 32],
-    /// Allow `http://` endpoints (default: https only).
-    pub allow_http: bool,
-    /// Endpoint addresses refused at create, update and delivery time.
-    pub blocked_cidrs: Vec<(std::net::IpAddr, u8)>,
+    /// Which endpoints may be called (the SSRF guard), at create, update and delivery time.
+    pub egress: crate::egress::EgressRules,
     /// Whole-request timeout of one delivery attempt.
     pub timeout: Duration,
     /// Pause between dispatcher passes.
@@ -42,20 +42,12 @@ pub struct WebhookConfig {
     pub lease: Duration,
 }
 
-pub const DEFAULT_BLOCKED_CIDRS: &str =
-    "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.0/8,169.254.0.0/16,::1/128,fc00::/7";
-
-/// Parses `a.b.c.d/n,...` (an empty string blocks nothing).
-pub fn parse_cidrs(s: &str) -> Vec<(std::net::IpAddr, u8)> {
-    s.split(',')
-        .filter_map(|c| {
-            let (ip, bits) = c.trim().split_once('/')?;
-            Some((ip.parse().ok()?, bits.parse().ok()?))
-        })
-        .collect()
-}
-
 impl WebhookConfig {
+    /// Connect timeout of one attempt: at most 5 s, within the whole-attempt timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(5).min(self.timeout)
+    }
+
     fn from_env(pepper: &str) -> WebhookConfig {
         use base64::Engine;
         use sha2::Digest;
@@ -68,12 +60,24 @@ impl WebhookConfig {
             );
             sha2::Sha256::digest(format!("cycles-webhook-secrets|{pepper}")).into()
         });
+        let blocked = std::env::var("CYCLES_WEBHOOK_BLOCKED_CIDRS").unwrap_or_else(|_| egress::DEFAULT_BLOCKED.into());
+        let blocked = egress::parse_cidrs(&blocked).unwrap_or_else(|bad| {
+            // Refusing to start would take the whole API down for a webhook setting; block
+            // everything the floor blocks plus the valid entries, and say which one is wrong.
+            tracing::error!(entry = %bad, "CYCLES_WEBHOOK_BLOCKED_CIDRS has an entry that is not a CIDR; it is ignored");
+            blocked.split(',').filter_map(egress::Cidr::parse).collect()
+        });
+        let allowed_url_patterns = env("CYCLES_WEBHOOK_ALLOWED_URL_PATTERNS")
+            .map(|v| v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect())
+            .unwrap_or_default();
         WebhookConfig {
             encryption_key,
-            allow_http: env("CYCLES_WEBHOOK_ALLOW_HTTP").is_some_and(|v| v == "true" || v == "1"),
-            blocked_cidrs: parse_cidrs(
-                &std::env::var("CYCLES_WEBHOOK_BLOCKED_CIDRS").unwrap_or_else(|_| DEFAULT_BLOCKED_CIDRS.into()),
-            ),
+            egress: egress::EgressRules {
+                allow_http: env("CYCLES_WEBHOOK_ALLOW_HTTP").is_some_and(|v| v == "true" || v == "1"),
+                blocked,
+                allowed_url_patterns,
+                private_targets: false,
+            },
             timeout: env_ms("CYCLES_WEBHOOK_TIMEOUT_MS", 30_000),
             interval: env_ms("CYCLES_DELIVERY_INTERVAL_MS", 250),
             lease: env_ms("CYCLES_DELIVERY_LEASE_MS", 60_000),

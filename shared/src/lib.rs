@@ -5,6 +5,7 @@
 pub mod api;
 pub mod config;
 pub mod domain;
+pub mod egress;
 pub mod error;
 pub mod ids;
 pub mod keys;

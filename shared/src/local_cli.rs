@@ -14,13 +14,17 @@ use crate::store::Store;
 const USAGE: &str = "cycles-local: the Cycles runtime and operator APIs on two local ports
 
 USAGE: cycles-local [--port N] [--admin-port N] [--host IP] [--redis-url URL] [--seed-demo]
+                    [--dev-webhooks]
 
   --port N         port of the runtime API (default 7878)
   --admin-port N   port of the operator (admin) API (default 7979)
   --host IP        address to bind (default 127.0.0.1)
   --redis-url URL  Redis to use (default: $REDIS_URL, else an embedded redis-server
                    started on a free port and stopped on exit)
-  --seed-demo      create a demo tenant, API key and budget and print curl examples";
+  --seed-demo      create a demo tenant, API key and budget and print curl examples
+  --dev-webhooks   development only: webhooks may call http:// and private or loopback
+                   endpoints (e.g. a receiver on localhost); without it the deployed
+                   SSRF rules apply";
 
 struct Args {
     port: u16,
@@ -28,11 +32,18 @@ struct Args {
     host: IpAddr,
     redis_url: Option<String>,
     seed_demo: bool,
+    dev_webhooks: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args =
-        Args { port: 7878, admin_port: 7979, host: [127, 0, 0, 1].into(), redis_url: None, seed_demo: false };
+    let mut args = Args {
+        port: 7878,
+        admin_port: 7979,
+        host: [127, 0, 0, 1].into(),
+        redis_url: None,
+        seed_demo: false,
+        dev_webhooks: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -44,6 +55,7 @@ fn parse_args() -> Result<Args, String> {
             "--host" => args.host = value("--host")?.parse().map_err(|_| "--host must be an IP address")?,
             "--redis-url" => args.redis_url = Some(value("--redis-url")?),
             "--seed-demo" => args.seed_demo = true,
+            "--dev-webhooks" => args.dev_webhooks = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -89,12 +101,16 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut config = Config::from_env(Some(&url));
     config.redis_url = url.clone();
-    // Local development: webhook receivers are usually http://localhost unless configured.
-    if std::env::var("CYCLES_WEBHOOK_ALLOW_HTTP").is_err() {
-        config.webhooks.allow_http = true;
-    }
-    if std::env::var("CYCLES_WEBHOOK_BLOCKED_CIDRS").is_err() {
-        config.webhooks.blocked_cidrs.clear();
+    if args.dev_webhooks {
+        eprintln!(
+            "--dev-webhooks: webhook endpoints may be http:// and private or loopback addresses \
+             (the SSRF guard is off; never run a shared or deployed server like this)"
+        );
+        tracing::warn!("webhook SSRF guard relaxed for development (--dev-webhooks)");
+        config.webhooks.egress = crate::egress::EgressRules {
+            allowed_url_patterns: config.webhooks.egress.allowed_url_patterns.clone(),
+            ..crate::egress::EgressRules::development()
+        };
     }
     if config.admin_api_key.is_none() {
         // A local-only convenience: without ADMIN_API_KEY the operator API gets a fresh key.

@@ -3,7 +3,7 @@
 //! per-owner delivery queues, then claim -> send -> record, at least once).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aes_gcm::aead::{Aead, KeyInit};
@@ -108,48 +108,16 @@ pub fn check_invariants(owner: &str, event_types: &[String], categories: &[Strin
     Ok(())
 }
 
-/// The SSRF guard: scheme, then every resolved address against the blocked ranges.
+/// The write-time SSRF check of a subscription URL (`crate::egress`): 400 WEBHOOK_URL_INVALID
+/// naming what is wrong.
 pub async fn check_url(config: &WebhookConfig, url: &str) -> ApiResult<()> {
-    let invalid = |m: String| ApiError::new(ErrorCode::WebhookUrlInvalid, m);
-    if url.len() > 2048 {
-        return Err(invalid("url must be at most 2048 characters".into()));
-    }
-    let parsed = reqwest::Url::parse(url).map_err(|e| invalid(format!("url is not a valid URL: {e}")))?;
-    match parsed.scheme() {
-        "https" => {}
-        "http" if config.allow_http => {}
-        s => return Err(invalid(format!("url scheme {s} is not allowed (https only)"))),
-    }
-    let host = parsed.host_str().ok_or_else(|| invalid("url has no host".into()))?;
-    let port = parsed.port_or_known_default().unwrap_or(443);
-    let addrs: Vec<IpAddr> = match host.trim_matches(['[', ']']).parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|e| invalid(format!("url host {host} does not resolve: {e}")))?
-            .map(|a| a.ip())
-            .collect(),
-    };
-    if let Some(ip) = addrs.iter().find(|ip| config.blocked_cidrs.iter().any(|(net, bits)| in_cidr(**ip, *net, *bits)))
-    {
-        return Err(invalid(format!("url resolves to a blocked address ({ip})")));
-    }
-    Ok(())
+    config.egress.check_url(url).await.map_err(|r| ApiError::new(ErrorCode::WebhookUrlInvalid, r.to_string()))
 }
 
-fn in_cidr(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(n)) => {
-            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits.min(32)) };
-            u32::from(a) & mask == u32::from(n) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(n)) => {
-            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits.min(128)) };
-            u128::from(a) & mask == u128::from(n) & mask
-        }
-        _ => false,
-    }
-}
+/// What a delivery or a test records when no HTTP answer came back, whatever the reason
+/// (blocked, unresolvable, refused, timed out, TLS): one message, no timing, so the service
+/// cannot be used to tell the state of a port. The reason goes to the server log.
+pub const UNREACHABLE: &str = "The endpoint could not be reached (no HTTP response)";
 
 /// `enc:` + base64(nonce ‖ ciphertext ‖ tag).
 pub fn encrypt(key: &[u8; 32], plain: &str) -> String {
@@ -346,10 +314,15 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(store: Store, config: WebhookConfig) -> Dispatcher {
+        // Connections go only to addresses the guard resolved and checked (no proxy, no
+        // redirects: either would connect somewhere unchecked).
+        let resolver = crate::egress::GuardedResolver { rules: Arc::new(config.egress.clone()) };
         let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5).min(config.timeout))
+            .connect_timeout(config.connect_timeout())
             .timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(resolver))
             .build()
             .expect("HTTP client");
         Dispatcher { store, config, client }
@@ -482,15 +455,17 @@ impl Dispatcher {
         if !sub.may_receive(&event) {
             return Err("event is not accessible to a tenant-owned subscription".into());
         }
-        if let Err(e) = check_url(&self.config, &sub.url).await {
-            return Err(e.message);
-        }
         Ok(self.post(&sub.url, &event, field(delivery, "trace_flags"), &sub.record).await)
     }
 
-    /// POSTs an event with the spec's headers and signature.
+    /// POSTs an event with the spec's headers and signature, through the egress guard (the URL
+    /// is checked again as it is now, and names resolve only to checked addresses).
     /// `flags`: the inbound traceparent flags of the request that caused the event (else 01).
     pub async fn post(&self, url: &str, event: &Value, flags: Option<&str>, sub: &Record) -> Attempt {
+        if let Err(refusal) = self.config.egress.check_static(url) {
+            tracing::warn!(url, reason = %refusal, "webhook endpoint refused by the egress guard");
+            return Attempt::unreachable();
+        }
         let body = serde_json::to_vec(event).expect("events serialize");
         let secret = field(sub, "secret").and_then(|s| decrypt(&self.config.encryption_key, s)).unwrap_or_default();
         let trace_id = event["trace_id"].as_str().map(String::from).unwrap_or_else(crate::ids::new_trace_id);
@@ -526,7 +501,10 @@ impl Dispatcher {
                 let error = (!res.status().is_success()).then(|| format!("endpoint answered HTTP {status}"));
                 Attempt { status, ms, error }
             }
-            Err(e) => Attempt { status: 0, ms, error: Some(format!("transport error: {e}")) },
+            Err(e) => {
+                tracing::warn!(url, error = %error_chain(&e), "webhook endpoint unreachable");
+                Attempt::unreachable()
+            }
         }
     }
 
@@ -602,9 +580,29 @@ impl Dispatcher {
 /// One HTTP attempt's outcome.
 #[derive(Debug, Clone)]
 pub struct Attempt {
+    /// The HTTP status; 0 when no answer came back.
     pub status: u16,
+    /// Time to the answer; 0 when no answer came back.
     pub ms: i64,
     pub error: Option<String>,
+}
+
+impl Attempt {
+    fn unreachable() -> Attempt {
+        Attempt { status: 0, ms: 0, error: Some(UNREACHABLE.to_string()) }
+    }
+}
+
+/// An error with its causes, for the log (reqwest keeps the interesting part in the sources).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// The wire `WebhookDelivery` of a stored row.
@@ -662,14 +660,6 @@ mod tests {
     fn backoff_grows_and_is_capped() {
         let p = RetryPolicy::default();
         assert_eq!([1, 2, 3, 4, 5, 20].map(|a| p.delay_ms(a)), [1000, 2000, 4000, 8000, 16000, 60000]);
-    }
-
-    #[test]
-    fn cidr_guard() {
-        let blocked = crate::config::parse_cidrs(crate::config::DEFAULT_BLOCKED_CIDRS);
-        let hit = |ip: &str| blocked.iter().any(|(n, b)| in_cidr(ip.parse().unwrap(), *n, *b));
-        assert!(hit("127.0.0.1") && hit("10.1.2.3") && hit("172.20.0.1") && hit("::1") && hit("169.254.169.254"));
-        assert!(!hit("93.184.216.34") && !hit("172.32.0.1"));
     }
 
     #[test]

@@ -206,8 +206,14 @@ async fn gateway(app: Arc<App>) -> ((String, String), impl std::future::Future<O
 
 impl Harness {
     pub async fn start() -> Harness {
+        Self::start_configured(|_| {}).await
+    }
+
+    /// Like `start`, with the server's configuration adjusted by `configure` (applied after the
+    /// harness's own test settings).
+    pub async fn start_configured(configure: impl FnOnce(&mut Config)) -> Harness {
         let (url, embedded, container) = redis_for_tests().await;
-        let mut h = Self::start_on(url, embedded).await;
+        let mut h = Self::start_with(url, embedded, false, configure).await;
         h._container = container;
         h
     }
@@ -217,26 +223,31 @@ impl Harness {
     /// The benchmarks use it, so the load generator and the server never share a scheduler.
     pub async fn start_isolated() -> Harness {
         let (url, embedded, container) = redis_for_tests().await;
-        let mut h = Self::start_with(url, embedded, true).await;
+        let mut h = Self::start_with(url, embedded, true, |_| {}).await;
         h._container = container;
         h
     }
 
     pub async fn start_on(url: String, embedded: Option<EmbeddedRedis>) -> Harness {
-        Self::start_with(url, embedded, false).await
+        Self::start_with(url, embedded, false, |_| {}).await
     }
 
-    async fn start_with(url: String, embedded: Option<EmbeddedRedis>, isolated: bool) -> Harness {
+    async fn start_with(
+        url: String,
+        embedded: Option<EmbeddedRedis>,
+        isolated: bool,
+        configure: impl FnOnce(&mut Config),
+    ) -> Harness {
         let mut config = Config::from_env(Some(&url));
         config.redis_url = url.clone();
         config.admin_api_key = Some(ADMIN_KEY.to_string());
         config.key_pepper = DEV_PEPPER.to_string();
         config.redis_timeout = Duration::from_secs(5);
         // webhook receivers are local http servers; attempts time out fast, leases end fast
-        config.webhooks.allow_http = true;
-        config.webhooks.blocked_cidrs.clear();
+        config.webhooks.egress = cycles_shared::egress::EgressRules::development();
         config.webhooks.timeout = Duration::from_millis(1500);
         config.webhooks.lease = Duration::from_millis(500);
+        configure(&mut config);
         let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
         let webhooks = config.webhooks.clone();
         let ((base, admin_base), stop_gateway) = if isolated {
