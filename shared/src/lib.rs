@@ -8,6 +8,7 @@ pub mod domain;
 pub mod egress;
 pub mod error;
 pub mod ids;
+pub mod json;
 pub mod keys;
 pub mod lambda;
 pub mod local;

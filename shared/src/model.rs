@@ -409,8 +409,7 @@ pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, 
 
 /// `parse_body` without the `Validate` step (operator-plane bodies check their own bounds).
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<(T, Value)> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
+    let value = crate::json::parse(body).map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::invalid("Malformed request body: expected a JSON object"));
     }

@@ -285,3 +285,49 @@ async fn tenancy_rules() {
     r.assert_error(404, "NOT_FOUND");
     assert_eq!(h.root(&other).await.reserved, 0);
 }
+
+/// A body that names a key twice is ambiguous (a reader that keeps the first value and one that
+/// keeps the last disagree): 400 naming the key, and nothing is written, on both planes.
+#[tokio::test]
+async fn duplicate_json_keys_are_refused_at_any_depth() {
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000).await;
+    let before = h.root(&t).await;
+    let tenant = &t.id;
+    let cases = [
+        format!(
+            r#"{{"idempotency_key":"d1","subject":{{"tenant":"{tenant}"}},"action":{{"kind":"llm","name":"m"}},
+               "estimate":{{"unit":"TOKENS","amount":1}},"estimate":{{"unit":"TOKENS","amount":999999}}}}"#
+        ),
+        format!(
+            r#"{{"idempotency_key":"d2","idempotency_key":"d3","subject":{{"tenant":"{tenant}"}},
+               "action":{{"kind":"llm","name":"m"}},"estimate":{{"unit":"TOKENS","amount":1}}}}"#
+        ),
+        format!(
+            r#"{{"idempotency_key":"d4","subject":{{"tenant":"{tenant}","agent":"a","agent":"b"}},
+               "action":{{"kind":"llm","name":"m"}},"estimate":{{"unit":"TOKENS","amount":1}}}}"#
+        ),
+        format!(
+            r#"{{"idempotency_key":"d5","subject":{{"tenant":"{tenant}"}},"action":{{"kind":"llm","name":"m"}},
+               "estimate":{{"unit":"TOKENS","amount":1}},"metadata":{{"a":[{{"x":1,"x":2}}]}}}}"#
+        ),
+    ];
+    let fields = ["estimate", "idempotency_key", "subject.agent", "metadata.a[].x"];
+    for (body, field) in cases.iter().zip(fields) {
+        for path in ["/v1/reservations", "/v1/decide"] {
+            let r = h.send("POST", path, &[("x-cycles-api-key", &t.key)], Some(body)).await;
+            r.assert_error(400, "INVALID_REQUEST");
+            assert!(r.body["message"].as_str().unwrap().contains(&format!("duplicate field `{field}`")), "{}", r.raw);
+        }
+    }
+    assert_eq!(h.root(&t).await, before, "nothing was reserved");
+    let listed = h.get(&t.key, "/v1/reservations").await;
+    assert_eq!(listed.assert_ok()["reservations"], json!([]));
+    // the operator plane parses bodies the same way
+    let body =
+        r#"{"operation":"CREDIT","amount":{"unit":"TOKENS","amount":1},"amount":{"unit":"TOKENS","amount":5000}}"#;
+    let path = format!("/v1/admin/budgets/fund?scope=tenant:{tenant}&unit=TOKENS&tenant_id={tenant}");
+    let r = h.send_to(&h.admin_base, "POST", &path, &[("x-admin-api-key", &h.admin_key)], Some(body)).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(h.root(&t).await, before, "nothing was funded");
+}

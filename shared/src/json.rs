@@ -1,0 +1,140 @@
+//! Request JSON without ambiguity: an object that names a key twice, at any depth, is refused
+//! (serde_json alone keeps the last one, so `{"estimate":…1…,"estimate":…999999…}` would
+//! reserve 999999 while a log or a proxy that reads the first sees 1).
+
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// Where the parser is: the keys (and array positions) from the root to the current value.
+enum Step {
+    Key(String),
+    Item,
+}
+
+/// Parses `bytes` as one JSON value. The error names the duplicated key by its path
+/// (`subject.agent`, `metadata.items[].id`).
+pub fn parse(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    let path = RefCell::new(Vec::new());
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict { path: &path }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+fn describe(path: &[Step], key: &str) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Step::Item => out.push_str("[]"),
+        }
+    }
+    if !out.is_empty() {
+        out.push('.');
+    }
+    out.push_str(key);
+    out
+}
+
+#[derive(Clone, Copy)]
+struct Strict<'a> {
+    path: &'a RefCell<Vec<Step>>,
+}
+
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        self.path.borrow_mut().push(Step::Item);
+        while let Some(v) = seq.next_element_seed(self)? {
+            items.push(v);
+        }
+        self.path.borrow_mut().pop();
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                let field = describe(&self.path.borrow(), &key);
+                return Err(de::Error::custom(format!("duplicate field `{field}`")));
+            }
+            // The key rides on the path while its value is read, then comes back for the insert.
+            self.path.borrow_mut().push(Step::Key(key));
+            let value = map.next_value_seed(self)?;
+            let Some(Step::Key(key)) = self.path.borrow_mut().pop() else { unreachable!("pushed above") };
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_are_refused_at_any_depth_and_named() {
+        let e = parse(br#"{"estimate":{"amount":1},"estimate":{"amount":999999}}"#).unwrap_err();
+        assert!(e.to_string().starts_with("duplicate field `estimate`"), "{e}");
+        let e = parse(br#"{"subject":{"tenant":"a","agent":"x","agent":"y"}}"#).unwrap_err();
+        assert!(e.to_string().starts_with("duplicate field `subject.agent`"), "{e}");
+        let e = parse(br#"{"m":{"items":[{"id":1},{"id":2,"id":3}]}}"#).unwrap_err();
+        assert!(e.to_string().starts_with("duplicate field `m.items[].id`"), "{e}");
+        // the same key in sibling objects is fine
+        assert!(parse(br#"{"a":{"k":1},"b":{"k":2},"c":[{"k":1},{"k":2}]}"#).is_ok());
+    }
+
+    #[test]
+    fn values_are_those_serde_json_reads() {
+        let text = br#"{"a":[1,-2,3.5,"s",true,null,{"b":{}}],"big":18446744073709551615,"neg":-9223372036854775808}"#;
+        assert_eq!(parse(text).unwrap(), serde_json::from_slice::<Value>(text).unwrap());
+        assert!(parse(b"{} x").is_err());
+        assert!(parse(b"{\"a\":1,}").is_err());
+    }
+}
