@@ -3,7 +3,7 @@
 //! Cycles library (loaded on "Function not found"), or EVALSHA of the script where the server
 //! has no Redis Functions (NOSCRIPT -> load and retry).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -52,9 +52,61 @@ impl ConnectionLike for Conn {
 pub struct Store {
     conn: Conn,
     cluster: bool,
-    /// Whether to call scripts as Redis Functions; turned off for good when the server refuses
-    /// to load the library (Redis before 7, or an ACL without FUNCTION).
-    functions: Arc<AtomicBool>,
+    /// Whether scripts are called as Redis Functions now, or by EVALSHA until a retry time.
+    functions: Arc<Functions>,
+}
+
+/// When FCALL is tried again after the library could not be loaded or called. A server that
+/// refuses Functions outright (Redis before 7, an ACL without FUNCTION or FCALL) is asked again
+/// every 10 minutes; a load refused for a passing reason (out of memory, a read-only replica
+/// after a failover, a failed save) is retried after 1 s, doubling up to a minute. Meanwhile
+/// every script runs by EVALSHA.
+struct Functions {
+    started: Instant,
+    /// Milliseconds since `started` before which EVALSHA is used (0: FCALL now).
+    retry_at: AtomicU64,
+    /// The wait after the next passing failure.
+    backoff: AtomicU64,
+}
+
+const FIRST_BACKOFF_MS: u64 = 1_000;
+const MAX_BACKOFF_MS: u64 = 60_000;
+const REFUSED_BACKOFF_MS: u64 = 600_000;
+
+impl Functions {
+    fn new() -> Functions {
+        Functions { started: Instant::now(), retry_at: AtomicU64::new(0), backoff: AtomicU64::new(FIRST_BACKOFF_MS) }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn usable(&self) -> bool {
+        let at = self.retry_at.load(Ordering::Relaxed);
+        at == 0 || self.elapsed_ms() >= at
+    }
+
+    /// FCALL answered: Functions are in use (again).
+    fn worked(&self) {
+        if self.retry_at.swap(0, Ordering::Relaxed) != 0 {
+            self.backoff.store(FIRST_BACKOFF_MS, Ordering::Relaxed);
+            tracing::info!("Redis Functions in use again");
+        }
+    }
+
+    /// The library could not be loaded or called: EVALSHA until the next retry.
+    fn failed(&self, e: &redis::RedisError, refused: bool) {
+        let wait = if refused {
+            REFUSED_BACKOFF_MS
+        } else {
+            let wait = self.backoff.load(Ordering::Relaxed);
+            self.backoff.store((wait * 2).min(MAX_BACKOFF_MS), Ordering::Relaxed);
+            wait
+        };
+        self.retry_at.store(self.elapsed_ms() + wait, Ordering::Relaxed);
+        tracing::warn!(error = %e, retry_in_ms = wait, "Redis Functions unavailable; running scripts by EVALSHA");
+    }
 }
 
 impl Store {
@@ -85,7 +137,7 @@ impl Store {
             let client = redis::Client::open(seeds[0])?;
             Conn::Single(client.get_connection_manager_with_config(config).await?)
         };
-        Ok(Store { conn, cluster, functions: Arc::new(AtomicBool::new(true)) })
+        Ok(Store { conn, cluster, functions: Arc::new(Functions::new()) })
     }
 
     async fn reports_cluster(url: &str, timeout: Duration) -> redis::RedisResult<bool> {
@@ -109,7 +161,18 @@ impl Store {
 
     /// Runs one script (one round trip when warm) and decodes its reply.
     pub async fn run(&self, script: &scripts::Lua, keys: &[String], args: &[String]) -> ApiResult<Reply> {
-        if self.functions.load(Ordering::Relaxed) {
+        Reply::decode(self.call(script, keys, args).await?)
+    }
+
+    /// Runs one script and hands back its raw reply: FCALL of its function in the library
+    /// (loading the library where it is missing), else EVALSHA.
+    pub async fn call(
+        &self,
+        script: &scripts::Lua,
+        keys: &[String],
+        args: &[String],
+    ) -> redis::RedisResult<Vec<String>> {
+        if self.functions.usable() {
             let mut fcall = redis::cmd("FCALL");
             fcall.arg(&script.function).arg(keys.len()).arg(keys).arg(args);
             let call = |mut conn: Conn| {
@@ -119,11 +182,14 @@ impl Store {
             match self.patiently(call).await {
                 Err(e) if function_missing(&e) && self.load_library().await => match self.patiently(call).await {
                     Err(e) if function_missing(&e) => {} // a node that lost it again: EVALSHA this once
-                    answer => return Reply::decode(answer?),
+                    answer => return answer,
                 },
                 Err(e) if function_missing(&e) => {}
-                Err(e) if functions_refused(&e) => self.without_functions(&e),
-                answer => return Reply::decode(answer?),
+                Err(e) if functions_refused(&e) => self.functions.failed(&e, true),
+                answer => {
+                    self.functions.worked();
+                    return answer;
+                }
             }
         }
         let mut inv = script.script().prepare_invoke();
@@ -134,11 +200,11 @@ impl Store {
             inv.arg(a);
         }
         let inv = &inv;
-        Reply::decode(self.patiently(|mut conn| async move { inv.invoke_async::<Vec<String>>(&mut conn).await }).await?)
+        self.patiently(|mut conn| async move { inv.invoke_async::<Vec<String>>(&mut conn).await }).await
     }
 
     /// Loads the Cycles library (on every master of a cluster). False when it is not there
-    /// afterwards; a server that refuses it outright gets EVALSHA from now on.
+    /// afterwards; a refusal makes the scripts run by EVALSHA until the next retry.
     async fn load_library(&self) -> bool {
         let loaded: redis::RedisResult<Value> =
             redis::cmd("FUNCTION").arg("LOAD").arg(&scripts::LIBRARY.code).query_async(&mut self.conn()).await;
@@ -148,15 +214,10 @@ impl Store {
             Err(e) if e.to_string().contains("already exists") => true,
             Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => false,
             Err(e) => {
-                self.without_functions(&e);
+                self.functions.failed(&e, functions_refused(&e));
                 false
             }
         }
-    }
-
-    fn without_functions(&self, e: &redis::RedisError) {
-        tracing::warn!(error = %e, "Redis Functions unavailable; running scripts by EVALSHA");
-        self.functions.store(false, Ordering::Relaxed);
     }
 
     /// Calls `call` until it is answered, retrying while a cluster slot moves: a command can be
@@ -190,6 +251,15 @@ fn function_missing(e: &redis::RedisError) -> bool {
 /// FCALL itself refused: a server without Functions (before Redis 7) or an ACL without it.
 fn functions_refused(e: &redis::RedisError) -> bool {
     e.code() == Some("NOPERM") || e.to_string().contains("unknown command")
+}
+
+/// Why a store refuses writes while it still answers: `OOM` (out of memory under `noeviction`),
+/// `READONLY` (a replica), `MISCONF` (a failed save), `NOREPLICAS`; None for other failures.
+pub fn write_refusal(e: &redis::RedisError) -> Option<&'static str> {
+    let text = e.to_string();
+    ["OOM", "READONLY", "MISCONF", "NOREPLICAS"]
+        .into_iter()
+        .find(|code| e.code() == Some(code) || text.contains(&format!("{code} ")))
 }
 
 /// Cluster answers that mean the command was not executed: its slot is moving (TRYAGAIN, or a
@@ -293,8 +363,12 @@ pub mod scripts {
         // sets from its arguments (functions have no such globals).
         let mut code = format!("#!lua name=cycles_{version}\nlocal KEYS, ARGV\n{LIB}\n");
         for (name, body) in SOURCES {
+            // Read-only functions carry `no-writes`, so they keep running while Redis refuses
+            // writes for memory (functions without flags are refused outright then).
+            let flags = if READ_ONLY.contains(name) { "{'no-writes'}" } else { "{}" };
             code.push_str(&format!(
-                "redis.register_function('{name}_{version}', function(keys, args)\nKEYS, ARGV = keys, args\n{body}\nend)\n"
+                "redis.register_function{{function_name='{name}_{version}', flags={flags}, \
+                 callback=function(keys, args)\nKEYS, ARGV = keys, args\n{body}\nend}}\n"
             ));
         }
         Library { version, code }
@@ -344,7 +418,12 @@ pub mod scripts {
         };
     }
 
+    /// The scripts that never write (registered `no-writes`).
+    const READ_ONLY: [&str; 7] =
+        ["get_reservation", "balances", "read_budgets", "list", "read_records", "authenticate", "read_hashes"];
+
     scripts! {
+        HEALTH = "health";
         RESERVE = "reserve";
         COMMIT = "commit";
         RELEASE = "release";

@@ -174,3 +174,66 @@ async fn a_flushed_function_library_is_loaded_again() {
     let wanted = format!("cycles_{}", cycles_shared::store::scripts::LIBRARY.version);
     assert!(format!("{libraries:?}").contains(&wanted), "{wanted} loaded again: {libraries:?}");
 }
+
+/// Calls of one command so far (`INFO commandstats`).
+async fn calls(h: &Harness, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn set_maxmemory(h: &Harness, bytes: &str) {
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes).query_async(&mut h.store.conn()).await.unwrap();
+}
+
+/// Redis out of memory (`noeviction`): reads keep answering (the read-only functions are
+/// registered `no-writes`), writes get a clear 500, readiness says the store refuses writes; a
+/// library that cannot be loaded meanwhile (FUNCTION LOAD refused for memory) leaves the
+/// scripts on EVALSHA only until a retry with backoff loads it, and FCALL is back.
+#[tokio::test]
+async fn reads_survive_a_store_that_refuses_writes_and_functions_come_back() {
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(1000).await;
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    set_maxmemory(&h, "1").await;
+    let read_all = || async {
+        h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
+        h.get(&t.key, &format!("/v1/balances?tenant={}", t.id)).await.assert_ok();
+        h.get(&t.key, "/v1/reservations").await.assert_ok();
+    };
+    read_all().await;
+    h.reserve(&t, 1, json!({})).await.assert_error(500, "INTERNAL_ERROR");
+    let ready = h.send("GET", "/health/ready", &[], None).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.body, json!({"status": "unavailable", "store": "refusing_writes", "reason": "OOM"}));
+
+    // The library vanishes while memory is short: loading it is refused, reads run by EVALSHA.
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut h.store.conn()).await.unwrap();
+    let evalsha = calls(&h, "evalsha").await;
+    read_all().await;
+    read_all().await;
+    assert!(calls(&h, "evalsha").await >= evalsha + 10, "reads ran by EVALSHA");
+    let fcall = calls(&h, "fcall").await;
+    read_all().await;
+    assert_eq!(calls(&h, "fcall").await, fcall, "no FCALL attempt before the retry time");
+
+    // Memory back: after the backoff the library is loaded again and FCALL serves.
+    set_maxmemory(&h, "0").await;
+    h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    h.commit(&t, &rid, 4).await.assert_ok();
+    let fcall = calls(&h, "fcall").await;
+    let evalsha = calls(&h, "evalsha").await;
+    h.reserve_ok(&t, 1, json!({})).await;
+    read_all().await;
+    // reserve 1, get 1, balances 2 (ledger list, then the ledgers), listing 2 (index, records)
+    assert_eq!(calls(&h, "fcall").await, fcall + 6, "FCALL in use again");
+    assert_eq!(calls(&h, "evalsha").await, evalsha);
+    assert_eq!(h.send("GET", "/health/ready", &[], None).await.status, 200);
+    assert_eq!(h.root(&t).await.spent, 4);
+}

@@ -401,14 +401,23 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
     res
 }
 
-/// Readiness: Redis answers a trivial script (the same path every operation takes), else 503.
+/// Readiness: Redis accepts a write through the script path every operation takes (200), else
+/// 503 saying whether the store is unreachable or refuses writes (out of memory under
+/// `noeviction`, a read-only replica, a failed save: reads still work then, writes do not).
 async fn readiness(app: &App) -> ApiResult<Answer> {
-    let mut conn = app.store.conn();
-    let ok = crate::store::scripts::PING.key("cy:{health}:ping").invoke_async::<i64>(&mut conn).await.is_ok();
-    Ok(if ok {
-        Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"}))
-    } else {
-        Answer::json(503, &serde_json::json!({"status": "unavailable", "store": "unreachable"}))
+    let probe = app.store.call(&crate::store::scripts::HEALTH, &["cy:{health}:probe".to_string()], &[]).await;
+    Ok(match probe {
+        Ok(_) => Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"})),
+        Err(e) => {
+            let refusal = crate::store::write_refusal(&e);
+            tracing::warn!(error = %e, "readiness probe failed");
+            let store = if refusal.is_some() { "refusing_writes" } else { "unreachable" };
+            let mut body = serde_json::json!({"status": "unavailable", "store": store});
+            if let Some(reason) = refusal {
+                body["reason"] = serde_json::json!(reason);
+            }
+            Answer::json(503, &body)
+        }
     })
 }
 

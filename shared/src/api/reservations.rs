@@ -597,10 +597,17 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) ->
     let t = target(app, principal, params, Permission::ReservationsList).await?;
     let res_key = t.keys.reservation(&t.rid.token);
     let auth_key = if t.admin { res_key.clone() } else { t.auth_key.clone() };
-    let mut keys = vec![auth_key, res_key, t.keys.expiry_index(), t.keys.events()];
-    keys.extend(t.budget_keys());
-    let args = [t.digest.clone(), Permission::ReservationsList.accepted().to_string(), t.id.clone(), retention_ms(app)];
+    let keys = [auth_key, res_key];
+    let args = [t.digest.clone(), Permission::ReservationsList.accepted().to_string(), t.id.clone()];
     let reply = app.store.run(&scripts::GET_RESERVATION, &keys, &args).await?;
+    if reply.status == "OVERDUE" {
+        // Expire it now, as every touch does; if the store refuses the write, the sweep will.
+        let opts = app.config.sweep_options();
+        if let Err(e) = expire_reservations(&app.store, &t.rid.tenant, std::slice::from_ref(&t.id), &opts).await {
+            tracing::warn!(error = %e.message, reservation_id = %t.id, "could not expire an overdue reservation on read");
+        }
+        return Err(ApiError::new(crate::error::ErrorCode::ReservationExpired, "Reservation has expired"));
+    }
     let f = &reply.result;
     if f.len() != 13 {
         return Err(ApiError::internal("Malformed reservation record"));
