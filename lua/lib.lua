@@ -355,18 +355,32 @@ local function request_scope(first_key, first_arg)
 end
 
 -- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments, as `authorize`
--- returns it) must admit the scope a runtime operation targets, else 403 (decision D7).
--- Callers skip it when the key has no filter: `denied = filter and scope_guard(filter, scope)`.
-local function scope_guard(raw, scope)
+-- returns it), decoded and lower-cased; nil when it admits every scope.
+local function scope_filter(raw)
+  if not raw then return nil end
   local ok, filter = pcall(cjson.decode, raw)
   if not ok or type(filter) ~= 'table' or #filter == 0 then return nil end
+  for i, entry in ipairs(filter) do filter[i] = string.lower(entry) end
+  return filter
+end
+
+-- Whether a decoded filter admits a scope: some entry names one of its segments exactly, or
+-- (`kind:*`) the kind of one of them.
+local function admits(filter, scope)
   for _, entry in ipairs(filter) do
-    entry = string.lower(entry)
     local kind = string.match(entry, '^([^:]+:)%*$')
     for segment in string.gmatch(scope, '[^/]+') do
-      if segment == entry or (kind and string.sub(segment, 1, #kind) == kind) then return nil end
+      if segment == entry or (kind and string.sub(segment, 1, #kind) == kind) then return true end
     end
   end
+  return false
+end
+
+-- The filter must admit the scope an operation targets, else 403 (decision D7). Callers skip
+-- it when the key has no filter: `denied = filter and scope_guard(filter, scope)`.
+local function scope_guard(raw, scope)
+  local filter = scope_filter(raw)
+  if not filter or admits(filter, scope) then return nil end
   return err('FORBIDDEN', "The API key's scope_filter does not admit scope " .. scope)
 end
 

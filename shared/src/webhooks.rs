@@ -156,6 +156,9 @@ pub struct Subscription {
     pub event_types: Vec<String>,
     pub event_categories: Vec<String>,
     pub scope_filter: Option<String>,
+    /// The scope filter of the tenant key that wrote the subscription, if it had one: only
+    /// events of admitted scopes are delivered.
+    pub key_scope_filter: Vec<String>,
     pub retry: RetryPolicy,
     pub disable_after: i64,
     pub created_at_ms: i64,
@@ -174,6 +177,7 @@ impl Subscription {
             event_types: list("event_types"),
             event_categories: list("event_categories"),
             scope_filter: field(&record, "scope_filter").map(String::from),
+            key_scope_filter: list("key_scope_filter"),
             retry: json_field(&record, "retry_policy").and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
             disable_after: int_field(&record, "disable_after_failures").unwrap_or(10),
             created_at_ms: int_field(&record, "created_at_ms").unwrap_or(0),
@@ -197,7 +201,9 @@ impl Subscription {
                 (_, None) => false,
             },
         };
-        selected && scoped && self.may_receive(event)
+        let admitted = self.key_scope_filter.is_empty()
+            || scope.is_some_and(|s| crate::domain::scope_admitted(&self.key_scope_filter, s));
+        selected && scoped && admitted && self.may_receive(event)
     }
 
     /// INVARIANT 2 at dispatch and replay: a tenant-owned subscription never receives an

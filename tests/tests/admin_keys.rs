@@ -175,3 +175,62 @@ async fn scope_filters_bind_the_runtime_plane_too() {
     let l = h.root(&t).await;
     assert_eq!((l.reserved, l.spent), (10, 5), "refused requests changed nothing");
 }
+
+/// A key's scope filter binds what it reads as strictly as what it writes, on both planes:
+/// balances, one reservation, the reservation listing, ledgers, events and webhook deliveries
+/// of scopes outside the filter are out of its sight.
+#[tokio::test]
+async fn scope_filters_bind_reads_on_both_planes() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    let (eng, ops) = (format!("{root}/workspace:eng"), format!("{root}/workspace:ops"));
+    for scope in [&root, &eng, &ops] {
+        h.budget(&t.id, scope, Unit::Tokens, 1000).await;
+    }
+    let meta = json!({"metadata": {"secret": "ops-only"}});
+    let mut ops_body = json!({"subject": {"tenant": t.id, "workspace": "ops"}});
+    merge(&mut ops_body, meta.clone());
+    let ops_rid = h.reserve_ok(&t, 10, ops_body).await;
+    let eng_rid = h.reserve_ok(&t, 10, json!({"subject": {"tenant": t.id, "workspace": "eng"}})).await;
+    let perms =
+        ["reservations:list", "balances:read", "budgets:read", "events:read", "webhooks:read", "webhooks:write"];
+    let k = h.key(&t.id, Some(perms.iter().map(|p| p.to_string()).collect())).await;
+    let body = json!({"scope_filter": ["workspace:eng"]});
+    h.admin("PATCH", &format!("/v1/admin/api-keys/{}", k.key_id), Some(&body)).await.assert_ok();
+    let rx = cycles_tests::receiver::Receiver::start().await;
+    let sub = json!({"url": rx.url, "event_types": ["budget.funded"]});
+    let created = h.admin_as(&k.secret, "POST", "/v1/webhooks", Some(&sub)).await;
+    assert_eq!(created.status, 201, "{}", created.raw);
+
+    // runtime plane
+    let scopes_of = |v: &serde_json::Value, list: &str, field: &str| -> Vec<String> {
+        v[list].as_array().unwrap().iter().map(|b| b[field].as_str().unwrap().to_string()).collect()
+    };
+    let b = h.get(&k.secret, &format!("/v1/balances?tenant={}", t.id)).await;
+    assert_eq!(scopes_of(b.assert_ok(), "balances", "scope_path"), vec![eng.clone()]);
+    h.get(&k.secret, &format!("/v1/reservations/{ops_rid}")).await.assert_error(403, "FORBIDDEN");
+    h.get(&k.secret, &format!("/v1/reservations/{eng_rid}")).await.assert_ok();
+    for sort in ["", "&sort_by=reserved", "&sort_by=status&sort_dir=asc"] {
+        let l = h.get(&k.secret, &format!("/v1/reservations?include=metadata{sort}")).await;
+        assert_eq!(scopes_of(l.assert_ok(), "reservations", "scope_path"), vec![eng.clone()], "{sort}");
+        assert!(!l.raw.contains("ops-only"));
+    }
+    // operator plane
+    let b = h.admin_as(&k.secret, "GET", "/v1/balances", None).await;
+    assert_eq!(scopes_of(b.assert_ok(), "balances", "scope"), vec![eng.clone()]);
+    let b = h.admin_as(&k.secret, "GET", "/v1/admin/budgets", None).await;
+    assert_eq!(scopes_of(b.assert_ok(), "ledgers", "scope"), vec![eng.clone()]);
+    for scope in [&root, &eng, &ops] {
+        let fund = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 1}});
+        let path = format!("/v1/admin/budgets/fund?scope={scope}&unit=TOKENS&tenant_id={}", t.id);
+        h.admin("POST", &path, Some(&fund)).await.assert_ok();
+    }
+    let e = h.admin_as(&k.secret, "GET", "/v1/events?limit=100", None).await;
+    let seen = e.assert_ok()["events"].as_array().unwrap().clone();
+    assert!(!seen.is_empty() && seen.iter().all(|e| e["scope"] == json!(eng)), "{}", e.raw);
+    h.deliver(&[&t.id]).await;
+    let got = rx.received();
+    assert_eq!(got.len(), 1, "only the admitted scope's event was delivered");
+    assert_eq!(got[0].body["scope"], json!(eng));
+}

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx, Params};
-use crate::domain::parse_rfc3339_ms;
+use crate::domain::{parse_rfc3339_ms, scope_admitted};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::{self, TenantKeys};
 use crate::store::Store;
@@ -246,8 +246,13 @@ pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     {
         return Err(ApiError::invalid("event_type / category is not accessible to tenants"));
     }
-    // The tenant's stream also holds admin-only events about it: filter the results too.
-    let keep =
-        |e: &Value| TENANT_CATEGORIES.contains(&e["category"].as_str().unwrap_or_default()) && filter.matches(e, &q);
+    // The tenant's stream also holds admin-only events about it: filter the results too. A key
+    // with a scope filter sees only events of the scopes it admits.
+    let admitted = |e: &Value| {
+        key.scope_filter.is_empty() || e["scope"].as_str().is_some_and(|s| scope_admitted(&key.scope_filter, s))
+    };
+    let keep = |e: &Value| {
+        TENANT_CATEGORIES.contains(&e["category"].as_str().unwrap_or_default()) && admitted(e) && filter.matches(e, &q)
+    };
     Ok(page(&q, tenant_events(&app.store, &key.tenant, &keep).await?))
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::auth::Principal;
 use super::{parse_limit, parse_query, Answer, ApiRequest, App, Ctx};
-use crate::domain::{derive_scopes, parse_rfc3339_ms, Permission};
+use crate::domain::{derive_scopes, parse_rfc3339_ms, scope_admitted, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{digest, TenantKeys};
 use crate::model::{Amount, Subject, Unit};
@@ -265,7 +265,19 @@ fn row_from_record(tenant: &str, token: &str, raw: &str, include: &[String]) -> 
 }
 
 /// One chunk of the listing: up to `count` index members in order within `range` (read with
-/// the caller's auth), each with its token and raw record ('' when the record is gone).
+/// the caller's auth), each with its token and raw record ('' when the record is gone), and
+/// the key's scope filter (rows outside it are never listed).
+struct Chunk {
+    entries: Vec<(String, String, String)>,
+    scope_filter: Vec<String>,
+}
+
+impl Chunk {
+    fn admits(&self, row: &Row) -> bool {
+        scope_admitted(&self.scope_filter, &row.summary.scope_path)
+    }
+}
+
 async fn chunk(
     app: &App,
     auth: &(String, String),
@@ -273,7 +285,7 @@ async fn chunk(
     range: (&str, &str),
     desc: bool,
     count: usize,
-) -> ApiResult<Vec<(String, String, String)>> {
+) -> ApiResult<Chunk> {
     let args = [
         auth.1.clone(),
         Permission::ReservationsList.accepted().to_string(),
@@ -282,14 +294,17 @@ async fn chunk(
         if desc { "REV".to_string() } else { String::new() },
         count.to_string(),
     ];
-    let members = app.store.run(&scripts::LIST, &[auth.0.clone(), keys.created_index()], &args).await?.result;
+    let reply = app.store.run(&scripts::LIST, &[auth.0.clone(), keys.created_index()], &args).await?;
+    let scope_filter = reply.context.first().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
+    let members = reply.result;
     if members.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Chunk { entries: Vec::new(), scope_filter });
     }
     let tokens: Vec<String> = members.iter().map(|m| m.get(13..).unwrap_or("").to_string()).collect();
     let record_keys: Vec<String> = tokens.iter().map(|t| keys.reservation(t)).collect();
     let raws = app.store.run(&scripts::READ_RECORDS, &record_keys, &[]).await?.result;
-    Ok(members.into_iter().zip(tokens).zip(raws).map(|((m, t), r)| (m, t, r)).collect())
+    let entries = members.into_iter().zip(tokens).zip(raws).map(|((m, t), r)| (m, t, r)).collect();
+    Ok(Chunk { entries, scope_filter })
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -363,11 +378,13 @@ async fn walk_index(
             (None, true) => (upper.clone(), lower.clone()),
             (None, false) => (lower.clone(), upper.clone()),
         };
-        let entries = chunk(app, auth, keys, (&start, &end), query.desc, size).await?;
-        for (member, token, raw) in &entries {
+        let chunk = chunk(app, auth, keys, (&start, &end), query.desc, size).await?;
+        let entries = &chunk.entries;
+        for (member, token, raw) in entries {
             scanned += 1;
             position = Some(format!("({member}"));
-            if let Some(row) = row_from_record(tenant, token, raw, &query.include).filter(|r| query.matches(r)) {
+            let row = row_from_record(tenant, token, raw, &query.include);
+            if let Some(row) = row.filter(|r| query.matches(r) && chunk.admits(r)) {
                 if rows.len() == query.limit {
                     // One more match exists: the page ends at the last row served.
                     let last = rows.last().expect("limit >= 1");
@@ -400,9 +417,11 @@ async fn sort_all(
     let mut rows = Vec::new();
     let mut position = "-".to_string();
     loop {
-        let entries = chunk(app, auth, keys, (&position, "+"), false, 500).await?;
-        for (_, token, raw) in &entries {
-            if let Some(row) = row_from_record(tenant, token, raw, &query.include).filter(|r| query.matches(r)) {
+        let chunk = chunk(app, auth, keys, (&position, "+"), false, 500).await?;
+        let entries = &chunk.entries;
+        for (_, token, raw) in entries {
+            let row = row_from_record(tenant, token, raw, &query.include);
+            if let Some(row) = row.filter(|r| query.matches(r) && chunk.admits(r)) {
                 rows.push(row);
             }
         }

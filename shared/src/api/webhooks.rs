@@ -173,6 +173,17 @@ pub fn subscription_json(r: &Record) -> Value {
     w
 }
 
+/// A subscription written by a tenant key with a scope filter receives only events of the
+/// scopes that filter admits (the key cannot read more through a webhook than it may read
+/// directly); the filter is stored with the subscription, and a later write by such a key
+/// narrows it to that key's filter.
+fn key_scope_bound(caller: &Caller) -> Option<String> {
+    match caller {
+        Caller::Tenant(k) if !k.scope_filter.is_empty() => Some(json!(k.scope_filter).to_string()),
+        _ => None,
+    }
+}
+
 /// Runs `webhook_write.lua` for one subscription of `owner`.
 async fn write(
     app: &App,
@@ -233,6 +244,9 @@ async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req:
     }
     if let Some(h) = &r.headers {
         f["headers"] = json!(sealed_headers(app, h)?);
+    }
+    if let Some(bound) = key_scope_bound(caller) {
+        f["key_scope_filter"] = json!(bound);
     }
     let _: () = app.store.conn().set(keys::webhook_lookup(&id), owner).await?;
     let on_behalf = matches!(caller, Caller::Admin) && owner != SYSTEM_TENANT && req.path.starts_with("/v1/webhooks");
@@ -321,6 +335,9 @@ async fn update_for(
         }
         if let Some(s) = &r.signing_secret {
             patch.insert("secret".into(), json!(encrypt(&app.config.webhooks.encryption_key, s)));
+        }
+        if let Some(bound) = key_scope_bound(caller) {
+            patch.insert("key_scope_filter".into(), json!(bound));
         }
         let expected = field(&stored, "updated_at_ms").unwrap_or_default().to_string();
         let on_behalf = matches!(caller, Caller::Admin) && tenant.is_none() && req.path.starts_with("/v1/webhooks");
