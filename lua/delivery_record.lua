@@ -2,20 +2,26 @@
 -- SUCCESS resets consecutive_failures; a delivery whose retries are exhausted is FAILED, counts
 -- one consecutive failure and, at disable_after_failures, disables the subscription with one
 -- webhook.disabled event; otherwise the delivery is RETRYING at now + delay.
--- KEYS[1] delivery  KEYS[2] owner's delivery queue  KEYS[3] subscription  KEYS[4] owner's event stream
+-- KEYS[1] delivery  KEYS[2] owner's legacy queue  KEYS[3] subscription  KEYS[4] owner's event
+-- stream  KEYS[5] the subscription's queue  KEYS[6] its in-flight set  KEYS[7] owner's
+-- due-subscription index
 -- ARGV[1] 'sent' | 'precheck'  ARGV[2] HTTP status (0 = no HTTP answer)  ARGV[3] response ms
 -- ARGV[4] error message  ARGV[5] max retries  ARGV[6] retry delay ms  ARGV[7] disable after
--- ARGV[8] delivery id
+-- ARGV[8] delivery id  ARGV[9] subscription id
 local now = now_ms()
+local id, sub_id = ARGV[8], ARGV[9]
+-- The claim ends: the subscription has room again, so it is looked at next pass.
+redis.call('ZREM', KEYS[2], id)
+if redis.call('ZREM', KEYS[6], id) == 1 then redis.call('ZADD', KEYS[7], 'LT', now, sub_id) end
 local d = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'subscription_id')
 if not d[1] or (d[1] ~= 'PENDING' and d[1] ~= 'RETRYING') then
-  redis.call('ZREM', KEYS[2], ARGV[8])
+  redis.call('ZREM', KEYS[5], id)
   return {'OK', '[]', d[1] or 'GONE', tostring(now)}
 end
 local function finish(status)
   redis.call('HSET', KEYS[1], 'status', status, 'completed_at_ms', tostring(now))
   redis.call('HDEL', KEYS[1], 'next_retry_at_ms')
-  redis.call('ZREM', KEYS[2], ARGV[8])
+  redis.call('ZREM', KEYS[5], id)
 end
 if ARGV[1] == 'precheck' then
   redis.call('HSET', KEYS[1], 'error_message', ARGV[4])
@@ -44,7 +50,8 @@ redis.call('HSET', KEYS[1], 'error_message', ARGV[4])
 if attempts <= tonumber(ARGV[5]) then
   local next_at = now + tonumber(ARGV[6])
   redis.call('HSET', KEYS[1], 'status', 'RETRYING', 'next_retry_at_ms', tostring(next_at))
-  redis.call('ZADD', KEYS[2], next_at, ARGV[8])
+  redis.call('ZADD', KEYS[5], next_at, id)
+  redis.call('ZADD', KEYS[7], 'LT', next_at, sub_id)
   return {'OK', '[]', 'RETRYING', tostring(now)}
 end
 finish('FAILED')
@@ -54,7 +61,7 @@ if sub_exists then
   local s = redis.call('HMGET', KEYS[3], 'status', 'tenant_id')
   if failures >= tonumber(ARGV[7]) and s[1] == 'ACTIVE' then
     redis.call('HSET', KEYS[3], 'status', 'DISABLED', 'updated_at_ms', tostring(now))
-    local ctx = {actor = 'system', correlation_id = 'webhook_auto_disable:' .. d[3] .. ':' .. ARGV[8]}
+    local ctx = {actor = 'system', correlation_id = 'webhook_auto_disable:' .. d[3] .. ':' .. id}
     emit(KEYS[4], nil, 'webhook.disabled', s[2], nil, ctx, 'cycles-events', '{"subscription_id":' ..
       cjson.encode(d[3]) .. ',"tenant_id":' .. cjson.encode(s[2]) ..
       ',"previous_status":"ACTIVE","new_status":"DISABLED","changed_fields":[],' ..

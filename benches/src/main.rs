@@ -369,28 +369,44 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
 }
 
 /// Time from an event (a funding call returning) to its signed delivery at a local receiver,
-/// with the dispatcher looping at its default pace as in `cycles-local`.
-async fn webhook_latency(h: &Harness, o: &Opts) -> Value {
-    use cycles_tests::receiver::Receiver;
+/// with the dispatcher looping at its default pace as in `cycles-local`; with `tar_pit`,
+/// another tenant's endpoint meanwhile accepts every delivery and never answers, and gets an
+/// event for each measured one (a healthy tenant's latency should not change).
+async fn webhook_latency(h: &Harness, o: &Opts, tar_pit: bool) -> Value {
+    use cycles_tests::receiver::{Receiver, Reply};
+    let subscribe = |t: &Tenant, url: String| {
+        let path = format!("/v1/admin/webhooks?tenant_id={}", t.id);
+        async move {
+            let body = json!({"url": url, "event_types": ["budget.funded"], "retry_policy": {"max_retries": 0}});
+            let r = h.admin("POST", &path, Some(&body)).await;
+            assert_eq!(r.status, 201, "{}", r.raw);
+        }
+    };
+    let fund = |t: &Tenant| {
+        let path = format!("/v1/admin/budgets/fund?scope=tenant:{}&unit=TOKENS&tenant_id={}", t.id, t.id);
+        async move {
+            let credit = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 1}});
+            assert_eq!(h.admin("POST", &path, Some(&credit)).await.status, 200);
+        }
+    };
     let t = h.funded(1_000_000).await;
     let rx = Receiver::start().await;
-    let body = json!({"url": rx.url, "event_types": ["budget.funded"]});
-    let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", t.id), Some(&body)).await;
-    assert_eq!(r.status, 201, "{}", r.raw);
-    let (dispatcher, tenant) = (h.dispatcher.clone(), vec![t.id.clone()]);
+    subscribe(&t, rx.url.clone()).await;
+    let pit = Receiver::start().await;
+    pit.always(Reply::Stall(Duration::from_secs(600)));
+    let slow = h.funded(1_000_000).await;
+    if tar_pit {
+        subscribe(&slow, pit.url.clone()).await;
+    }
     let interval = cycles_shared::config::Config::from_env(None).webhooks.interval;
-    let pump = tokio::spawn(async move {
-        loop {
-            let _ = dispatcher.pass_tenants(&tenant).await;
-            tokio::time::sleep(interval).await;
-        }
-    });
+    let pump = tokio::spawn(h.dispatcher.clone().run_loop(interval, None));
     let n = (o.iterations / 5).clamp(5, 50);
     let mut samples = Vec::with_capacity(n);
-    let path = format!("/v1/admin/budgets/fund?scope=tenant:{}&unit=TOKENS&tenant_id={}", t.id, t.id);
     for i in 0..n {
-        let credit = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 1}});
-        assert_eq!(h.admin("POST", &path, Some(&credit)).await.status, 200);
+        if tar_pit {
+            fund(&slow).await;
+        }
+        fund(&t).await;
         let started = Instant::now();
         while rx.received().len() <= i {
             assert!(started.elapsed() < Duration::from_secs(10), "webhook delivery did not arrive");
@@ -402,8 +418,13 @@ async fn webhook_latency(h: &Harness, o: &Opts) -> Value {
     }
     pump.abort();
     let st = Stats { name: "event to webhook".into(), samples, errors: 0, wall: Duration::ZERO, redis: None };
-    json!({"deliveries": n, "p50_ms": (st.pct(50.0) * 10.0).round() / 10.0, "p95_ms": (st.pct(95.0) * 10.0).round() / 10.0,
-        "dispatcher_interval_ms": interval.as_millis() as u64})
+    let mut out = json!({"deliveries": n, "p50_ms": (st.pct(50.0) * 10.0).round() / 10.0,
+        "p95_ms": (st.pct(95.0) * 10.0).round() / 10.0, "dispatcher_interval_ms": interval.as_millis() as u64});
+    if tar_pit {
+        out["tar_pit_attempts_started"] = json!(pit.received().len());
+        out["attempt_timeout_ms"] = json!(h.dispatcher.config.timeout.as_millis() as u64);
+    }
+    out
 }
 
 // The load generator runs on one thread and the gateway on another (`start_isolated`), each
@@ -624,7 +645,8 @@ async fn main() {
     }
     let mut extra = extras(h, &o).await;
     extra["fan_out"] = fanout;
-    extra["event_to_webhook"] = webhook_latency(h, &o).await;
+    extra["event_to_webhook"] = webhook_latency(h, &o, false).await;
+    extra["event_to_webhook_beside_a_tar_pit"] = webhook_latency(h, &o, true).await;
     if let Some(dir) = &o.lambda_dir {
         let functions = cold_start::measure(std::path::Path::new(dir), &h.redis_url).await;
         println!();

@@ -40,6 +40,10 @@ pub struct WebhookConfig {
     pub interval: Duration,
     /// A claimed delivery not recorded within this time (a crashed dispatcher) is sent again.
     pub lease: Duration,
+    /// Sends in flight at once in one dispatcher.
+    pub concurrency: usize,
+    /// Sends in flight at once per subscription, across all dispatchers.
+    pub per_subscription: usize,
 }
 
 impl WebhookConfig {
@@ -81,12 +85,19 @@ impl WebhookConfig {
             timeout: env_ms("CYCLES_WEBHOOK_TIMEOUT_MS", 30_000),
             interval: env_ms("CYCLES_DELIVERY_INTERVAL_MS", 250),
             lease: env_ms("CYCLES_DELIVERY_LEASE_MS", 60_000),
+            concurrency: env_count("CYCLES_DELIVERY_CONCURRENCY", 32),
+            per_subscription: env_count("CYCLES_DELIVERY_PER_SUBSCRIPTION", 2),
         }
     }
 }
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A positive count from the environment, else the default.
+fn env_count(name: &str, default: usize) -> usize {
+    env(name).and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(default)
 }
 
 fn env_ms(name: &str, default_ms: u64) -> Duration {
@@ -145,7 +156,7 @@ impl Config {
             retention: env_ms("CYCLES_RETENTION_MS", 30 * 24 * 3_600_000),
             event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
-            sweep_batch: env("CYCLES_SWEEP_BATCH").and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(200),
+            sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             webhooks: WebhookConfig::from_env(&key_pepper),
             key_pepper,
         }

@@ -91,9 +91,23 @@ impl TenantKeys {
     pub fn delivery(&self, id: &str) -> String {
         format!("{}:dl:{id}", self.prefix)
     }
-    /// Due deliveries of this owner's subscriptions (score: when they are due).
-    pub fn delivery_queue(&self) -> String {
+    /// Due deliveries of this owner's subscriptions (score: when they are due), as queued
+    /// before deliveries were queued per subscription; only drained now.
+    pub fn legacy_delivery_queue(&self) -> String {
         format!("{}:dq", self.prefix)
+    }
+    /// Due deliveries of one subscription (score: when they are due).
+    pub fn subscription_queue(&self, id: &str) -> String {
+        format!("{}:dq:{id}", self.prefix)
+    }
+    /// Claimed deliveries of one subscription (score: when the claim's lease ends).
+    pub fn subscription_in_flight(&self, id: &str) -> String {
+        format!("{}:df:{id}", self.prefix)
+    }
+    /// This owner's subscriptions that have deliveries queued or in flight (score: the next time
+    /// one may be claimable; early is harmless, late never happens).
+    pub fn due_subscriptions(&self) -> String {
+        format!("{}:dsubs", self.prefix)
     }
     /// Deliveries of one subscription (score: created ms), for listing.
     pub fn subscription_deliveries(&self, id: &str) -> String {

@@ -72,7 +72,8 @@ pub async fn run_delivery() -> Result<(), lambda_http::Error> {
         let dispatcher = dispatcher.clone();
         async move {
             let deadline = deadline_of(&event.context);
-            let total = dispatcher.run_loop(dispatcher.config.interval, Some(deadline)).await;
+            let interval = dispatcher.config.interval;
+            let total = dispatcher.run_loop(interval, Some(deadline)).await;
             total.log("delivery invocation done");
             crate::metrics::emit(
                 &[("Function", "deliver-webhooks")],

@@ -130,8 +130,8 @@ async fn run(args: Args) -> Result<(), String> {
     if args.seed_demo {
         seed_demo(&app, &base, &admin_base).await?;
     }
-    let dispatcher = crate::webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone());
-    tokio::spawn(async move { dispatcher.run_loop(dispatcher.config.interval, None).await });
+    let dispatcher = Arc::new(crate::webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone()));
+    tokio::spawn(dispatcher.clone().run_loop(dispatcher.config.interval, None));
     let sweeper = app.clone();
     tokio::spawn(async move {
         let opts = sweeper.config.sweep_options();

@@ -237,7 +237,7 @@ pub async fn enqueue(
         return Ok(0);
     }
     let keys = TenantKeys::new(owner);
-    let mut script_keys = vec![keys.delivery_queue()];
+    let mut script_keys = vec![keys.due_subscriptions()];
     let mut args = vec![DELIVERY_RETENTION.as_millis().to_string()];
     let body = event.to_string();
     // Due at the event's stream position (ms plus seq/1000): already due, and in event order.
@@ -252,6 +252,7 @@ pub async fn enqueue(
     for (sub, delivery_id) in subs {
         script_keys.push(keys.delivery(delivery_id));
         script_keys.push(keys.subscription_deliveries(&sub.id));
+        script_keys.push(keys.subscription_queue(&sub.id));
         let mut f = json!({
             "delivery_id": delivery_id,
             "subscription_id": sub.id,
@@ -312,10 +313,20 @@ impl DeliveryReport {
 }
 
 /// The dispatcher: safe to run concurrently with itself (claims are leased, enqueues idempotent).
+/// Sends run concurrently, at most `config.concurrency` in this process and at most
+/// `config.per_subscription` per subscription across all dispatchers, so a slow or dead
+/// endpoint holds back only its own deliveries.
 pub struct Dispatcher {
     pub store: Store,
     pub config: WebhookConfig,
     client: reqwest::Client,
+}
+
+/// A claimed delivery, ready to send.
+pub struct Claimed {
+    pub owner: String,
+    pub delivery: Record,
+    pub subscription: Option<Subscription>,
 }
 
 impl Dispatcher {
@@ -334,25 +345,67 @@ impl Dispatcher {
         Dispatcher { store, config, client }
     }
 
-    /// One pass: match new events of every tenant, then deliver what is due for every owner.
-    pub async fn pass(&self) -> ApiResult<DeliveryReport> {
+    /// One pass over every registered tenant, waiting for its sends.
+    pub async fn pass(self: &Arc<Self>) -> ApiResult<DeliveryReport> {
         let tenants: Vec<String> = self.store.conn().smembers(keys::TENANT_REGISTRY).await?;
         self.pass_tenants(&tenants).await
     }
 
-    /// One pass over the given tenants (and the system-wide owner).
-    pub async fn pass_tenants(&self, tenants: &[String]) -> ApiResult<DeliveryReport> {
-        let mut owners = tenants.to_vec();
-        owners.push(SYSTEM_TENANT.to_string());
-        let system = subscriptions(&self.store, SYSTEM_TENANT).await?;
-        let mut report = DeliveryReport::default();
-        for tenant in &owners {
-            report.add(&self.fan_out(tenant, &system).await?);
-        }
-        for owner in &owners {
-            report.add(&self.deliver_due(owner).await?);
+    /// One pass over the given tenants (and the system-wide owner): match their new events,
+    /// then claim and send what is due, concurrently, and wait for every send.
+    pub async fn pass_tenants(self: &Arc<Self>, tenants: &[String]) -> ApiResult<DeliveryReport> {
+        let mut report = self.fan_out_all(tenants).await?;
+        let mut sends = tokio::task::JoinSet::new();
+        self.claim_and_spawn(tenants, self.config.concurrency, &mut sends).await?;
+        while let Some(done) = sends.join_next().await {
+            report.add(&done.unwrap_or_default());
         }
         Ok(report)
+    }
+
+    /// Fan-out of the given tenants' new events (and the system-wide owner's).
+    async fn fan_out_all(&self, tenants: &[String]) -> ApiResult<DeliveryReport> {
+        let system = subscriptions(&self.store, SYSTEM_TENANT).await?;
+        let mut report = DeliveryReport::default();
+        for tenant in tenants.iter().map(String::as_str).chain([SYSTEM_TENANT]) {
+            report.add(&self.fan_out(tenant, &system).await?);
+        }
+        Ok(report)
+    }
+
+    /// Claims up to `room` due deliveries across the owners and starts a task sending each.
+    async fn claim_and_spawn(
+        self: &Arc<Self>,
+        tenants: &[String],
+        mut room: usize,
+        sends: &mut tokio::task::JoinSet<DeliveryReport>,
+    ) -> ApiResult<()> {
+        for owner in tenants.iter().map(String::as_str).chain([SYSTEM_TENANT]) {
+            if room == 0 {
+                break;
+            }
+            for claimed in self.claim(owner, room).await? {
+                room -= 1;
+                let this = self.clone();
+                sends.spawn(async move { this.deliver(claimed).await });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one claimed delivery and records the outcome.
+    pub async fn deliver(&self, c: Claimed) -> DeliveryReport {
+        let mut report = DeliveryReport::default();
+        match self.send_and_record(&c.owner, &c.delivery, c.subscription.as_ref()).await {
+            Ok(status) => match status.as_str() {
+                "SUCCESS" => report.delivered += 1,
+                "RETRYING" => report.retrying += 1,
+                _ => report.failed += 1,
+            },
+            // Not recorded: the claim's lease ends and the delivery is sent again.
+            Err(e) => tracing::error!(error = %e.message, owner = %c.owner, "could not record a delivery attempt"),
+        }
+        report
     }
 
     /// Matches a tenant's events past its cursor against its own and the system-wide ACTIVE
@@ -398,40 +451,46 @@ impl Dispatcher {
         }
     }
 
-    /// Claims and sends an owner's due deliveries.
-    pub async fn deliver_due(&self, owner: &str) -> ApiResult<DeliveryReport> {
-        let mut report = DeliveryReport::default();
-        for (delivery, sub) in self.claim(owner).await? {
-            match self.send_and_record(owner, &delivery, sub.as_ref()).await?.as_str() {
-                "SUCCESS" => report.delivered += 1,
-                "RETRYING" => report.retrying += 1,
-                _ => report.failed += 1,
-            }
-        }
-        Ok(report)
-    }
-
-    /// Claims up to 50 due deliveries of one owner (leased), with their subscriptions.
-    pub async fn claim(&self, owner: &str) -> ApiResult<Vec<(Record, Option<Subscription>)>> {
+    /// Claims up to `max` due deliveries of one owner (leased), with their subscriptions: the
+    /// subscriptions due now, each up to its in-flight limit, then the legacy queue.
+    pub async fn claim(&self, owner: &str, max: usize) -> ApiResult<Vec<Claimed>> {
         let keys = TenantKeys::new(owner);
-        let args = [self.config.lease.as_millis().to_string(), "50".to_string()];
-        let reply = self.store.run(&scripts::DELIVERY_CLAIM, &[keys.delivery_queue()], &args).await?;
+        let due: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.due_subscriptions())
+            .arg("-inf")
+            .arg(now_ms())
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(100)
+            .query_async(&mut self.store.conn())
+            .await?;
+        let mut script_keys = vec![keys.due_subscriptions(), keys.legacy_delivery_queue()];
+        for id in &due {
+            script_keys.extend([keys.subscription_queue(id), keys.subscription_in_flight(id)]);
+        }
+        let mut args =
+            vec![self.config.lease.as_millis().to_string(), max.to_string(), self.config.per_subscription.to_string()];
+        args.extend(due);
+        let reply = self.store.run(&scripts::DELIVERY_CLAIM, &script_keys, &args).await?;
         if reply.context.is_empty() {
             return Ok(vec![]);
         }
-        let records =
-            read_records(&self.store, &reply.context.iter().map(|id| keys.delivery(id)).collect::<Vec<_>>()).await?;
+        let claimed: Vec<(&String, &String)> = reply.context.chunks(2).map(|p| (&p[0], &p[1])).collect();
+        let record_keys: Vec<String> = claimed.iter().map(|(id, _)| keys.delivery(id)).collect();
+        let records = read_records(&self.store, &record_keys).await?;
         let subs: HashMap<String, Subscription> =
             subscriptions(&self.store, owner).await?.into_iter().map(|s| (s.id.clone(), s)).collect();
         let mut out = vec![];
-        for r in records {
-            let sub = field(&r, "subscription_id").and_then(|id| subs.get(id)).cloned();
-            out.push((r, sub));
-        }
-        // ids whose rows are gone (retention) leave the queue
-        let found: Vec<&str> = out.iter().filter_map(|(r, _)| field(r, "delivery_id")).collect();
-        for id in reply.context.iter().filter(|id| !found.contains(&id.as_str())) {
-            let _: () = self.store.conn().zrem(keys.delivery_queue(), id).await?;
+        for ((id, sub_id), delivery) in claimed.into_iter().zip(records) {
+            if field(&delivery, "delivery_id").is_none() {
+                // the row is gone (retention): its claim ends here
+                let _: () = self.store.conn().zrem(keys.legacy_delivery_queue(), id).await?;
+                let _: () = self.store.conn().zrem(keys.subscription_in_flight(sub_id), id).await?;
+                continue;
+            }
+            let subscription = field(&delivery, "subscription_id").and_then(|id| subs.get(id)).cloned();
+            out.push(Claimed { owner: owner.to_string(), delivery, subscription });
         }
         Ok(out)
     }
@@ -525,7 +584,15 @@ impl Dispatcher {
         let keys = TenantKeys::new(owner);
         let id = field(delivery, "delivery_id").unwrap_or_default();
         let sub_id = field(delivery, "subscription_id").unwrap_or_default();
-        let script_keys = [keys.delivery(id), keys.delivery_queue(), keys.webhook(sub_id), keys.events()];
+        let script_keys = [
+            keys.delivery(id),
+            keys.legacy_delivery_queue(),
+            keys.webhook(sub_id),
+            keys.events(),
+            keys.subscription_queue(sub_id),
+            keys.subscription_in_flight(sub_id),
+            keys.due_subscriptions(),
+        ];
         let retry = sub.map(|s| s.retry).unwrap_or_default();
         let attempts = int_field(delivery, "attempts").unwrap_or(0) + 1;
         let (mode, status, ms, error) = match outcome {
@@ -545,6 +612,7 @@ impl Dispatcher {
             retry.delay_ms(attempts).to_string(),
             sub.map(|s| s.disable_after).unwrap_or(10).to_string(),
             id.to_string(),
+            sub_id.to_string(),
         ];
         let outcome = self.store.run(&scripts::DELIVERY_RECORD, &script_keys, &args).await?.status;
         if outcome == "FAILED" && mode == "sent" {
@@ -562,24 +630,39 @@ impl Dispatcher {
         Ok(outcome)
     }
 
-    /// Passes every `interval` until `deadline` (a Lambda invocation) or forever (local gateway).
-    pub async fn run_loop(&self, interval: Duration, deadline: Option<Instant>) -> DeliveryReport {
+    /// Runs until `deadline` (a Lambda invocation) or forever (local gateway): every `interval`
+    /// it matches new events and claims what is due, up to the free room of the send pool, and
+    /// starts the sends without waiting for them, so a slow endpoint never holds a pass. It
+    /// claims nothing it could not send before the deadline, and returns once the last send
+    /// has been recorded.
+    pub async fn run_loop(self: Arc<Self>, interval: Duration, deadline: Option<Instant>) -> DeliveryReport {
         let mut total = DeliveryReport::default();
+        let mut sends = tokio::task::JoinSet::new();
         loop {
-            match self.pass().await {
-                Ok(r) => {
-                    if r.deliveries_created + r.delivered + r.failed + r.retrying > 0 {
-                        r.log("webhook dispatch pass");
-                    }
-                    total.add(&r);
+            while let Some(done) = sends.try_join_next() {
+                total.add(&done.unwrap_or_default());
+            }
+            let claiming = deadline.is_none_or(|d| Instant::now() + self.config.timeout + interval < d);
+            if claiming {
+                if let Err(e) = self.tick(&mut sends).await {
+                    tracing::error!(error = %e.message, "webhook dispatch pass failed");
                 }
-                Err(e) => tracing::error!(error = %e.message, "webhook dispatch pass failed"),
+            } else if sends.is_empty() {
+                return total;
             }
-            match deadline {
-                Some(d) if Instant::now() + interval >= d => return total,
-                _ => tokio::time::sleep(interval).await,
-            }
+            tokio::time::sleep(interval).await;
         }
+    }
+
+    /// One step of the loop: fan-out of every tenant, then claims for the pool's free room.
+    async fn tick(self: &Arc<Self>, sends: &mut tokio::task::JoinSet<DeliveryReport>) -> ApiResult<()> {
+        let tenants: Vec<String> = self.store.conn().smembers(keys::TENANT_REGISTRY).await?;
+        let report = self.fan_out_all(&tenants).await?;
+        if report.deliveries_created > 0 {
+            report.log("webhook fan-out");
+        }
+        let room = self.config.concurrency.saturating_sub(sends.len());
+        self.claim_and_spawn(&tenants, room, sends).await
     }
 }
 

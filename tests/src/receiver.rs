@@ -19,6 +19,8 @@ pub struct Received {
     pub headers: Vec<(String, String)>,
     pub body: Value,
     pub signature_valid: bool,
+    /// When it arrived (ms since the Unix epoch).
+    pub at_ms: i64,
 }
 
 impl Received {
@@ -38,6 +40,7 @@ pub enum Reply {
 struct State {
     received: Vec<Received>,
     script: VecDeque<Reply>,
+    always: Option<Reply>,
     secret: String,
 }
 
@@ -75,6 +78,11 @@ impl Receiver {
         self.state.lock().unwrap().secret = secret.to_string();
     }
 
+    /// Answers every request from now on with `reply` (a tar pit, with a long stall).
+    pub fn always(&self, reply: Reply) {
+        self.state.lock().unwrap().always = Some(reply);
+    }
+
     /// Answers for the next requests, in order (then 200 again).
     pub fn script(&self, replies: &[Reply]) {
         self.state.lock().unwrap().script.extend(replies.iter().copied());
@@ -109,12 +117,13 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<hyper::body::Incoming>) -
     let raw = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let (reply, secret) = {
         let mut s = state.lock().unwrap();
-        (s.script.pop_front().unwrap_or(Reply::Status(200)), s.secret.clone())
+        (s.script.pop_front().or(s.always).unwrap_or(Reply::Status(200)), s.secret.clone())
     };
     let given = headers.iter().find(|(k, _)| k == "x-cycles-signature").map(|(_, v)| v.clone()).unwrap_or_default();
     let signature_valid = given == cycles_shared::webhooks::signature(&secret, &raw);
     let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-    state.lock().unwrap().received.push(Received { headers, body, signature_valid });
+    let at_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    state.lock().unwrap().received.push(Received { headers, body, signature_valid, at_ms });
     let status = match reply {
         Reply::Status(s) => s,
         Reply::Stall(d) => {

@@ -106,7 +106,7 @@ async fn deliveries_connect_only_to_checked_addresses() {
     let mut config = cycles_shared::config::Config::from_env(None).webhooks;
     config.egress = EgressRules { allow_http: true, ..EgressRules::default() };
     config.timeout = Duration::from_secs(2);
-    let deployed = Dispatcher::new(h.store.clone(), config);
+    let deployed = Arc::new(Dispatcher::new(h.store.clone(), config));
     let report = deployed.pass_tenants(std::slice::from_ref(&t.id)).await.unwrap();
     assert_eq!((report.deliveries_created, report.failed), (2, 2), "{report:?}");
     assert_eq!(connections.load(Ordering::SeqCst), 0, "no connection reached the blocked address");

@@ -182,10 +182,10 @@ async fn a_crash_between_send_and_record_leads_to_a_resend() {
     credit(&h, &t, 1).await;
     // fan out, claim and send, then "crash": the attempt is never recorded
     h.dispatcher.fan_out(&t.id, &[]).await.unwrap();
-    let claimed = h.dispatcher.claim(&t.id).await.unwrap();
+    let claimed = h.dispatcher.claim(&t.id, 50).await.unwrap();
     assert_eq!(claimed.len(), 1);
-    let (delivery, subscription) = &claimed[0];
-    let attempt = h.dispatcher.send(delivery, subscription.as_ref()).await.unwrap();
+    let c = &claimed[0];
+    let attempt = h.dispatcher.send(&c.delivery, c.subscription.as_ref()).await.unwrap();
     assert!(attempt.error.is_none());
     assert_eq!(rx.received().len(), 1);
     // while the lease runs nobody else sends it; after it ends the restarted loop resends
@@ -432,4 +432,52 @@ async fn event_queries_filter_page_and_respect_tenant_visibility() {
     assert!(cats.len() >= 5, "tenant.created, budget.created, 3 x budget.funded: {cats:?}");
     h.admin_as(&reader.secret, "GET", "/v1/events?category=api_key", None).await.assert_error(400, "INVALID_REQUEST");
     h.admin("GET", "/v1/events", None).await.assert_error(401, "UNAUTHORIZED");
+}
+
+/// An endpoint that accepts requests and never answers (a tar pit) holds back only its own
+/// deliveries: with the dispatcher looping as deployed, another tenant's deliveries keep
+/// arriving at their usual pace while the tar pit's attempts wait out their timeout (1.5 s in
+/// the harness); before sends ran concurrently, every one of them waited behind the tar pit.
+/// On a private Redis: the loop serves every tenant it finds.
+#[tokio::test]
+async fn a_tar_pit_endpoint_slows_only_itself() {
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let (slow, fast) = (h.funded(1000).await, h.funded(1000).await);
+    let pit = Receiver::start().await;
+    pit.always(Reply::Stall(Duration::from_secs(60)));
+    let rx = Receiver::start().await;
+    subscribe(&h, &slow.id, &pit.url, json!({"retry_policy": {"max_retries": 0}})).await;
+    subscribe(&h, &fast.id, &rx.url, json!({})).await;
+    let dispatcher = h.dispatcher.clone();
+    let running = tokio::spawn(dispatcher.run_loop(Duration::from_millis(50), None));
+    // p95 of the time from a funding call returning to the fast tenant's delivery arriving
+    let p95 = |got: &[cycles_tests::receiver::Received], sent: &[i64]| {
+        let mut lat: Vec<i64> = got.iter().zip(sent).map(|(r, s)| r.at_ms - s).collect();
+        lat.sort();
+        lat[(lat.len() * 95).div_ceil(100) - 1]
+    };
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let mut sent = vec![];
+    for _ in 0..10 {
+        credit(&h, &fast, 1).await;
+        sent.push(now());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let alone = p95(&rx.wait_for(10, FAST, || async {}).await, &sent);
+    for _ in 0..20 {
+        credit(&h, &slow, 1).await;
+        credit(&h, &fast, 1).await;
+        sent.push(now());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let got = rx.wait_for(30, FAST, || async {}).await;
+    let beside_the_pit = p95(&got[10..], &sent[10..]);
+    running.abort();
+    eprintln!("p95 delivery latency: {alone} ms alone, {beside_the_pit} ms beside a tar pit");
+    assert!(pit.received().len() >= 2, "the tar pit was being tried meanwhile");
+    assert!(
+        beside_the_pit < 1000 && beside_the_pit <= alone.max(50) * 4,
+        "p95 delivery latency {beside_the_pit} ms beside the tar pit, {alone} ms alone"
+    );
 }
