@@ -24,10 +24,12 @@ struct Opts {
     json: Option<String>,
     lambda_dir: Option<String>,
     soak_seconds: Option<u64>,
+    idle_tenants: usize,
 }
 
 fn opts() -> Opts {
-    let mut o = Opts { iterations: 200, warmup: 50, json: None, lambda_dir: None, soak_seconds: None };
+    let mut o =
+        Opts { iterations: 200, warmup: 50, json: None, lambda_dir: None, soak_seconds: None, idle_tenants: 100_000 };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut num = || it.next().and_then(|v| v.parse().ok()).expect("a number");
@@ -37,6 +39,7 @@ fn opts() -> Opts {
             "--json" => o.json = it.next(),
             "--lambda-dir" => o.lambda_dir = it.next(),
             "--soak" => o.soak_seconds = it.next().and_then(|v| v.parse().ok()),
+            "--idle-tenants" => o.idle_tenants = num(),
             "--bench" => {} // passed by `cargo bench`
             other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
         }
@@ -368,6 +371,59 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
         "expiries": report.expired, "expiries_per_second": (report.expired as f64 / secs).round()})
 }
 
+/// Redis server time (ms) of every command since the last `CONFIG RESETSTAT` (the stats
+/// commands themselves excluded).
+async fn redis_ms(h: &Harness) -> f64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_config") && !l.starts_with("cmdstat_info"))
+        .filter_map(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")).and_then(|v| v.parse::<f64>().ok()))
+        .sum::<f64>()
+        / 1000.0
+}
+
+/// One sweep pass at scale: `o.idle_tenants` registered tenants with nothing due (registered
+/// straight into the registry and their slots), plus 1,000 overdue reservations of 10 tenants.
+/// Reports the pass that expires them and a pass with nothing due (the idle part: the due
+/// indexes of every slot in use, plus the retention crawl's bounded stretch). Runs last: the
+/// idle tenants stay registered.
+async fn sweep_at_scale(h: &Harness, o: &Opts) -> Value {
+    use cycles_shared::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY};
+    use cycles_shared::maintenance::{sweep, SweepOptions};
+    for chunk in (0..o.idle_tenants).collect::<Vec<_>>().chunks(5000) {
+        let mut p = redis::pipe();
+        for i in chunk {
+            let t = format!("idle-{i}");
+            p.sadd(SWEEP_SLOTS, TenantKeys::new(&t).slot()).ignore();
+            p.sadd(TENANT_REGISTRY, t).ignore();
+        }
+        let _: () = p.query_async(&mut h.store.conn()).await.unwrap();
+    }
+    let mut due = Vec::new();
+    for _ in 0..10 {
+        let t = h.funded(1_000_000).await;
+        fill(h, &t, "due", 100, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+        due.push(t);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let opts = &SweepOptions::default();
+    let pass = || async move {
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut h.store.conn()).await.unwrap();
+        let started = Instant::now();
+        let r = sweep(&h.store, opts).await.unwrap();
+        let wall = started.elapsed().as_secs_f64() * 1000.0;
+        (r, wall, redis_ms(h).await)
+    };
+    let (busy, busy_wall, busy_redis) = pass().await;
+    assert_eq!(busy.expired, 1000, "{busy:?}");
+    let (idle, idle_wall, idle_redis) = pass().await;
+    let slots: usize = redis::cmd("SCARD").arg(SWEEP_SLOTS).query_async(&mut h.store.conn()).await.unwrap();
+    json!({"idle_tenants": o.idle_tenants, "slots_in_use": slots, "due_reservations": 1000,
+        "due_pass_expired": busy.expired, "due_pass_wall_ms": busy_wall.round(), "due_pass_redis_ms": busy_redis.round(),
+        "idle_pass_wall_ms": idle_wall.round(), "idle_pass_redis_ms": (idle_redis * 10.0).round() / 10.0,
+        "tenants_crawled_per_pass": idle.trimmed_tenants})
+}
+
 /// Time from an event (a funding call returning) to its signed delivery at a local receiver,
 /// with the dispatcher looping at its default pace as in `cycles-local`; with `tar_pit`,
 /// another tenant's endpoint meanwhile accepts every delivery and never answers, and gets an
@@ -647,6 +703,7 @@ async fn main() {
     extra["fan_out"] = fanout;
     extra["event_to_webhook"] = webhook_latency(h, &o, false).await;
     extra["event_to_webhook_beside_a_tar_pit"] = webhook_latency(h, &o, true).await;
+    extra["sweep_at_scale"] = sweep_at_scale(h, &o).await;
     if let Some(dir) = &o.lambda_dir {
         let functions = cold_start::measure(std::path::Path::new(dir), &h.redis_url).await;
         println!();

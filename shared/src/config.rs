@@ -23,6 +23,8 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
     pub sweep_batch: usize,
+    /// Tenants the retention crawl visits per sweep pass.
+    pub sweep_trim_tenants: usize,
     /// Webhook delivery settings.
     pub webhooks: WebhookConfig,
 }
@@ -135,6 +137,7 @@ impl Config {
             max_batches_per_tenant: None,
             retention: self.retention,
             event_retention: self.event_retention,
+            trim_tenants: self.sweep_trim_tenants,
         }
     }
 
@@ -157,6 +160,7 @@ impl Config {
             event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
+            sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),
             webhooks: WebhookConfig::from_env(&key_pepper),
             key_pepper,
         }

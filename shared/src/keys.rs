@@ -21,6 +21,49 @@ pub fn webhook_lookup(id: &str) -> String {
 /// Global registry of tenants (for sweeps and operator listings).
 pub const TENANT_REGISTRY: &str = "cy:tenants";
 
+/// Global set of the hash slots that hold a registered tenant: the sweep looks for due work in
+/// these slots' due indexes only (`TenantKeys::due_index`).
+pub const SWEEP_SLOTS: &str = "cy:sweep:slots";
+
+/// Where the sweep's retention crawl over the tenant registry stands (an SSCAN cursor).
+pub const TRIM_CURSOR: &str = "cy:sweep:trim-cursor";
+
+/// The cluster hash slot of a hash tag (CRC16/XMODEM of the tag, as Redis computes it).
+pub fn slot_of_tag(tag: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for b in tag.bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc & 16383
+}
+
+/// For every hash slot, a short tag that hashes to it: keys under `{<tag>}` live in that slot,
+/// so a tenant's script can maintain a per-slot index atomically with the tenant's own keys.
+static SLOT_TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+    let mut tags = vec![String::new(); 16384];
+    let mut missing = tags.len();
+    let mut n = 0u32;
+    while missing > 0 {
+        let tag = format!("s{n}");
+        let slot = usize::from(slot_of_tag(&tag));
+        if tags[slot].is_empty() {
+            tags[slot] = tag;
+            missing -= 1;
+        }
+        n += 1;
+    }
+    tags
+});
+
+/// Due index of one hash slot: tenant -> the earliest time one of its reservations may expire
+/// (never later than the truth; earlier only costs the sweep a look).
+pub fn due_index(slot: u16) -> String {
+    format!("cy:sweep:{{{}}}:due", SLOT_TAGS[usize::from(slot)])
+}
+
 /// Percent-encodes everything outside `[A-Za-z0-9._-]`; injective, and never yields `{` or `}`.
 pub fn encode_component(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -63,6 +106,14 @@ pub struct TenantKeys {
 impl TenantKeys {
     pub fn new(tenant: &str) -> Self {
         Self { prefix: format!("cy:{{{}}}", encode_component(tenant)) }
+    }
+    /// The hash slot of every key of this tenant.
+    pub fn slot(&self) -> u16 {
+        slot_of_tag(self.prefix.trim_start_matches("cy:{").trim_end_matches('}'))
+    }
+    /// The due index of this tenant's slot (see `due_index`).
+    pub fn due_index(&self) -> String {
+        due_index(self.slot())
     }
     /// Tenant record (status and reservation defaults).
     pub fn tenant(&self) -> String {
@@ -168,6 +219,20 @@ mod tests {
     #[test]
     fn encoding_is_injective_on_escapes() {
         assert_ne!(encode_component("a%7B"), encode_component("a{"));
+    }
+
+    #[test]
+    fn slots_are_redis_slots_and_every_slot_has_a_tag() {
+        // reference values from Redis's CLUSTER KEYSLOT
+        assert_eq!(slot_of_tag("foo"), 12182);
+        assert_eq!(slot_of_tag("123456789"), 0x31c3 & 16383);
+        for slot in [0u16, 1, 8000, 16383] {
+            let key = due_index(slot);
+            let tag = key.trim_start_matches("cy:sweep:{").split('}').next().unwrap();
+            assert_eq!(slot_of_tag(tag), slot);
+        }
+        let t = TenantKeys::new("acme");
+        assert_eq!(t.slot(), slot_of_tag("acme"));
     }
 
     #[test]

@@ -1,7 +1,12 @@
-//! Scheduled maintenance: the expiry sweep. It finds work without a keyspace scan (the tenant
-//! registry, then each tenant's expiry index), works in bounded batches of one tenant (one slot)
-//! per script, and is safe to run concurrently with itself or to be killed at any point: every
-//! expiry re-checks status and time inside its script, so nothing is refunded twice or lost.
+//! Scheduled maintenance: the expiry sweep and retention. It finds due work without visiting
+//! idle tenants: every reserve lowers its tenant's due time in a per-slot due index (in the
+//! tenant's own slot, in the reserve's script), and a pass reads the due indexes of the slots
+//! that hold tenants, then expires only the due tenants' due reservations, in bounded batches of
+//! one tenant (one slot) per script. Retention is a bounded crawl over the tenant registry that
+//! resumes where the last pass stopped (it also re-checks each visited tenant's due time, so
+//! nothing is ever missed for longer than one crawl). Safe to run concurrently with itself or
+//! to be killed at any point: every expiry re-checks status and time inside its script, so
+//! nothing is refunded twice or lost.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +15,7 @@ use serde::Serialize;
 
 use crate::error::{ApiError, ApiResult};
 use crate::ids::ReservationId;
-use crate::keys::{TenantKeys, TENANT_REGISTRY};
+use crate::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY, TRIM_CURSOR};
 use crate::store::{scripts, Store};
 
 #[derive(Debug, Clone)]
@@ -23,6 +28,8 @@ pub struct SweepOptions {
     pub retention: Duration,
     /// Retention of events.
     pub event_retention: Duration,
+    /// Tenants the retention crawl visits per pass.
+    pub trim_tenants: usize,
 }
 
 impl Default for SweepOptions {
@@ -32,6 +39,7 @@ impl Default for SweepOptions {
             max_batches_per_tenant: None,
             retention: Duration::from_secs(30 * 86_400),
             event_retention: Duration::from_secs(90 * 86_400),
+            trim_tenants: 200,
         }
     }
 }
@@ -39,7 +47,10 @@ impl Default for SweepOptions {
 /// Counters of one sweep (logged per run).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SweepReport {
+    /// Tenants with due work this pass.
     pub tenants: u64,
+    /// Tenants the retention crawl visited.
+    pub trimmed_tenants: u64,
     pub expired: u64,
     /// Index entries of reservations already finalized or gone.
     pub dropped: u64,
@@ -58,6 +69,7 @@ impl SweepReport {
     pub fn log(&self, message: &str) {
         tracing::info!(
             tenants = self.tenants,
+            trimmed_tenants = self.trimmed_tenants,
             expired = self.expired,
             dropped = self.dropped,
             quarantined = self.quarantined,
@@ -71,6 +83,7 @@ impl SweepReport {
 
     fn add(&mut self, other: &SweepReport) {
         self.tenants += other.tenants;
+        self.trimmed_tenants += other.trimmed_tenants;
         self.expired += other.expired;
         self.dropped += other.dropped;
         self.quarantined += other.quarantined;
@@ -85,33 +98,102 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-/// One pass over every registered tenant.
+/// Registers a tenant: the registry (listings, the retention crawl) and its slot among those
+/// the sweep looks at.
+pub async fn register_tenant(store: &Store, tenant: &str) -> ApiResult<()> {
+    let slot = TenantKeys::new(tenant).slot();
+    let _: () = store.conn().sadd(TENANT_REGISTRY, tenant).await?;
+    let _: () = store.conn().sadd(SWEEP_SLOTS, slot).await?;
+    Ok(())
+}
+
+/// One pass: interrupted closes, then the due tenants, then a bounded stretch of the
+/// retention crawl.
 pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport> {
     let started = Instant::now();
     let closes_converged = crate::api::tenants::redrive_closes(store, opts.retention).await?;
     let mut report = SweepReport { closes_converged, ..Default::default() };
-    let mut conn = store.conn();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, tenants): (u64, Vec<String>) =
-            redis::cmd("SSCAN").arg(TENANT_REGISTRY).arg(cursor).arg("COUNT").arg(500).query_async(&mut conn).await?;
-        for tenant in tenants {
-            report.tenants += 1;
-            sweep_tenant(store, &tenant, opts, &mut report).await?;
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
+    for tenant in due_tenants(store).await? {
+        report.tenants += 1;
+        expire_tenant(store, &tenant, opts, &mut report).await?;
     }
+    crawl(store, opts, &mut report).await?;
     // system events and system-wide subscriptions' deliveries age out too
     trim_tenant(store, crate::api::events::SYSTEM_TENANT, opts, &mut report).await?;
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
 
-/// Expires one tenant's due reservations, batch by batch.
-pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+/// Slots read at once when looking for due tenants.
+const SLOTS_AT_ONCE: usize = 256;
+
+/// The tenants whose due time has come, from the due indexes of the slots that hold tenants
+/// (at most 16,384 small reads, issued `SLOTS_AT_ONCE` at a time, whatever the number of
+/// tenants).
+async fn due_tenants(store: &Store) -> ApiResult<Vec<String>> {
+    let slots: Vec<u16> = store.conn().smembers(SWEEP_SLOTS).await?;
+    let now = now_ms();
+    let mut due = Vec::new();
+    for group in slots.chunks(SLOTS_AT_ONCE) {
+        let mut reads = tokio::task::JoinSet::new();
+        for slot in group {
+            let (mut conn, key) = (store.conn(), crate::keys::due_index(*slot));
+            reads.spawn(async move {
+                redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg("-inf")
+                    .arg(now)
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(1000)
+                    .query_async::<Vec<String>>(&mut conn)
+                    .await
+            });
+        }
+        while let Some(read) = reads.join_next().await {
+            due.extend(read.map_err(|e| ApiError::internal(format!("sweep task failed: {e}")))??);
+        }
+    }
+    Ok(due)
+}
+
+/// The retention crawl: up to `opts.trim_tenants` tenants of the registry, from where the
+/// last pass stopped; each is trimmed, its due time re-checked and its slot registered.
+async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    let mut conn = store.conn();
+    let cursor: Option<u64> = conn.get(TRIM_CURSOR).await?;
+    let (next, tenants): (u64, Vec<String>) = redis::cmd("SSCAN")
+        .arg(TENANT_REGISTRY)
+        .arg(cursor.unwrap_or(0))
+        .arg("COUNT")
+        .arg(opts.trim_tenants)
+        .query_async(&mut conn)
+        .await?;
+    for tenant in tenants {
+        report.trimmed_tenants += 1;
+        trim_tenant(store, &tenant, opts, report).await?;
+        schedule(store, &tenant, "ensure").await?;
+        let _: () = conn.sadd(SWEEP_SLOTS, TenantKeys::new(&tenant).slot()).await?;
+    }
+    let _: () = conn.set(TRIM_CURSOR, next).await?;
+    Ok(())
+}
+
+/// Sets a tenant's due time from its expiry index (`sweep_schedule.lua`).
+async fn schedule(store: &Store, tenant: &str, mode: &str) -> ApiResult<()> {
+    let keys = TenantKeys::new(tenant);
+    let args = [tenant.to_string(), mode.to_string()];
+    store.run(&scripts::SWEEP_SCHEDULE, &[keys.due_index(), keys.expiry_index()], &args).await.map(|_| ())
+}
+
+/// Expires one tenant's due reservations, batch by batch, then sets its next due time.
+pub async fn expire_tenant(
+    store: &Store,
+    tenant: &str,
+    opts: &SweepOptions,
+    report: &mut SweepReport,
+) -> ApiResult<()> {
     let keys = TenantKeys::new(tenant);
     let mut conn = store.conn();
     let mut batches = 0;
@@ -120,7 +202,7 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
         let due: Vec<String> =
             conn.zrangebyscore_limit(keys.expiry_index(), "-inf", now_ms(), 0, opts.batch as isize).await?;
         if due.is_empty() {
-            return trim_tenant(store, tenant, opts, report).await;
+            break;
         }
         let batch = expire_reservations(store, tenant, &due, opts).await?;
         report.add(&batch);
@@ -130,9 +212,16 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
             return Ok(());
         }
         if due.len() < opts.batch || !progressed {
-            return trim_tenant(store, tenant, opts, report).await;
+            break;
         }
     }
+    schedule(store, tenant, "reset").await
+}
+
+/// All of one tenant's maintenance at once: its due reservations, then its retention.
+pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    expire_tenant(store, tenant, opts, report).await?;
+    trim_tenant(store, tenant, opts, report).await
 }
 
 /// Most created-index batches one tenant's trim walks per sweep (bounds a sweep's work).

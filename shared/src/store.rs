@@ -432,6 +432,7 @@ pub mod scripts {
         PROVISION = "provision";
         EVALUATE = "evaluate";
         EXPIRE = "expire";
+        SWEEP_SCHEDULE = "sweep_schedule";
         TRIM = "trim";
         EVENT = "event";
         BALANCES = "balances";

@@ -295,3 +295,40 @@ async fn trimming_walks_past_live_records() {
     assert_eq!(indexed.len(), 1);
     assert!(indexed[0].ends_with(&token(&live)));
 }
+
+/// A pass finds due work without visiting idle tenants: thousands of registered tenants with
+/// nothing due cost it no reads of their own, only its bounded retention crawl visits some; a
+/// tenant the due index does not know (as after an upgrade) is found by that crawl.
+#[tokio::test]
+async fn a_pass_visits_due_tenants_only_and_the_crawl_misses_none() {
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let mut idle = redis::pipe();
+    for i in 0..3000 {
+        idle.sadd(cycles_shared::keys::TENANT_REGISTRY, format!("idle-{i}")).ignore();
+    }
+    let _: () = idle.query_async(&mut h.store.conn()).await.unwrap();
+    let (a, b, hidden) = (h.funded(100).await, h.funded(100).await, h.funded(100).await);
+    for t in [&a, &b, &hidden] {
+        h.reserve_ok(t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    }
+    // `hidden` is absent from its slot's due index, as a tenant of an older version would be
+    let keys = TenantKeys::new(&hidden.id);
+    let _: () = h.store.conn().zrem(keys.due_index(), &hidden.id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let opts = SweepOptions { trim_tenants: 100, ..Default::default() };
+    let r = sweep(&h.store, &opts).await.unwrap();
+    assert_eq!(r.tenants, 2, "only the two due tenants were visited for expiry: {r:?}");
+    assert!(r.trimmed_tenants <= 200, "the crawl is bounded: {r:?}");
+    assert_eq!((h.root(&a).await.reserved, h.root(&b).await.reserved), (0, 0));
+    // The crawl reaches every tenant within a bounded number of passes and finds the hidden hold.
+    let mut passes = 1;
+    while h.root(&hidden).await.reserved != 0 {
+        passes += 1;
+        assert!(passes <= 3003 / 100 + 5, "the crawl found the hidden tenant's due hold");
+        sweep(&h.store, &opts).await.unwrap();
+    }
+    // and re-registered its due time: no further pass has anything left for it
+    let due: Option<f64> = h.store.conn().zscore(keys.due_index(), &hidden.id).await.unwrap();
+    assert_eq!(due, None);
+}

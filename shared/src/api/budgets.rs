@@ -191,7 +191,7 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
     let script_keys = [keys.tenant(), keys.budget(&scope, r.unit), keys.scope_units(), keys.events(), keys.audit_log()];
     let reply = store.run(&scripts::BUDGET_CREATE, &script_keys, &[context.to_string(), f.to_string()]).await?;
     // Tenants with budgets are what the expiry sweep visits.
-    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, tenant).await?;
+    crate::maintenance::register_tenant(store, tenant).await?;
     record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))
 }
 

@@ -164,6 +164,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         keys.scope_units(),
         keys.expiry_index(),
         keys.created_index(),
+        keys.due_index(),
     ];
     script_keys.extend(scopes.iter().map(|s| keys.budget(s, unit)));
     let mut args = vec![

@@ -183,7 +183,7 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
     };
     fields.insert("reservation_expiry_policy".into(), json!(expiry));
     // The registry first: a listed id whose record never got written is simply skipped.
-    let _: () = store.conn().sadd(keys::TENANT_REGISTRY, &r.tenant_id).await?;
+    crate::maintenance::register_tenant(store, &r.tenant_id).await?;
     let keys = TenantKeys::new(&r.tenant_id);
     let args = [context.to_string(), Value::Object(fields).to_string()];
     let reply = store.run(&scripts::TENANT_CREATE, &[keys.tenant(), keys.events(), keys.audit_log()], &args).await?;
