@@ -1,9 +1,10 @@
 -- Commit: settle a reservation with its actual cost under the overage policy recorded at reserve.
 -- KEYS[1] tenant record  KEYS[2] api key record  KEYS[3] reservation  KEYS[4] expiry index
--- KEYS[5] event stream  KEYS[6..] the reservation's budgets (decoded from its id)
+-- KEYS[5] event stream  KEYS[6] listing index  KEYS[7] the reservation's metadata
+-- KEYS[8..] the reservation's budgets (decoded from its id)
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] reservation id  ARGV[4] idempotency key
 -- ARGV[5] payload hash  ARGV[6] actual unit  ARGV[7] actual amount  ARGV[8] metrics json or ''
--- ARGV[9] metadata json or ''  ARGV[10] retention ms (terminal records)  ARGV[11] request context json
+-- ARGV[9] metadata json or ''  ARGV[10] how long finished records are kept (ms)  ARGV[11] request context json
 local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
@@ -23,7 +24,8 @@ local guard = tenant_guard(tenant_record(KEYS[1]))
 if guard then return guard end
 local retention = tonumber(ARGV[10])
 if r.corrupt then return err('INTERNAL_ERROR', 'Reservation record is corrupt') end
-expire_if_overdue(KEYS[3], r, keys_from(6), KEYS[4], KEYS[5], now, retention)
+local ix = {record = KEYS[3], meta = KEYS[7], expiry = KEYS[4], events = KEYS[5], list = KEYS[6]}
+expire_if_overdue(r, keys_from(8), ix, now, retention)
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', 'Reservation has expired') end
 if r.status ~= 'ACTIVE' then return err('RESERVATION_FINALIZED', 'Reservation is already ' .. r.status) end
 if ARGV[6] ~= r.unit then
@@ -31,7 +33,7 @@ if ARGV[6] ~= r.unit then
     cjson.encode({scope = r.scope_path, requested_unit = ARGV[6], expected_units = {r.unit}}))
 end
 
-local budgets = read_budgets(KEYS, 6)
+local budgets = read_budgets(KEYS, 8)
 for _, b in ipairs(budgets) do
   if b.status == 'FROZEN' then return err('BUDGET_FROZEN', 'Budget is frozen for scope ' .. b.scope) end
   if b.status == 'CLOSED' then return err('BUDGET_CLOSED', 'Budget is closed for scope ' .. b.scope) end
@@ -64,8 +66,9 @@ local result = snapshot({charged, released}, budgets)
 local rec = r.rec
 rec.status, rec.charged, rec.finalized, rec.ck, rec.ch, rec.cr = 'COMMITTED', charged, now_s, ARGV[4], ARGV[5], result
 if ARGV[8] ~= '' then rec.metrics = ARGV[8] end
-if ARGV[9] ~= '' then rec.cmeta = ARGV[9] end
 save_record(KEYS[3], rec)
-redis.call('PEXPIRE', KEYS[3], retention)
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[7], 'cmeta', ARGV[9]) end
+keep_finished(KEYS[3], KEYS[7], retention)
 redis.call('ZREM', KEYS[4], r.rid)
+list_status(KEYS[6], r, 'COMMITTED')
 return {'OK', cjson.encode(result), 'COMMITTED', now_s, rec.subject, rec.unit}

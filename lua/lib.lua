@@ -472,9 +472,60 @@ local function keys_from(first)
   return out
 end
 
+-- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
+-- reservation, one status member "<S><T><token>" (S: A, C, E or R for ACTIVE, COMMITTED,
+-- EXPIRED, RELEASED; T: 0 when its subject names a tenant, else 1) and three value members:
+-- "r<estimate, 19 digits><token>", "p<scope path>\0<token>" and "x<expires_at_ms, 13
+-- digits><token>", so every sort order of the listing is a walk of ranges of it (the created
+-- index serves created_at).
+local STATUS_MARK = {ACTIVE = 'A', COMMITTED = 'C', EXPIRED = 'E', RELEASED = 'R'}
+
+local function padded(digits, width)
+  return string.rep('0', width - #digits) .. digits
+end
+
+local function token_of(rid)
+  return string.match(rid, '^[^.]+%.([^.]+)%.')
+end
+
+-- '0' when a stored subject names a tenant, else '1'. Subjects are stored as the handler
+-- serialized them, fields in canonical order, so a tenant is always the first field.
+local function tenant_mark(subject_json)
+  if string.sub(subject_json, 1, 10) == '{"tenant":' then return '0' end
+  return '1'
+end
+
+-- The members of one reservation: `status`, `subject` (JSON), `estimate` (digits), `scope`
+-- and `expires` (digits).
+local function list_members(token, status, subject, estimate, scope, expires)
+  return {STATUS_MARK[status] .. tenant_mark(subject) .. token, 'r' .. padded(estimate, 19) .. token,
+    'p' .. scope .. '\0' .. token, 'x' .. padded(expires, 13) .. token}
+end
+
+local function list_add(list_key, members)
+  local args = {}
+  for _, m in ipairs(members) do args[#args + 1] = 0; args[#args + 1] = m end
+  redis.call('ZADD', list_key, unpack(args))
+end
+
+-- A reservation's status member moves with its status (`r` as `read_reservation` returns it).
+local function list_status(list_key, r, to)
+  local token, t = token_of(r.rid), tenant_mark(r.rec.subject or '')
+  redis.call('ZREM', list_key, STATUS_MARK[r.status] .. t .. token)
+  redis.call('ZADD', list_key, 0, STATUS_MARK[to] .. t .. token)
+end
+
+-- Keys of a finished reservation are kept `ttl` ms (the record and its metadata).
+local function keep_finished(record_key, meta_key, ttl)
+  redis.call('PEXPIRE', record_key, ttl)
+  redis.call('PEXPIRE', meta_key, ttl)
+end
+
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
 -- scope exactly once. Used by every script that touches a reservation, and by the sweep.
-local function expire_if_overdue(res_key, r, budget_keys, expiry_index, events_key, now, retention_ms)
+-- `ix`: the reservation's record and meta keys and the tenant's expiry, event and listing keys
+-- (`record`, `meta`, `expiry`, `events`, `list`).
+local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
   local budgets = {}
   for _, key in ipairs(budget_keys) do
@@ -488,16 +539,17 @@ local function expire_if_overdue(res_key, r, budget_keys, expiry_index, events_k
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
   r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
-  save_record(res_key, r.rec)
-  redis.call('PEXPIRE', res_key, retention_ms)
-  redis.call('ZREM', expiry_index, r.rid)
+  save_record(ix.record, r.rec)
+  keep_finished(ix.record, ix.meta, retention_ms)
+  redis.call('ZREM', ix.expiry, r.rid)
+  list_status(ix.list, r, 'EXPIRED')
   r.status = 'EXPIRED'
   local tenant = string.match(r.rid, '^([^.]+)%.')
   local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..
     ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
     string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
-  emit(events_key, 'evt_' .. string.sub(redis.sha1hex(r.rid .. '|expired'), 1, 16), 'reservation.expired',
+  emit(ix.events, 'evt_' .. string.sub(redis.sha1hex(r.rid .. '|expired'), 1, 16), 'reservation.expired',
     tenant, r.scope_path, nil, 'cycles-expiry', data, now)
   return true
 end

@@ -1,16 +1,51 @@
--- Listing, one chunk: authenticate and read index members in lexicographic order. The reply
--- context carries the key's scope filter (JSON array or ''): rows outside it are not listed.
--- KEYS[1] api key record (for admin-key calls any key of the slot, unchecked)  KEYS[2] created index
--- ARGV[1] key digest ('' for admin)  ARGV[2] accepted permissions  ARGV[3] start bound
--- ARGV[4] end bound  ARGV[5] 'REV' for descending  ARGV[6] count
+-- Listing, one chunk: authenticate, then read up to `count` members of each given range of one
+-- lexicographic index, in sort order, after a position. Members are "<value><token>" (the token
+-- is their last 14 characters). Orders: 'asc' (value, then token, ascending); 'desc' (plain
+-- reverse, for ranges whose members differ in the token only); 'desc-ties-asc' (values
+-- descending, equal values by token ascending, the spec's tie-break in both directions: group by
+-- group, one more read per group). The reply context carries the key's scope filter (JSON
+-- array or ''): the handler leaves out rows outside it.
+-- KEYS[1] api key record (for admin-key calls any key of the slot, unchecked)  KEYS[2] the index
+-- ARGV[1] key digest ('' for admin)  ARGV[2] accepted permissions  ARGV[3] order  ARGV[4] count
+-- ARGV[5..] per range: low bound, high bound (ZRANGE BYLEX syntax), position ('' = from the
+-- start; else the last member served)
+-- Reply result: per range, a JSON array of members.
 local now = now_ms()
 local denied, filter = authorize(KEYS[1], ARGV[1], ARGV[2], now)
 if denied then return denied end
-local members
-if ARGV[5] == 'REV' then
-  members = redis.call('ZRANGE', KEYS[2], ARGV[3], ARGV[4], 'BYLEX', 'REV', 'LIMIT', 0, tonumber(ARGV[6]))
-else
-  members = redis.call('ZRANGE', KEYS[2], ARGV[3], ARGV[4], 'BYLEX', 'LIMIT', 0, tonumber(ARGV[6]))
+local order, count = ARGV[3], tonumber(ARGV[4])
+local index = KEYS[2]
+
+local function range(lo, hi, pos)
+  if order == 'asc' then
+    return redis.call('ZRANGE', index, pos ~= '' and ('(' .. pos) or lo, hi, 'BYLEX', 'LIMIT', 0, count)
+  end
+  if order == 'desc' then
+    return redis.call('ZRANGE', index, pos ~= '' and ('(' .. pos) or hi, lo, 'BYLEX', 'REV', 'LIMIT', 0, count)
+  end
+  -- desc-ties-asc: first the rest of the position's group, then whole groups, highest first
+  local out, upper = {}, hi
+  if pos ~= '' then
+    local value = string.sub(pos, 1, -15)
+    for _, m in ipairs(redis.call('ZRANGE', index, '(' .. pos, '[' .. value .. '\255', 'BYLEX', 'LIMIT', 0, count)) do
+      out[#out + 1] = m
+    end
+    upper = '(' .. value
+  end
+  while #out < count do
+    local last = redis.call('ZRANGE', index, upper, lo, 'BYLEX', 'REV', 'LIMIT', 0, 1)[1]
+    if not last then break end
+    local value = string.sub(last, 1, -15)
+    local group = redis.call('ZRANGE', index, '[' .. value, '[' .. value .. '\255', 'BYLEX', 'LIMIT', 0, count - #out)
+    for _, m in ipairs(group) do out[#out + 1] = m end
+    upper = '(' .. value
+  end
+  return out
 end
-local encoded = (#members == 0) and '[]' or cjson.encode(members)
-return {'OK', encoded, '', tostring(now), filter or ''}
+
+local result = {}
+for i = 5, #ARGV, 3 do
+  local members = range(ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  result[#result + 1] = (#members == 0) and '[]' or cjson.encode(members)
+end
+return {'OK', cjson.encode(result), '', tostring(now), filter or ''}

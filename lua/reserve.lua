@@ -2,18 +2,19 @@
 -- KEYS[1] tenant record      KEYS[2] api key record    KEYS[3] reservation (doubles as its
 -- idempotency record)        KEYS[4] dry-run idempotency record (shared namespace)
 -- KEYS[5] scope -> units index   KEYS[6] expiry index   KEYS[7] created-at index
--- KEYS[8] the slot's due index (the sweep finds due tenants there)
--- KEYS[9..] one budget per derived scope, canonical order, in the request's unit
+-- KEYS[8] the slot's due index (the sweep finds due tenants there)  KEYS[9] listing index
+-- KEYS[10] the reservation's metadata
+-- KEYS[11..] one budget per derived scope, canonical order, in the request's unit
 -- ARGV[1] key digest  ARGV[2] accepted permissions  ARGV[3] payload hash  ARGV[4] reservation id
 -- prefix ("<tenant>.<token>.")  ARGV[5] unit  ARGV[6] amount  ARGV[7] ttl_ms or ''
 -- ARGV[8] grace_ms  ARGV[9] overage policy or ''  ARGV[10] idempotency key  ARGV[11] subject json
 -- ARGV[12] action json  ARGV[13] metadata json or ''  ARGV[14] retention ms (terminal records)
--- ARGV[15..] per budget key: "<scope>|<key code>" aligned with KEYS[9..]; then 'reclaimed' on
+-- ARGV[15..] per budget key: "<scope>|<key code>" aligned with KEYS[11..]; then 'reclaimed' on
 -- the retry after a lazy reclaim (so a reserve asks for a reclaim at most once)
 local now, now_s = now_ms()
 local denied, filter = authorize(KEYS[2], ARGV[1], ARGV[2], now)
 if denied then return denied end
-local scope_path = request_scope(9, 15)
+local scope_path = request_scope(11, 15)
 denied = filter and scope_guard(filter, scope_path)
 if denied then return denied end
 
@@ -34,7 +35,7 @@ local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
 
 local unit, amount = ARGV[5], ARGV[6]
-local e = evaluate(KEYS[5], 9, 15, unit, amount)
+local e = evaluate(KEYS[5], 11, 15, unit, amount)
 if e.unit_error then return e.unit_error end
 if e.reason == 'BUDGET_NOT_FOUND' then return err('NOT_FOUND', e.message) end
 if e.reason == 'BUDGET_EXCEEDED' and ARGV[15 + #e.scopes] ~= 'reclaimed' then
@@ -72,12 +73,15 @@ local rec = {codes = table.concat(e.codes), status = 'ACTIVE', ik = ARGV[10], ph
   created = now_s, expires = expires, policy = policy}
 if grace ~= 5000 then rec.grace = tostring(grace) end
 if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end
-if ARGV[13] ~= '' then rec.metadata = ARGV[13] end
 save_record(KEYS[3], rec)
+-- metadata lives beside the record, so listings never load it unless asked
+if ARGV[13] ~= '' then redis.call('HSET', KEYS[10], 'metadata', ARGV[13]) end
 local due = itoa(expires_at + grace)
 redis.call('ZADD', KEYS[6], due, rid)
 redis.call('ZADD', KEYS[8], 'LT', due, string.match(rid, '^([^.]+)%.'))
 -- Created index: lexicographic members "<13-digit created ms><token>", so one index serves
 -- time windows, both directions and stable cursors (ZRANGE ... BYLEX).
-redis.call('ZADD', KEYS[7], 0, string.rep('0', 13 - #now_s) .. now_s .. string.match(rid, '^[^.]+%.([^.]+)%.'))
+local token = token_of(rid)
+redis.call('ZADD', KEYS[7], 0, padded(now_s, 13) .. token)
+list_add(KEYS[9], list_members(token, 'ACTIVE', ARGV[11], amount, scope_path, expires))
 return {'OK', cjson.encode(with_id(result, rid)), 'ACTIVE', now_s}

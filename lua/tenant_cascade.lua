@@ -2,10 +2,11 @@
 -- mutating script already refuses the tenant). Idempotent: terminal children are skipped, so a
 -- re-driven cascade never writes an event or audit row twice.
 -- KEYS[1] tenant record  KEYS[2] event stream  KEYS[3] audit log  KEYS[4] expiry index
--- KEYS[5..4+n] this batch's reservations, then ARGV[3] budgets, then ARGV[5] API keys, then
--- the tenant's webhook subscriptions
+-- KEYS[5] listing index  KEYS[6..5+2n] this batch's reservations (record, metadata), then
+-- ARGV[3] budgets, then ARGV[5] API keys, then the tenant's webhook subscriptions
 -- ARGV[1] request context (with correlation_id)  ARGV[2] n reservations  ARGV[3] budget count
--- ARGV[4] retention ms  ARGV[5] API key count  ARGV[6..5+n] the reservation ids
+-- ARGV[4] how long finished records are kept (ms)  ARGV[5] API key count  ARGV[6..5+n] the
+-- reservation ids
 -- 1. open reservations become RELEASED (reason tenant_closed) without touching budgets;
 -- 2. once none is open, budgets close, their whole `reserved` drained back to `remaining`
 --    (so a reservation's hold is returned exactly once, here);
@@ -18,12 +19,13 @@ local tenant = redis.call('HGET', KEYS[1], 'tenant_id')
 local n, nb, retention, nk = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
 for i = 1, n do
-  local key, rid = KEYS[4 + i], ARGV[5 + i]
+  local key, meta, rid = KEYS[4 + 2 * i], KEYS[5 + 2 * i], ARGV[5 + i]
   local r = read_reservation(key, rid)
   if r and not r.corrupt and r.status == 'ACTIVE' then
+    list_status(KEYS[5], r, 'RELEASED')
     r.rec.status, r.rec.finalized, r.rec.reason = 'RELEASED', tostring(now), 'tenant_closed'
     save_record(key, r.rec)
-    redis.call('PEXPIRE', key, retention)
+    keep_finished(key, meta, retention)
   end
   if not (r and r.corrupt) then redis.call('ZREM', KEYS[4], rid) end
 end
@@ -35,7 +37,7 @@ local function cascade_event(kind, resource, body)
 end
 
 if open == 0 then
-  for i = 5 + n, 4 + n + nb do
+  for i = 6 + 2 * n, 5 + 2 * n + nb do
     local b = read_budget(KEYS[i])
     if b and b.status ~= 'CLOSED' then
       local prior, released = b.status, b.reserved
@@ -53,7 +55,7 @@ if open == 0 then
   end
 end
 
-for i = 5 + n + nb, 4 + n + nb + nk do
+for i = 6 + 2 * n + nb, 5 + 2 * n + nb + nk do
   local k = redis.call('HMGET', KEYS[i], 'key_id', 'status', 'name')
   if k[1] and k[2] == 'ACTIVE' then
     redis.call('HSET', KEYS[i], 'status', 'REVOKED', 'revoked_at_ms', tostring(now), 'revoked_reason', 'tenant_closed')
@@ -62,7 +64,7 @@ for i = 5 + n + nb, 4 + n + nb + nk do
     audit(KEYS[3], ctx, 'api_key.revoke', 'api_key', k[1], now, {reason = 'tenant_closed'})
   end
 end
-for i = 5 + n + nb + nk, #KEYS do
+for i = 6 + 2 * n + nb + nk, #KEYS do
   local w = redis.call('HMGET', KEYS[i], 'subscription_id', 'status', 'name')
   if w[1] and (w[2] == 'ACTIVE' or w[2] == 'PAUSED') then
     redis.call('HSET', KEYS[i], 'status', 'DISABLED', 'updated_at_ms', tostring(now))

@@ -177,6 +177,21 @@ impl TenantKeys {
     pub fn reservation(&self, token: &str) -> String {
         format!("{}:r:{token}", self.prefix)
     }
+    /// A reservation's metadata and commit metadata (hash), beside its record, so that listings
+    /// read records without it.
+    pub fn reservation_metadata(&self, token: &str) -> String {
+        format!("{}:rm:{token}", self.prefix)
+    }
+    /// The listing index: a status member and three value members per reservation (see
+    /// `lua/lib.lua`), all scored 0 and read with ZRANGE BYLEX.
+    pub fn listing_index(&self) -> String {
+        format!("{}:li", self.prefix)
+    }
+    /// How far the listing index backfill of reservations written before it has come: the last
+    /// created-index member done, or `done`.
+    pub fn listing_backfill(&self) -> String {
+        format!("{}:li:backfill", self.prefix)
+    }
     /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
     pub fn expiry_index(&self) -> String {
         format!("{}:exp", self.prefix)

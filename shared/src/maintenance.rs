@@ -94,6 +94,12 @@ impl SweepReport {
     }
 }
 
+/// How long the keys of a finished reservation live: the retention, plus a week in which the
+/// retention crawl deletes them with their index entries (the TTL is only the safety net).
+pub fn record_ttl(retention: Duration) -> Duration {
+    retention + Duration::from_secs(7 * 86_400)
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
@@ -172,6 +178,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> 
         .await?;
     for tenant in tenants {
         report.trimmed_tenants += 1;
+        backfill_listing(store, &tenant).await?;
         trim_tenant(store, &tenant, opts, report).await?;
         schedule(store, &tenant, "ensure").await?;
         let _: () = conn.sadd(SWEEP_SLOTS, TenantKeys::new(&tenant).slot()).await?;
@@ -227,10 +234,10 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
 /// Most created-index batches one tenant's trim walks per sweep (bounds a sweep's work).
 const MAX_TRIM_BATCHES: usize = 50;
 
-/// Retention: drops events older than their retention and the created-index entries (older
-/// than the record retention) whose reservation records have expired. Walks the old part of the
-/// index batch by batch, past entries whose records still live (a long reservation never
-/// blocks the trim behind it).
+/// Retention: drops events older than their retention, and deletes finished reservations past
+/// their retention with their index entries (`trim.lua`). Walks the part of the created index
+/// old enough to hold such reservations, batch by batch, past records that stay (a long
+/// reservation never blocks the trim behind it).
 async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     let keys = TenantKeys::new(tenant);
     let horizon = format!("({:013}", (now_ms() - opts.retention.as_millis() as i64).max(0));
@@ -247,10 +254,11 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
             .arg(opts.batch)
             .query_async(&mut store.conn())
             .await?;
-        let mut script_keys = vec![keys.created_index(), keys.events()];
-        let mut args = vec![event_horizon.clone()];
+        let mut script_keys = vec![keys.created_index(), keys.events(), keys.listing_index()];
+        let mut args = vec![event_horizon.clone(), opts.retention.as_millis().to_string()];
         for member in &old {
-            script_keys.push(keys.reservation(member.get(13..).unwrap_or("-")));
+            let token = member.get(13..).unwrap_or("-");
+            script_keys.extend([keys.reservation(token), keys.reservation_metadata(token)]);
             args.push(member.clone());
         }
         let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
@@ -263,6 +271,42 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
         }
     }
     trim_deliveries(store, tenant, report).await
+}
+
+/// Reservations backfilled into a tenant's listing index per crawl visit.
+const BACKFILL_BATCH: usize = 500;
+
+/// Puts a bounded batch of a tenant's reservations written before the listing index existed
+/// into it, resuming where the last visit stopped, until the created index is done.
+async fn backfill_listing(store: &Store, tenant: &str) -> ApiResult<()> {
+    let keys = TenantKeys::new(tenant);
+    let mut conn = store.conn();
+    let progress: Option<String> = conn.get(keys.listing_backfill()).await?;
+    if progress.as_deref() == Some("done") {
+        return Ok(());
+    }
+    let start = progress.map(|p| format!("({p}")).unwrap_or_else(|| "-".to_string());
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys.created_index())
+        .arg(&start)
+        .arg("+")
+        .arg("BYLEX")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(BACKFILL_BATCH)
+        .query_async(&mut conn)
+        .await?;
+    if !members.is_empty() {
+        let mut script_keys = vec![keys.listing_index()];
+        script_keys.extend(members.iter().map(|m| keys.reservation(m.get(13..).unwrap_or("-"))));
+        store.run(&scripts::LIST_BACKFILL, &script_keys, &members).await?;
+    }
+    let next = match members.last() {
+        Some(last) if members.len() == BACKFILL_BATCH => last.clone(),
+        _ => "done".to_string(),
+    };
+    let _: () = conn.set(keys.listing_backfill(), next).await?;
+    Ok(())
 }
 
 /// Drops delivery-index entries past the delivery retention (the rows expire by TTL).
@@ -286,18 +330,18 @@ pub async fn expire_reservations(
     opts: &SweepOptions,
 ) -> ApiResult<SweepReport> {
     let keys = TenantKeys::new(tenant);
-    let mut script_keys = vec![keys.expiry_index(), keys.events(), keys.quarantine()];
-    let mut args = vec![opts.retention.as_millis().to_string(), ids.len().to_string()];
+    let mut script_keys = vec![keys.expiry_index(), keys.events(), keys.quarantine(), keys.listing_index()];
+    let mut args = vec![record_ttl(opts.retention).as_millis().to_string(), ids.len().to_string()];
     for id in ids {
         match ReservationId::parse(id).filter(|r| r.tenant == tenant) {
             Some(rid) => {
-                script_keys.push(keys.reservation(&rid.token));
+                script_keys.extend([keys.reservation(&rid.token), keys.reservation_metadata(&rid.token)]);
                 script_keys.extend(rid.budget_codes.iter().map(|c| keys.budget_by_code(c)));
                 args.extend([id.clone(), rid.budget_codes.len().to_string()]);
             }
             // Not one of ours: the script finds no record under it and drops the entry.
             None => {
-                script_keys.push(keys.reservation("-"));
+                script_keys.extend([keys.reservation("-"), keys.reservation_metadata("-")]);
                 args.extend([id.clone(), "0".to_string()]);
             }
         }

@@ -407,12 +407,44 @@ pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, 
     Ok((typed, value))
 }
 
+/// The most a request's free-form `metadata` (and `metrics`) may take, as compact JSON: it is
+/// stored and listed, so it must stay small (the body limit alone is 1 MiB).
+pub const MAX_METADATA_BYTES: usize = 16_384;
+
+/// `metadata` and `metrics` of any request body, on both planes, within `MAX_METADATA_BYTES`.
+fn check_free_form_sizes(body: &Value) -> ApiResult<()> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    for field in ["metadata", "metrics"] {
+        if let Some(v) = body.get(field) {
+            let mut n = Count(0);
+            serde_json::to_writer(&mut n, v).expect("counting never fails");
+            if n.0 > MAX_METADATA_BYTES {
+                return Err(ApiError::invalid(format!(
+                    "{field} must be at most {MAX_METADATA_BYTES} bytes as JSON (got {})",
+                    n.0
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `parse_body` without the `Validate` step (operator-plane bodies check their own bounds).
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<(T, Value)> {
     let value = crate::json::parse(body).map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::invalid("Malformed request body: expected a JSON object"));
     }
+    check_free_form_sizes(&value)?;
     // The path of a field in error is tracked only when there is an error to report.
     if let Ok(typed) = T::deserialize(&value) {
         return Ok((typed, value));

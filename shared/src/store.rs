@@ -419,8 +419,16 @@ pub mod scripts {
     }
 
     /// The scripts that never write (registered `no-writes`).
-    const READ_ONLY: [&str; 7] =
-        ["get_reservation", "balances", "read_budgets", "list", "read_records", "authenticate", "read_hashes"];
+    const READ_ONLY: [&str; 8] = [
+        "get_reservation",
+        "balances",
+        "read_budgets",
+        "list",
+        "read_records",
+        "read_metadata",
+        "authenticate",
+        "read_hashes",
+    ];
 
     scripts! {
         HEALTH = "health";
@@ -439,6 +447,8 @@ pub mod scripts {
         READ_BUDGETS = "read_budgets";
         LIST = "list";
         READ_RECORDS = "read_records";
+        READ_METADATA = "read_metadata";
+        LIST_BACKFILL = "list_backfill";
         AUTHENTICATE = "authenticate";
         TENANT_CREATE = "tenant_create";
         TENANT_UPDATE = "tenant_update";

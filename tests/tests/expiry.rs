@@ -234,8 +234,9 @@ async fn grace_boundary_is_inclusive() {
     let probe = r#"
 local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace = 500,
   scope_path = 'tenant:x', unit = 'TOKENS', created_at = 0, extensions = 0, rec = {}}
-local at = expire_if_overdue(KEYS[1], r, {}, KEYS[2], KEYS[3], 1500, 1000)
-local after = expire_if_overdue(KEYS[1], r, {}, KEYS[2], KEYS[3], 1501, 1000)
+local ix = {record = KEYS[1], expiry = KEYS[2], events = KEYS[3], meta = KEYS[4], list = KEYS[5]}
+local at = expire_if_overdue(r, {}, ix, 1500, 1000)
+local after = expire_if_overdue(r, {}, ix, 1501, 1000)
 return {at and 1 or 0, after and 1 or 0}
 "#;
     let script = redis::Script::new(&format!("{lib}\n{probe}"));
@@ -244,6 +245,8 @@ return {at and 1 or 0, after and 1 or 0}
         .key(keys.reservation("tok"))
         .key(keys.expiry_index())
         .key(keys.events())
+        .key(keys.reservation_metadata("tok"))
+        .key(keys.listing_index())
         .invoke_async(&mut h.store.conn())
         .await
         .unwrap();

@@ -218,3 +218,125 @@ async fn expired_reservations_are_listed_with_their_status() {
     assert_eq!(ids(&r), vec![rid]);
     assert!(r.body["reservations"][0].get("finalized_at_ms").is_none());
 }
+
+/// Calls of a command so far, inside scripts included (`INFO commandstats`).
+async fn calls(h: &Harness, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|r| r.split(',').next()?.parse().ok()).unwrap_or(0)
+}
+
+/// A page costs work in proportion to the page, for every sort key: with 300 reservations that
+/// carry near-limit metadata, a one-row page reads a handful of records and no metadata unless
+/// `include` asks (then only the page's). Metadata above the limit is refused on write.
+#[tokio::test]
+async fn listing_work_is_bounded_by_the_page_for_every_sort_key() {
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(1_000_000_000).await;
+    let big = "m".repeat(cycles_shared::model::MAX_METADATA_BYTES - 40);
+    let before = h.root(&t).await;
+    let r = h.reserve(&t, 1, json!({"metadata": {"blob": format!("{big}{big}")}})).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["message"].as_str().unwrap().starts_with("metadata must be at most 16384 bytes"), "{}", r.raw);
+    assert_eq!(h.root(&t).await, before, "nothing was reserved");
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        let id = h.reserve_ok(&t, 1000 + (i * 7919) % 301, json!({"metadata": {"blob": big, "i": i}})).await;
+        ids.push(id);
+    }
+    let body = json!({"idempotency_key": "big-commit", "actual": {"unit": "TOKENS", "amount": 1},
+        "metadata": {"blob": format!("{big}{big}")}});
+    h.post(&t.key, &format!("/v1/reservations/{}/commit", ids[0]), &body).await.assert_error(400, "INVALID_REQUEST");
+    h.commit(&t, &ids[1], 1).await.assert_ok();
+    h.release(&t, &ids[2]).await.assert_ok();
+    for sort in ["created_at_ms", "reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms"] {
+        for dir in ["asc", "desc"] {
+            let (gets, reads) = (calls(&h, "get").await, calls(&h, "hmget").await);
+            let r = h.get(&t.key, &format!("/v1/reservations?sort_by={sort}&sort_dir={dir}&limit=1")).await;
+            let page = r.assert_ok();
+            assert_eq!(page["reservations"].as_array().unwrap().len(), 1, "{sort} {dir}");
+            assert!(r.raw.len() < 2_000, "{sort} {dir}: no metadata shipped ({} bytes)", r.raw.len());
+            let got = calls(&h, "get").await - gets;
+            assert!(got <= 8, "{sort} {dir}: {got} records read for a one-row page");
+            // key checks (one HMGET per chunk read) only: no metadata hash is read
+            assert!(calls(&h, "hmget").await - reads <= 8, "{sort} {dir}");
+        }
+    }
+    let r = h.get(&t.key, "/v1/reservations?sort_by=reserved&limit=2&include=metadata").await;
+    let rows = r.assert_ok()["reservations"].as_array().unwrap().clone();
+    assert!(rows.iter().all(|row| row["metadata"]["blob"].as_str().is_some_and(|b| b.len() == big.len())));
+    // the largest reservations come first, and they are the largest
+    assert_eq!(rows[0]["reserved"]["amount"], 1300);
+}
+
+/// Every sort order is total and stable across pages: the walk of each key in both directions
+/// equals sorting the whole set by (key, reservation_id ascending), with rows whose subject has
+/// no tenant last ascending and first descending (protocol.md §6.4).
+#[tokio::test]
+async fn every_sort_order_matches_a_full_sort_with_ascending_ties() {
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000).await;
+    // subjects without a tenant: their ledgers cannot be made through the API (a scope starts
+    // with the tenant), so they are staged in the store
+    for agent in ["a", "b", "c"] {
+        let scope = format!("agent:{agent}");
+        let fields = [("scope", scope.as_str()), ("unit", "TOKENS"), ("allocated", "1000"), ("remaining", "1000")];
+        h.set_budget(&t.id, &scope, cycles_shared::model::Unit::Tokens, &fields).await;
+    }
+    let mut created = Vec::new();
+    for i in 0..14i64 {
+        let agent = ["a", "b", "c"][(i % 3) as usize];
+        let mut subject = json!({ "agent": agent });
+        if i % 4 != 0 {
+            subject["tenant"] = json!(t.id);
+        }
+        let extra = json!({"subject": subject, "ttl_ms": 60_000 + (i % 2) * 1000});
+        created.push(h.reserve_ok(&t, 10 + (i % 3), extra).await);
+    }
+    h.commit(&t, &created[3], 1).await.assert_ok();
+    h.release(&t, &created[5]).await.assert_ok();
+    h.extend(&t, &created[6], 5000).await.assert_ok();
+    let all = walk(&h, &t.key, "/v1/reservations?limit=200&sort_dir=asc").await;
+    assert_eq!(all.len(), 14);
+    let mut rows = Vec::new();
+    for id in &all {
+        rows.push(h.get(&t.key, &format!("/v1/reservations/{id}")).await.assert_ok().clone());
+    }
+    let key = |r: &serde_json::Value, sort: &str| -> (u8, serde_json::Value) {
+        match sort {
+            "reserved" => (0, r["reserved"]["amount"].clone()),
+            "tenant" => match r["subject"].get("tenant") {
+                Some(t) => (0, t.clone()),
+                None => (1, json!(null)),
+            },
+            "reservation_id" => (0, json!(null)),
+            other => (0, r[other].clone()),
+        }
+    };
+    let cmp = |a: &serde_json::Value, b: &serde_json::Value| match (a.as_i64(), b.as_i64()) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        _ => a.as_str().unwrap_or("").cmp(b.as_str().unwrap_or("")),
+    };
+    for sort in ["reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms", "created_at_ms"] {
+        for desc in [false, true] {
+            let mut expected = rows.clone();
+            expected.sort_by(|a, b| {
+                let (ka, kb) = (key(a, sort), key(b, sort));
+                let by_key = ka.0.cmp(&kb.0).then_with(|| cmp(&ka.1, &kb.1));
+                let by_key = if desc { by_key.reverse() } else { by_key };
+                let (ia, ib) = (a["reservation_id"].as_str().unwrap(), b["reservation_id"].as_str().unwrap());
+                let by_id = if sort == "reservation_id" && desc { ib.cmp(ia) } else { ia.cmp(ib) };
+                by_key.then(by_id)
+            });
+            let expected: Vec<String> =
+                expected.iter().map(|r| r["reservation_id"].as_str().unwrap().to_string()).collect();
+            let dir = if desc { "desc" } else { "asc" };
+            for limit in [1, 3, 50] {
+                let got =
+                    walk(&h, &t.key, &format!("/v1/reservations?sort_by={sort}&sort_dir={dir}&limit={limit}")).await;
+                assert_eq!(got, expected, "{sort} {dir} limit {limit}");
+            }
+        }
+    }
+}

@@ -1,9 +1,10 @@
 //! `GET /v1/reservations`: every filter of protocol.md §6, sorted with opaque cursors bound to
-//! the filters. The default order (created_at) walks the per-tenant lexicographic index from
-//! the cursor, so a page costs the same at 1,000 or 1,000,000 reservations; other sort keys
-//! load the tenant's matching rows and sort them in memory.
+//! the filters. Every sort order is a walk of an index from the cursor (created_at: the created
+//! index; the others: ranges of the listing index, see `lua/lib.lua`), so a page costs the same
+//! at 1,000 or 1,000,000 reservations and never more than `SCAN_BUDGET` index entries: a
+//! page that filters leave short ends early with a cursor where the walk stopped. Records are
+//! read without their metadata; `include` reads it for the page's rows only.
 
-use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -24,7 +25,7 @@ const SORT_KEYS: [&str; 7] =
     ["reservation_id", "tenant", "scope_path", "status", "reserved", "created_at_ms", "expires_at_ms"];
 const STATUSES: [&str; 4] = ["ACTIVE", "COMMITTED", "RELEASED", "EXPIRED"];
 /// Index entries examined per request at most (a page may end early, with a cursor).
-const SCAN_BUDGET: usize = 5_000;
+pub const SCAN_BUDGET: usize = 1_000;
 
 #[derive(Serialize)]
 struct Summary {
@@ -202,39 +203,9 @@ impl Query {
             && Self::in_window(Some(s.expires_at_ms), self.expires)
             && Self::in_window(s.finalized_at_ms, self.finalized)
     }
-
-    /// The sort value of a row; `None` is a missing value (only `tenant` can be missing).
-    fn sort_value(&self, row: &Row) -> Option<Value> {
-        let s = &row.summary;
-        Some(match self.sort_by.as_str() {
-            "reservation_id" => Value::from(s.reservation_id.clone()),
-            "tenant" => Value::from(row.tenant_of_subject.clone()?),
-            "scope_path" => Value::from(s.scope_path.clone()),
-            "status" => Value::from(s.status.clone()),
-            "reserved" => Value::from(s.reserved.amount),
-            "expires_at_ms" => Value::from(s.expires_at_ms),
-            _ => Value::from(s.created_at_ms),
-        })
-    }
 }
 
-/// Total order of rows: sort value in the requested direction (missing values last in asc,
-/// first in desc), ties by reservation id ascending.
-fn compare(q: &Query, a: &(Option<Value>, String), b: &(Option<Value>, String)) -> Ordering {
-    let by_value = match (&a.0, &b.0) {
-        (None, None) => Ordering::Equal,
-        (None, Some(_)) => Ordering::Greater,
-        (Some(_), None) => Ordering::Less,
-        (Some(x), Some(y)) => match (x.as_i64(), y.as_i64()) {
-            (Some(i), Some(j)) => i.cmp(&j),
-            _ => x.as_str().unwrap_or("").cmp(y.as_str().unwrap_or("")),
-        },
-    };
-    let by_value = if q.desc { by_value.reverse() } else { by_value };
-    by_value.then_with(|| a.1.cmp(&b.1))
-}
-
-fn row_from_record(tenant: &str, token: &str, raw: &str, include: &[String]) -> Option<Row> {
+fn row_from_record(tenant: &str, token: &str, raw: &str) -> Option<Row> {
     let rec: Value = serde_json::from_str(raw).ok()?;
     let field = |f: &str| rec[f].as_str();
     let int = |f: &str| field(f).and_then(|v| v.parse::<i64>().ok());
@@ -244,7 +215,6 @@ fn row_from_record(tenant: &str, token: &str, raw: &str, include: &[String]) -> 
     let scopes = derive_scopes(&subject);
     let status = field("status")?.to_string();
     let json_of = |f: &str| field(f).and_then(|v| serde_json::from_str::<Value>(v).ok());
-    let wants = |t: &str| include.iter().any(|i| i == t);
     let summary = Summary {
         reservation_id: format!("{tenant}.{token}.{}", field("codes")?),
         idempotency_key: field("ik").unwrap_or_default().to_string(),
@@ -257,54 +227,179 @@ fn row_from_record(tenant: &str, token: &str, raw: &str, include: &[String]) -> 
         finalized_at_ms: if status == "COMMITTED" || status == "RELEASED" { int("finalized") } else { None },
         scope_path: scopes.last()?.clone(),
         affected_scopes: scopes,
-        metadata: if wants("metadata") { json_of("metadata") } else { None },
-        committed_metadata: if wants("committed_metadata") { json_of("cmeta") } else { None },
+        metadata: None,
+        committed_metadata: None,
         status,
     };
     Some(Row { summary, tenant_of_subject: subject.tenant })
 }
 
-/// One chunk of the listing: up to `count` index members in order within `range` (read with
-/// the caller's auth), each with its token and raw record ('' when the record is gone), and
-/// the key's scope filter (rows outside it are never listed).
-struct Chunk {
-    entries: Vec<(String, String, String)>,
-    scope_filter: Vec<String>,
+/// One walk of an index: its ranges (several merged by token, or one), in one order.
+struct Segment {
+    ranges: Vec<Range>,
+    order: &'static str,
+    /// The tenant sort's groups: rows with (true) or without (false) `subject.tenant`.
+    tenant_present: Option<bool>,
+    /// The status of every row of a status-sort group.
+    status: Option<&'static str>,
 }
 
-impl Chunk {
-    fn admits(&self, row: &Row) -> bool {
-        scope_admitted(&self.scope_filter, &row.summary.scope_path)
+/// A lexicographic range of an index: its members start with `mark` (the listing index's
+/// member kinds; '' for the created index) and lie within `lo`..`hi`.
+struct Range {
+    mark: String,
+    lo: String,
+    hi: String,
+}
+
+impl Range {
+    fn of(mark: &str) -> Range {
+        Range { mark: mark.to_string(), lo: format!("[{mark}"), hi: format!("[{mark}\u{ff}") }
     }
 }
 
-async fn chunk(
+const STATUS_MARKS: [(&str, &str); 4] = [("ACTIVE", "A"), ("COMMITTED", "C"), ("EXPIRED", "E"), ("RELEASED", "R")];
+
+/// The status members' ranges of the listing index: per status, subjects with a tenant ("0")
+/// and without ("1"); `keep` selects which.
+fn status_ranges(keep: impl Fn(&str, &str) -> bool) -> Vec<Range> {
+    let mut ranges = Vec::new();
+    for (status, mark) in STATUS_MARKS {
+        for tenant in ["0", "1"] {
+            if keep(status, tenant) {
+                ranges.push(Range::of(&format!("{mark}{tenant}")));
+            }
+        }
+    }
+    ranges
+}
+
+/// Where a walk stands: a segment and, within it, the member last served (its value part and
+/// token; value parts include their range's mark).
+#[derive(Clone)]
+struct Position {
+    segment: usize,
+    value: String,
+    token: String,
+}
+
+/// How a sort order walks the indexes: the index and its segments, in walk order.
+fn plan(q: &Query) -> (bool, Vec<Segment>) {
+    let one = |ranges: Vec<Range>, order| Segment { ranges, order, tenant_present: None, status: None };
+    let ties_asc = if q.desc { "desc-ties-asc" } else { "asc" };
+
+    let mut segments = match q.sort_by.as_str() {
+        "created_at_ms" => {
+            let pad = |ms: i64| format!("{:013}", ms.max(0));
+            let (lo, hi) = q.created;
+            let range = Range {
+                mark: String::new(),
+                lo: lo.map(|f| format!("[{}", pad(f))).unwrap_or_else(|| "-".to_string()),
+                hi: hi.map(|t| format!("({}", pad(t + 1))).unwrap_or_else(|| "+".to_string()),
+            };
+            return (false, vec![one(vec![range], ties_asc)]);
+        }
+        "expires_at_ms" => vec![one(vec![Range::of("x")], ties_asc)],
+        "reserved" => vec![one(vec![Range::of("r")], ties_asc)],
+        "scope_path" => vec![one(vec![Range::of("p")], ties_asc)],
+        "reservation_id" => vec![one(status_ranges(|_, _| true), if q.desc { "desc" } else { "asc" })],
+        "status" => STATUS_MARKS
+            .iter()
+            .map(|(status, _)| Segment { status: Some(status), ..one(status_ranges(|s, _| s == *status), "asc") })
+            .collect(),
+        // tenant: rows with subject.tenant, then those without (the reverse when descending)
+        _ => [("0", true), ("1", false)]
+            .map(|(mark, present)| Segment {
+                tenant_present: Some(present),
+                ..one(status_ranges(|_, t| t == mark), "asc")
+            })
+            .into(),
+    };
+    if q.desc && segments.len() > 1 {
+        segments.reverse();
+    }
+    (true, segments)
+}
+
+/// Decodes a cursor's last sort value and id into a walk position.
+fn position_of(q: &Query, segments: &[Segment], c: &Cursor) -> ApiResult<Position> {
+    let bad = || ApiError::invalid("cursor is malformed");
+    let token = c.lrid.split('.').nth(1).filter(|t| t.len() == crate::ids::TOKEN_LEN).ok_or_else(bad)?.to_string();
+    let int = |width: usize| c.lsv.as_i64().filter(|v| *v >= 0).map(|v| format!("{v:0width$}")).ok_or_else(bad);
+    let (segment, value) = match q.sort_by.as_str() {
+        "created_at_ms" => (0, int(13)?),
+        "expires_at_ms" => (0, format!("x{}", int(13)?)),
+        "reserved" => (0, format!("r{}", int(19)?)),
+        "scope_path" => (0, format!("p{}\0", c.lsv.as_str().ok_or_else(bad)?)),
+        "reservation_id" => (0, String::new()),
+        "status" => {
+            let status = c.lsv.as_str().ok_or_else(bad)?;
+            (segments.iter().position(|s| s.status == Some(status)).ok_or_else(bad)?, String::new())
+        }
+        _ => (segments.iter().position(|s| s.tenant_present == Some(!c.lsv.is_null())).ok_or_else(bad)?, String::new()),
+    };
+    Ok(Position { segment, value, token })
+}
+
+/// The cursor's last sort value for a walk position (`tenant` of the row, when it has one).
+fn sort_value(q: &Query, segments: &[Segment], p: &Position, tenant: &str) -> Value {
+    let digits = |v: &str| v.trim_start_matches(['x', 'r']).parse::<i64>().map(Value::from).unwrap_or(Value::Null);
+    match q.sort_by.as_str() {
+        "created_at_ms" | "expires_at_ms" | "reserved" => digits(&p.value),
+        "scope_path" => Value::from(p.value.trim_start_matches('p').trim_end_matches('\0')),
+        "reservation_id" => Value::Null,
+        "status" => Value::from(segments[p.segment].status.unwrap_or_default()),
+        _ => match segments[p.segment].tenant_present {
+            Some(true) => Value::from(tenant),
+            _ => Value::Null,
+        },
+    }
+}
+
+/// Reads members of a segment after a position: each range is read in the segment's order
+/// and, for several ranges, merged by token (the reservation id order). Returns up to `count`
+/// members as (value part, token), and the key's scope filter.
+async fn read_segment(
     app: &App,
     auth: &(String, String),
-    keys: &TenantKeys,
-    range: (&str, &str),
-    desc: bool,
+    index: &str,
+    segment: &Segment,
+    after: Option<&Position>,
     count: usize,
-) -> ApiResult<Chunk> {
-    let args = [
+) -> ApiResult<(Vec<(String, String)>, Vec<String>)> {
+    let mut args = vec![
         auth.1.clone(),
         Permission::ReservationsList.accepted().to_string(),
-        range.0.to_string(),
-        range.1.to_string(),
-        if desc { "REV".to_string() } else { String::new() },
+        segment.order.to_string(),
         count.to_string(),
     ];
-    let reply = app.store.run(&scripts::LIST, &[auth.0.clone(), keys.created_index()], &args).await?;
-    let scope_filter = reply.context.first().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
-    let members = reply.result;
-    if members.is_empty() {
-        return Ok(Chunk { entries: Vec::new(), scope_filter });
+    for range in &segment.ranges {
+        let pos = match after {
+            // merged ranges share the token order: each continues after the last token served
+            Some(p) if segment.ranges.len() > 1 => format!("{}{}", range.mark, p.token),
+            Some(p) => format!("{}{}", p.value, p.token),
+            None => String::new(),
+        };
+        args.extend([range.lo.clone(), range.hi.clone(), pos]);
     }
-    let tokens: Vec<String> = members.iter().map(|m| m.get(13..).unwrap_or("").to_string()).collect();
-    let record_keys: Vec<String> = tokens.iter().map(|t| keys.reservation(t)).collect();
-    let raws = app.store.run(&scripts::READ_RECORDS, &record_keys, &[]).await?.result;
-    let entries = members.into_iter().zip(tokens).zip(raws).map(|((m, t), r)| (m, t, r)).collect();
-    Ok(Chunk { entries, scope_filter })
+    let reply = app.store.run(&scripts::LIST, &[auth.0.clone(), index.to_string()], &args).await?;
+    let scope_filter = reply.context.first().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
+    let split = |m: String| {
+        let at = m.len().saturating_sub(crate::ids::TOKEN_LEN);
+        (m[..at].to_string(), m[at..].to_string())
+    };
+    let mut lists: Vec<Vec<(String, String)>> = Vec::with_capacity(reply.result.len());
+    for raw in &reply.result {
+        let members: Vec<String> =
+            serde_json::from_str(raw).map_err(|_| ApiError::internal("Malformed listing chunk"))?;
+        lists.push(members.into_iter().map(split).collect());
+    }
+    let mut merged: Vec<(String, String)> = lists.into_iter().flatten().collect();
+    if segment.ranges.len() > 1 {
+        merged.sort_by(|a, b| if segment.order == "desc" { b.1.cmp(&a.1) } else { a.1.cmp(&b.1) });
+        merged.truncate(count);
+    }
+    Ok((merged, scope_filter))
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -329,11 +424,10 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     };
     let query = Query::parse(&q, &tenant)?;
     let keys = TenantKeys::new(&tenant);
-    let (rows, next) = if query.sort_by == "created_at_ms" {
-        walk_index(app, &auth, &keys, &tenant, &query).await?
-    } else {
-        sort_all(app, &auth, &keys, &tenant, &query).await?
-    };
+    let (mut rows, next) = walk(app, &auth, &keys, &tenant, &query).await?;
+    if query.include.iter().any(|i| i == "metadata" || i == "committed_metadata") && !rows.is_empty() {
+        attach_metadata(app, &keys, &query, &mut rows).await?;
+    }
     let next_cursor = next.map(|(lsv, lrid)| {
         let c = Cursor {
             v: 1,
@@ -351,94 +445,109 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
 
 type Page = (Vec<Row>, Option<(Value, String)>);
 
-/// Default order: walk the created index from the cursor (or the window's edge).
-async fn walk_index(
+/// `idempotency_key` names at most one reservation (its token derives from the key): read that
+/// one record, whatever the sort.
+async fn by_idempotency_key(
     app: &App,
     auth: &(String, String),
     keys: &TenantKeys,
     tenant: &str,
     query: &Query,
+    key: &str,
 ) -> ApiResult<Page> {
-    let pad = |ms: i64| format!("{:013}", ms.max(0));
-    let (lo, hi) = query.created;
-    let lower = lo.map(|f| format!("[{}", pad(f))).unwrap_or_else(|| "-".to_string());
-    let upper = hi.map(|t| format!("({}", pad(t + 1))).unwrap_or_else(|| "+".to_string());
-    let mut position = query.cursor.as_ref().map(|c| {
-        let token = c.lrid.split('.').nth(1).unwrap_or("");
-        format!("({}{token}", pad(c.lsv.as_i64().unwrap_or(0)))
-    });
-    // First read just enough for a full page plus the look-ahead row; grow when filters skip rows.
-    let mut size = query.limit + 1;
-    let mut rows: Vec<Row> = Vec::new();
-    let mut scanned = 0;
-    loop {
-        let (start, end) = match (&position, query.desc) {
-            (Some(p), true) => (p.clone(), lower.clone()),
-            (Some(p), false) => (p.clone(), upper.clone()),
-            (None, true) => (upper.clone(), lower.clone()),
-            (None, false) => (lower.clone(), upper.clone()),
-        };
-        let chunk = chunk(app, auth, keys, (&start, &end), query.desc, size).await?;
-        let entries = &chunk.entries;
-        for (member, token, raw) in entries {
-            scanned += 1;
-            position = Some(format!("({member}"));
-            let row = row_from_record(tenant, token, raw, &query.include);
-            if let Some(row) = row.filter(|r| query.matches(r) && chunk.admits(r)) {
-                if rows.len() == query.limit {
-                    // One more match exists: the page ends at the last row served.
-                    let last = rows.last().expect("limit >= 1");
-                    let next = (Value::from(last.summary.created_at_ms), last.summary.reservation_id.clone());
-                    return Ok((rows, Some(next)));
-                }
-                rows.push(row);
-            }
-            if scanned >= SCAN_BUDGET && rows.len() < query.limit {
-                // Scanned enough for one request: hand back a cursor at the scan position.
-                let created: i64 = member.get(..13).and_then(|c| c.parse().ok()).unwrap_or(0);
-                return Ok((rows, Some((Value::from(created), format!("{tenant}.{token}.")))));
-            }
-        }
-        if entries.len() < size {
-            return Ok((rows, None));
-        }
-        size = (size * 2).min(500);
-    }
+    let scope_filter: Vec<String> = if auth.1.is_empty() {
+        Vec::new()
+    } else {
+        let args = [auth.1.clone(), Permission::ReservationsList.accepted().to_string()];
+        let reply = app.store.run(&scripts::AUTHENTICATE, std::slice::from_ref(&auth.0), &args).await?;
+        reply.context.get(1).and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default()
+    };
+    let token = crate::ids::ReservationId::token_for(key);
+    let raw = app.store.run(&scripts::READ_RECORDS, &[keys.reservation(&token)], &[]).await?.result;
+    let row = raw.first().and_then(|raw| row_from_record(tenant, &token, raw));
+    let row = row.filter(|r| query.matches(r) && scope_admitted(&scope_filter, &r.summary.scope_path));
+    Ok((row.into_iter().collect(), None))
 }
 
-/// Other sort keys: load every matching row of the tenant, sort, and cut the page.
-async fn sort_all(
-    app: &App,
-    auth: &(String, String),
-    keys: &TenantKeys,
-    tenant: &str,
-    query: &Query,
-) -> ApiResult<Page> {
-    let mut rows = Vec::new();
-    let mut position = "-".to_string();
-    loop {
-        let chunk = chunk(app, auth, keys, (&position, "+"), false, 500).await?;
-        let entries = &chunk.entries;
-        for (_, token, raw) in entries {
-            let row = row_from_record(tenant, token, raw, &query.include);
-            if let Some(row) = row.filter(|r| query.matches(r) && chunk.admits(r)) {
-                rows.push(row);
+/// Walks the sort order's segments from the cursor: a page of rows that pass the filters, and
+/// the cursor of the next page (after the last row served, or where the scan budget ran out).
+async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &str, query: &Query) -> ApiResult<Page> {
+    if let Some(key) = &query.idempotency_key {
+        return by_idempotency_key(app, auth, keys, tenant, query, key).await;
+    }
+    let (listing, segments) = plan(query);
+    let index = if listing { keys.listing_index() } else { keys.created_index() };
+    let mut position = query.cursor.as_ref().map(|c| position_of(query, &segments, c)).transpose()?;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut scanned = 0;
+    let cursor_at = |p: &Position, row: Option<&Row>| {
+        let id = row.map(|r| r.summary.reservation_id.clone()).unwrap_or_else(|| format!("{tenant}.{}.", p.token));
+        (sort_value(query, &segments, p, tenant), id)
+    };
+    let mut served: Option<Position> = None;
+    let first = position.as_ref().map_or(0, |p| p.segment);
+    for (s, segment) in segments.iter().enumerate().skip(first) {
+        let mut after = position.clone().filter(|p| p.segment == s);
+        // First read just enough for a full page plus the look-ahead row; grow when filters skip rows.
+        let mut size = query.limit + 1;
+        loop {
+            let (members, scope_filter) = read_segment(app, auth, &index, segment, after.as_ref(), size).await?;
+            let record_keys: Vec<String> = members.iter().map(|(_, t)| keys.reservation(t)).collect();
+            let raws = if record_keys.is_empty() {
+                Vec::new()
+            } else {
+                app.store.run(&scripts::READ_RECORDS, &record_keys, &[]).await?.result
+            };
+            for ((value, token), raw) in members.iter().zip(&raws) {
+                scanned += 1;
+                let here = Position { segment: s, value: value.clone(), token: token.clone() };
+                let row = row_from_record(tenant, token, raw).filter(|r| {
+                    query.matches(r)
+                        && scope_admitted(&scope_filter, &r.summary.scope_path)
+                        && segment.tenant_present.is_none_or(|p| r.tenant_of_subject.is_some() == p)
+                });
+                if let Some(row) = row {
+                    if rows.len() == query.limit {
+                        // One more match exists: the page ends at the last row served.
+                        let next = cursor_at(served.as_ref().expect("limit >= 1"), rows.last());
+                        return Ok((rows, Some(next)));
+                    }
+                    rows.push(row);
+                    served = Some(here.clone());
+                }
+                position = Some(here);
+                if scanned >= SCAN_BUDGET && rows.len() < query.limit {
+                    // Scanned enough for one request: hand back a cursor at the scan position.
+                    return Ok((rows, Some(cursor_at(position.as_ref().expect("just set"), None))));
+                }
             }
-        }
-        match entries.last() {
-            Some((last, _, _)) if entries.len() == 500 => position = format!("({last}"),
-            _ => break,
+            if members.len() < size {
+                break;
+            }
+            after = position.clone();
+            size = (size * 2).min(500);
         }
     }
-    let mut keyed: Vec<((Option<Value>, String), Row)> =
-        rows.into_iter().map(|r| ((query.sort_value(&r), r.summary.reservation_id.clone()), r)).collect();
-    keyed.sort_by(|a, b| compare(query, &a.0, &b.0));
-    if let Some(c) = &query.cursor {
-        let after = (if c.lsv.is_null() { None } else { Some(c.lsv.clone()) }, c.lrid.clone());
-        keyed.retain(|(k, _)| compare(query, k, &after) == Ordering::Greater);
+    Ok((rows, None))
+}
+
+/// Reads metadata and commit metadata of the page's rows, as `include` asks.
+async fn attach_metadata(app: &App, keys: &TenantKeys, query: &Query, rows: &mut [Row]) -> ApiResult<()> {
+    let mut script_keys = Vec::with_capacity(rows.len() * 2);
+    for row in rows.iter() {
+        let token = row.summary.reservation_id.split('.').nth(1).unwrap_or("-");
+        script_keys.extend([keys.reservation_metadata(token), keys.reservation(token)]);
     }
-    let more = keyed.len() > query.limit;
-    keyed.truncate(query.limit);
-    let next = if more { keyed.last().map(|(k, _)| (k.0.clone().unwrap_or(Value::Null), k.1.clone())) } else { None };
-    Ok((keyed.into_iter().map(|(_, r)| r).collect(), next))
+    let values = app.store.run(&scripts::READ_METADATA, &script_keys, &[]).await?.result;
+    let wants = |t: &str| query.include.iter().any(|i| i == t);
+    let json = |s: &String| if s.is_empty() { None } else { serde_json::from_str::<Value>(s).ok() };
+    for (row, pair) in rows.iter_mut().zip(values.chunks(2)) {
+        if wants("metadata") {
+            row.summary.metadata = json(&pair[0]);
+        }
+        if wants("committed_metadata") && row.summary.status == "COMMITTED" {
+            row.summary.committed_metadata = json(&pair[1]);
+        }
+    }
+    Ok(())
 }

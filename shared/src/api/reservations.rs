@@ -41,8 +41,9 @@ fn json_or_empty(v: &Option<impl serde::Serialize>) -> String {
     v.as_ref().map(|v| serde_json::to_string(v).expect("serializable")).unwrap_or_default()
 }
 
+/// How long a finished reservation's keys live (see `maintenance::record_ttl`).
 fn retention_ms(app: &App) -> String {
-    app.config.retention.as_millis().to_string()
+    crate::maintenance::record_ttl(app.config.retention).as_millis().to_string()
 }
 
 fn int(s: &str) -> ApiResult<i64> {
@@ -165,6 +166,8 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         keys.expiry_index(),
         keys.created_index(),
         keys.due_index(),
+        keys.listing_index(),
+        keys.reservation_metadata(&token),
     ];
     script_keys.extend(scopes.iter().map(|s| keys.budget(s, unit)));
     let mut args = vec![
@@ -355,7 +358,7 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         unit.as_str().to_string(),
         r.actual.amount.to_string(),
         r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
-        retention_ms(app),
+        app.config.retention.as_millis().to_string(),
         event_context(ctx, Some(&caller), &caller.tenant),
         String::from_utf8_lossy(&req.body).into_owned(),
     ];
@@ -460,6 +463,8 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
         t.keys.reservation(&t.rid.token),
         t.keys.expiry_index(),
         t.keys.events(),
+        t.keys.listing_index(),
+        t.keys.reservation_metadata(&t.rid.token),
     ];
     keys.extend(t.budget_keys());
     let args = [
@@ -530,6 +535,8 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params
         t.keys.expiry_index(),
         t.keys.audit_log(),
         t.keys.events(),
+        t.keys.listing_index(),
+        t.keys.reservation_metadata(&t.rid.token),
     ];
     keys.extend(t.budget_keys());
     let args = [
@@ -570,6 +577,8 @@ pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
         t.keys.expiry_index(),
         t.keys.idempotency("extend", &[&t.id, &r.idempotency_key]),
         t.keys.events(),
+        t.keys.listing_index(),
+        t.keys.reservation_metadata(&t.rid.token),
     ];
     keys.extend(t.budget_keys());
     let args = [
@@ -598,7 +607,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) ->
     let t = target(app, principal, params, Permission::ReservationsList).await?;
     let res_key = t.keys.reservation(&t.rid.token);
     let auth_key = if t.admin { res_key.clone() } else { t.auth_key.clone() };
-    let keys = [auth_key, res_key];
+    let keys = [auth_key, res_key, t.keys.reservation_metadata(&t.rid.token)];
     let args = [t.digest.clone(), Permission::ReservationsList.accepted().to_string(), t.id.clone()];
     let reply = app.store.run(&scripts::GET_RESERVATION, &keys, &args).await?;
     if reply.status == "OVERDUE" {

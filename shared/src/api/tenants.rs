@@ -188,6 +188,10 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
     let args = [context.to_string(), Value::Object(fields).to_string()];
     let reply = store.run(&scripts::TENANT_CREATE, &[keys.tenant(), keys.events(), keys.audit_log()], &args).await?;
     let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+    if reply.status == "CREATED" {
+        // A new tenant has no reservations from before the listing index to backfill.
+        let _: () = store.conn().set_nx(keys.listing_backfill(), "done").await?;
+    }
     Ok((record, reply.status == "CREATED"))
 }
 
@@ -324,12 +328,13 @@ pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, 
         let rids: Vec<String> = conn.zrange(keys.expiry_index(), 0, 199).await?;
         let scopes: std::collections::HashMap<String, String> = conn.hgetall(keys.scope_units()).await?;
         let key_ids: Vec<String> = conn.smembers(keys.api_key_index()).await?;
-        let mut script_keys = vec![keys.tenant(), keys.events(), keys.audit_log(), keys.expiry_index()];
+        let mut script_keys =
+            vec![keys.tenant(), keys.events(), keys.audit_log(), keys.expiry_index(), keys.listing_index()];
         let mut args = vec![context.to_string(), rids.len().to_string()];
         for rid in &rids {
             // Unparseable ids cannot be finalized here; the sweep quarantines them.
             let token = ReservationId::parse(rid).map(|r| r.token).unwrap_or_else(|| rid.clone());
-            script_keys.push(keys.reservation(&token));
+            script_keys.extend([keys.reservation(&token), keys.reservation_metadata(&token)]);
         }
         let budgets: Vec<String> = scopes
             .iter()
@@ -340,7 +345,7 @@ pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, 
             .collect();
         let subscriptions: Vec<String> = conn.smembers(keys.webhook_index()).await?;
         args.push(budgets.len().to_string());
-        args.push(retention.as_millis().to_string());
+        args.push(crate::maintenance::record_ttl(retention).as_millis().to_string());
         args.push(key_ids.len().to_string());
         args.extend(rids.iter().cloned());
         script_keys.extend(budgets);
