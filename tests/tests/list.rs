@@ -279,14 +279,15 @@ async fn every_sort_order_matches_a_full_sort_with_ascending_ties() {
     let t = h.funded(1_000_000).await;
     // subjects without a tenant: their ledgers cannot be made through the API (a scope starts
     // with the tenant), so they are staged in the store
-    for agent in ["a", "b", "c"] {
-        let scope = format!("agent:{agent}");
+    let agents = ["a", "Z_9", "-x.y"];
+    for agent in agents {
+        let scope = format!("agent:{}", agent.to_ascii_lowercase());
         let fields = [("scope", scope.as_str()), ("unit", "TOKENS"), ("allocated", "1000"), ("remaining", "1000")];
         h.set_budget(&t.id, &scope, cycles_shared::model::Unit::Tokens, &fields).await;
     }
     let mut created = Vec::new();
     for i in 0..14i64 {
-        let agent = ["a", "b", "c"][(i % 3) as usize];
+        let agent = agents[(i % 3) as usize];
         let mut subject = json!({ "agent": agent });
         if i % 4 != 0 {
             subject["tenant"] = json!(t.id);

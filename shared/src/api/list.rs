@@ -253,8 +253,12 @@ struct Range {
 }
 
 impl Range {
+    /// Every member that starts with `mark` (up to the next mark, exclusive: an upper bound of
+    /// byte 0xFF cannot travel in a UTF-8 argument).
     fn of(mark: &str) -> Range {
-        Range { mark: mark.to_string(), lo: format!("[{mark}"), hi: format!("[{mark}\u{ff}") }
+        let (head, last) = mark.split_at(mark.len() - 1);
+        let next = char::from(last.as_bytes()[0] + 1);
+        Range { mark: mark.to_string(), lo: format!("[{mark}"), hi: format!("({head}{next}") }
     }
 }
 
