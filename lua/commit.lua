@@ -66,9 +66,12 @@ local result = snapshot({charged, released}, budgets)
 local rec = r.rec
 rec.status, rec.charged, rec.finalized, rec.ck, rec.ch, rec.cr = 'COMMITTED', charged, now_s, ARGV[4], ARGV[5], result
 if ARGV[8] ~= '' then rec.metrics = ARGV[8] end
+if ARGV[9] ~= '' then
+  rec.m = '1'
+  redis.call('HSET', KEYS[7], 'cmeta', ARGV[9])
+end
 save_record(KEYS[3], rec)
-if ARGV[9] ~= '' then redis.call('HSET', KEYS[7], 'cmeta', ARGV[9]) end
-keep_finished(KEYS[3], KEYS[7], retention)
+keep_finished(KEYS[3], KEYS[7], rec, retention)
 redis.call('ZREM', KEYS[4], r.rid)
 list_status(KEYS[6], r, 'COMMITTED')
 return {'OK', cjson.encode(result), 'COMMITTED', now_s, rec.subject, rec.unit}

@@ -312,9 +312,10 @@ end
 -- keeps a finished reservation, replay records included, well under 1 KB. Fields:
 --   codes (the budget codes of its id) status ik (reserve idempotency key) ph (its payload
 --   hash) result (reserve replay) unit estimate subject scope (its scope path; absent in records
---   written before 2026-12-03) action metadata created expires grace policy ext max_ext
---   (grace, ext and max_ext are omitted at their defaults 5000, 0 and 10)
---   on commit: ck ch cr (key, payload hash, replay) charged metrics cmeta finalized
+--   written before 2026-12-03) action created expires grace policy ext max_ext
+--   (grace, ext and max_ext are omitted at their defaults 5000, 0 and 10) m ('1' when metadata
+--   or commit metadata is stored beside the record; older records hold `metadata` and `cmeta`)
+--   on commit: ck ch cr (key, payload hash, replay) charged metrics finalized
 --   on release: rk rh rr reason finalized;  on expiry: expired
 local function load_record(key)
   local raw = redis.call('GET', key)
@@ -515,10 +516,11 @@ local function list_status(list_key, r, to)
   redis.call('ZADD', list_key, 0, STATUS_MARK[to] .. t .. token)
 end
 
--- Keys of a finished reservation are kept `ttl` ms (the record and its metadata).
-local function keep_finished(record_key, meta_key, ttl)
+-- Keys of a finished reservation are kept `ttl` ms: the record, and its metadata when it has
+-- some (`rec.m`).
+local function keep_finished(record_key, meta_key, rec, ttl)
   redis.call('PEXPIRE', record_key, ttl)
-  redis.call('PEXPIRE', meta_key, ttl)
+  if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
 end
 
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
@@ -540,7 +542,7 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   if e then error(e[3]) end
   r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
   save_record(ix.record, r.rec)
-  keep_finished(ix.record, ix.meta, retention_ms)
+  keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)
   list_status(ix.list, r, 'EXPIRED')
   r.status = 'EXPIRED'

@@ -23,7 +23,9 @@ local function range(lo, hi, pos)
   if order == 'desc' then
     return redis.call('ZRANGE', index, pos ~= '' and ('(' .. pos) or hi, lo, 'BYLEX', 'REV', 'LIMIT', 0, count)
   end
-  -- desc-ties-asc: first the rest of the position's group, then whole groups, highest first
+  -- desc-ties-asc: first the rest of the position's group, then groups highest first, each
+  -- with its tokens ascending: a batch read in reverse holds whole groups (put back in token
+  -- order) except maybe its last, which is read again whole
   local out, upper = {}, hi
   if pos ~= '' then
     local value = string.sub(pos, 1, -15)
@@ -33,12 +35,24 @@ local function range(lo, hi, pos)
     upper = '(' .. value
   end
   while #out < count do
-    local last = redis.call('ZRANGE', index, upper, lo, 'BYLEX', 'REV', 'LIMIT', 0, 1)[1]
-    if not last then break end
-    local value = string.sub(last, 1, -15)
-    local group = redis.call('ZRANGE', index, '[' .. value, '[' .. value .. '\255', 'BYLEX', 'LIMIT', 0, count - #out)
-    for _, m in ipairs(group) do out[#out + 1] = m end
-    upper = '(' .. value
+    local batch = redis.call('ZRANGE', index, upper, lo, 'BYLEX', 'REV', 'LIMIT', 0, count - #out + 1)
+    if #batch == 0 then break end
+    local i = 1
+    while i <= #batch and #out < count do
+      local value = string.sub(batch[i], 1, -15)
+      local j = i
+      while j < #batch and string.sub(batch[j + 1], 1, -15) == value do j = j + 1 end
+      if j == #batch then
+        local group = redis.call('ZRANGE', index, '[' .. value, '[' .. value .. '\255', 'BYLEX', 'LIMIT', 0, count - #out)
+        for _, m in ipairs(group) do out[#out + 1] = m end
+      else
+        for k = j, i, -1 do
+          if #out < count then out[#out + 1] = batch[k] end
+        end
+      end
+      upper = '(' .. value
+      i = j + 1
+    end
   end
   return out
 end

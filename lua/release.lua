@@ -43,7 +43,7 @@ local rec = r.rec
 rec.status, rec.finalized, rec.rk, rec.rh, rec.rr = 'RELEASED', now_s, ARGV[4], ARGV[5], result
 if ARGV[6] ~= '' then rec.reason = ARGV[6] end
 save_record(KEYS[3], rec)
-keep_finished(KEYS[3], KEYS[8], retention)
+keep_finished(KEYS[3], KEYS[8], rec, retention)
 redis.call('ZREM', KEYS[4], r.rid)
 list_status(KEYS[7], r, 'RELEASED')
 if ARGV[8] ~= '' then

@@ -73,9 +73,12 @@ local rec = {codes = table.concat(e.codes), status = 'ACTIVE', ik = ARGV[10], ph
   created = now_s, expires = expires, policy = policy}
 if grace ~= 5000 then rec.grace = tostring(grace) end
 if max_ext ~= 10 then rec.max_ext = tostring(max_ext) end
+-- metadata lives beside the record (`m` says so), so listings never load it unless asked
+if ARGV[13] ~= '' then
+  rec.m = '1'
+  redis.call('HSET', KEYS[10], 'metadata', ARGV[13])
+end
 save_record(KEYS[3], rec)
--- metadata lives beside the record, so listings never load it unless asked
-if ARGV[13] ~= '' then redis.call('HSET', KEYS[10], 'metadata', ARGV[13]) end
 local due = itoa(expires_at + grace)
 redis.call('ZADD', KEYS[6], due, rid)
 redis.call('ZADD', KEYS[8], 'LT', due, string.match(rid, '^([^.]+)%.'))

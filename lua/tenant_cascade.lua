@@ -25,7 +25,7 @@ for i = 1, n do
     list_status(KEYS[5], r, 'RELEASED')
     r.rec.status, r.rec.finalized, r.rec.reason = 'RELEASED', tostring(now), 'tenant_closed'
     save_record(key, r.rec)
-    keep_finished(key, meta, retention)
+    keep_finished(key, meta, r.rec, retention)
   end
   if not (r and r.corrupt) then redis.call('ZREM', KEYS[4], rid) end
 end
