@@ -1,12 +1,13 @@
--- Verifies an API key and reports what it may do (operator-plane calls, and rare runtime error
--- paths such as telling a caller that a reservation belongs to another tenant).
--- KEYS[1] api key record  KEYS[2] (optional) the tenant record
--- ARGV[1] key digest  ARGV[2] accepted permissions ('' = any valid key)
--- Reply context: held permissions (",a,b,"), scope filter (JSON array or '')
-local now = now_ms()
-local denied = authorize(KEYS[1], ARGV[1], ARGV[2], now)
+-- Checks an API key and reports what it may do (operator-plane calls, and rare runtime error
+-- paths such as telling a caller that a reservation belongs to another tenant): its held
+-- permissions, its scope filter, and its tenant's status when its tenant record is given (the
+-- optional `K.tenant[1]`).
+local now, now_s = now_ms()
+local denied = authorize(K.api_key, A.digest, A.accepted, now)
 if denied then return denied end
-local f = redis.call('HMGET', KEYS[1], 'permissions', 'scope_filter')
+local f = redis.call('HMGET', K.api_key, 'permissions', 'scope_filter')
 local status = ''
-if KEYS[2] then status = redis.call('HGET', KEYS[2], 'status') or '' end
-return {'OK', '[]', status, tostring(now), f[1] or '', f[2] or ''}
+if K.tenant[1] then status = redis.call('HGET', K.tenant[1], 'status') or '' end
+local permissions = {}
+for p in string.gmatch(f[1] or '', '[^,]+') do permissions[#permissions + 1] = p end
+return ok({permissions = permissions, scope_filter = f[2] or nil}, status, now_s)

@@ -3,15 +3,14 @@
 -- deliveries back. A claim moves a delivery to its subscription's in-flight set with a lease:
 -- a dispatcher that dies after sending but before recording leaves it due again when the lease
 -- ends (at-least-once), and two dispatchers never claim the same delivery at once.
--- KEYS[1] owner's due-subscription index  KEYS[2] the owner's legacy queue (drained only)
--- KEYS[3..] per subscription: its queue and its in-flight set (pairs, aligned with ARGV[4..])
--- ARGV[1] lease ms  ARGV[2] max deliveries  ARGV[3] per-subscription limit  ARGV[4..] ids
--- Reply context: the claimed deliveries as pairs: id, subscription id ('' from the legacy queue).
-local now = now_ms()
-local lease, room, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local out = {'OK', '[]', '', tostring(now)}
-for i = 4, #ARGV do
-  local sub, queue, flight = ARGV[i], KEYS[2 * i - 5], KEYS[2 * i - 4]
+-- `K.subscriptions` holds per subscription its queue and its in-flight set (pairs, aligned with
+-- `A.subscription_ids`); the owner's legacy queue is drained last. The answer lists the claimed
+-- deliveries as [id, subscription id ('' from the legacy queue)].
+local now, now_s = now_ms()
+local lease, room, limit = tonumber(A.lease_ms), tonumber(A.max), tonumber(A.per_subscription)
+local claimed = {}
+for i, sub in ipairs(A.subscription_ids) do
+  local queue, flight = K.subscriptions[2 * i - 1], K.subscriptions[2 * i]
   -- leases that ran out: due again now
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', flight, '-inf', now)) do
     redis.call('ZREM', flight, id)
@@ -22,8 +21,7 @@ for i = 4, #ARGV do
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, free)) do
       redis.call('ZREM', queue, id)
       redis.call('ZADD', flight, now + lease, id)
-      out[#out + 1] = id
-      out[#out + 1] = sub
+      claimed[#claimed + 1] = {id, sub}
       room = room - 1
     end
   end
@@ -33,13 +31,12 @@ for i = 4, #ARGV do
   local lease_end = redis.call('ZRANGE', flight, 0, 0, 'WITHSCORES')[2]
   local next_at = first
   if lease_end and (not first or redis.call('ZCARD', flight) >= limit) then next_at = lease_end end
-  if next_at then redis.call('ZADD', KEYS[1], next_at, sub) else redis.call('ZREM', KEYS[1], sub) end
+  if next_at then redis.call('ZADD', K.due_subscriptions, next_at, sub) else redis.call('ZREM', K.due_subscriptions, sub) end
 end
 if room > 0 then
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, room)) do
-    redis.call('ZADD', KEYS[2], now + lease, id)
-    out[#out + 1] = id
-    out[#out + 1] = ''
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.legacy_queue, '-inf', now, 'LIMIT', 0, room)) do
+    redis.call('ZADD', K.legacy_queue, now + lease, id)
+    claimed[#claimed + 1] = {id, ''}
   end
 end
-return out
+return ok({claimed = claimed}, '', now_s)

@@ -2,70 +2,67 @@
 -- SUCCESS resets consecutive_failures; a delivery whose retries are exhausted is FAILED, counts
 -- one consecutive failure and, at disable_after_failures, disables the subscription with one
 -- webhook.disabled event; otherwise the delivery is RETRYING at now + delay.
--- KEYS[1] delivery  KEYS[2] owner's legacy queue  KEYS[3] subscription  KEYS[4] owner's event
--- stream  KEYS[5] the subscription's queue  KEYS[6] its in-flight set  KEYS[7] owner's
--- due-subscription index
--- ARGV[1] 'sent' | 'precheck'  ARGV[2] HTTP status (0 = no HTTP answer)  ARGV[3] response ms
--- ARGV[4] error message  ARGV[5] max retries  ARGV[6] retry delay ms  ARGV[7] disable after
--- ARGV[8] delivery id  ARGV[9] subscription id
-local now = now_ms()
-local id, sub_id = ARGV[8], ARGV[9]
+-- `A.mode`: 'sent' (an attempt: `A.http_status`, 0 when no HTTP answer came back, and
+-- `A.response_ms`) or 'precheck' (refused before sending). The answer's status is the
+-- delivery's new status.
+local now, now_s = now_ms()
+local id, sub_id = A.delivery_id, A.subscription_id
 -- The claim ends: the subscription has room again, so it is looked at next pass.
-redis.call('ZREM', KEYS[2], id)
-if redis.call('ZREM', KEYS[6], id) == 1 then redis.call('ZADD', KEYS[7], 'LT', now, sub_id) end
-local d = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'subscription_id')
+redis.call('ZREM', K.legacy_queue, id)
+if redis.call('ZREM', K.in_flight, id) == 1 then redis.call('ZADD', K.due_subscriptions, 'LT', now, sub_id) end
+local d = redis.call('HMGET', K.delivery, 'status', 'attempts', 'subscription_id')
 if not d[1] or (d[1] ~= 'PENDING' and d[1] ~= 'RETRYING') then
-  redis.call('ZREM', KEYS[5], id)
-  return {'OK', '[]', d[1] or 'GONE', tostring(now)}
+  redis.call('ZREM', K.queue, id)
+  return ok({}, d[1] or 'GONE', now_s)
 end
 local function finish(status)
-  redis.call('HSET', KEYS[1], 'status', status, 'completed_at_ms', tostring(now))
-  redis.call('HDEL', KEYS[1], 'next_retry_at_ms')
-  redis.call('ZREM', KEYS[5], id)
+  redis.call('HSET', K.delivery, 'status', status, 'completed_at_ms', now_s)
+  redis.call('HDEL', K.delivery, 'next_retry_at_ms')
+  redis.call('ZREM', K.queue, id)
 end
-if ARGV[1] == 'precheck' then
-  redis.call('HSET', KEYS[1], 'error_message', ARGV[4])
+if A.mode == 'precheck' then
+  redis.call('HSET', K.delivery, 'error_message', A.error)
   finish('FAILED')
-  return {'OK', '[]', 'FAILED', tostring(now)}
+  return ok({}, 'FAILED', now_s)
 end
 
 local attempts = tonumber(d[2] or '0') + 1
-local code = tonumber(ARGV[2])
+local code = tonumber(A.http_status)
 if code > 0 then
-  redis.call('HSET', KEYS[1], 'attempts', tostring(attempts), 'response_status', ARGV[2], 'response_time_ms', ARGV[3])
+  redis.call('HSET', K.delivery, 'attempts', tostring(attempts), 'response_status', A.http_status, 'response_time_ms', A.response_ms)
 else -- no HTTP answer: no status and no timing are kept (they would tell the state of a port)
-  redis.call('HSET', KEYS[1], 'attempts', tostring(attempts))
-  redis.call('HDEL', KEYS[1], 'response_status', 'response_time_ms')
+  redis.call('HSET', K.delivery, 'attempts', tostring(attempts))
+  redis.call('HDEL', K.delivery, 'response_status', 'response_time_ms')
 end
-local sub_exists = redis.call('EXISTS', KEYS[3]) == 1
+local sub_exists = redis.call('EXISTS', K.subscription) == 1
 if code >= 200 and code < 300 then
-  redis.call('HDEL', KEYS[1], 'error_message')
+  redis.call('HDEL', K.delivery, 'error_message')
   finish('SUCCESS')
   if sub_exists then
-    redis.call('HSET', KEYS[3], 'consecutive_failures', '0', 'last_triggered_at_ms', tostring(now), 'last_success_at_ms', tostring(now))
+    redis.call('HSET', K.subscription, 'consecutive_failures', '0', 'last_triggered_at_ms', now_s, 'last_success_at_ms', now_s)
   end
-  return {'OK', '[]', 'SUCCESS', tostring(now)}
+  return ok({}, 'SUCCESS', now_s)
 end
-redis.call('HSET', KEYS[1], 'error_message', ARGV[4])
-if attempts <= tonumber(ARGV[5]) then
-  local next_at = now + tonumber(ARGV[6])
-  redis.call('HSET', KEYS[1], 'status', 'RETRYING', 'next_retry_at_ms', tostring(next_at))
-  redis.call('ZADD', KEYS[5], next_at, id)
-  redis.call('ZADD', KEYS[7], 'LT', next_at, sub_id)
-  return {'OK', '[]', 'RETRYING', tostring(now)}
+redis.call('HSET', K.delivery, 'error_message', A.error)
+if attempts <= tonumber(A.max_retries) then
+  local next_at = now + tonumber(A.retry_delay_ms)
+  redis.call('HSET', K.delivery, 'status', 'RETRYING', 'next_retry_at_ms', tostring(next_at))
+  redis.call('ZADD', K.queue, next_at, id)
+  redis.call('ZADD', K.due_subscriptions, 'LT', next_at, sub_id)
+  return ok({}, 'RETRYING', now_s)
 end
 finish('FAILED')
 if sub_exists then
-  local failures = redis.call('HINCRBY', KEYS[3], 'consecutive_failures', 1)
-  redis.call('HSET', KEYS[3], 'last_triggered_at_ms', tostring(now), 'last_failure_at_ms', tostring(now))
-  local s = redis.call('HMGET', KEYS[3], 'status', 'tenant_id')
-  if failures >= tonumber(ARGV[7]) and s[1] == 'ACTIVE' then
-    redis.call('HSET', KEYS[3], 'status', 'DISABLED', 'updated_at_ms', tostring(now))
+  local failures = redis.call('HINCRBY', K.subscription, 'consecutive_failures', 1)
+  redis.call('HSET', K.subscription, 'last_triggered_at_ms', now_s, 'last_failure_at_ms', now_s)
+  local s = redis.call('HMGET', K.subscription, 'status', 'tenant_id')
+  if failures >= tonumber(A.disable_after) and s[1] == 'ACTIVE' then
+    redis.call('HSET', K.subscription, 'status', 'DISABLED', 'updated_at_ms', now_s)
     local ctx = {actor = 'system', correlation_id = 'webhook_auto_disable:' .. d[3] .. ':' .. id}
-    emit(KEYS[4], nil, 'webhook.disabled', s[2], nil, ctx, 'cycles-events', '{"subscription_id":' ..
+    emit(K.events, 'webhook.disabled', s[2], nil, ctx, 'cycles-events', '{"subscription_id":' ..
       cjson.encode(d[3]) .. ',"tenant_id":' .. cjson.encode(s[2]) ..
       ',"previous_status":"ACTIVE","new_status":"DISABLED","changed_fields":[],' ..
       '"disable_reason":"consecutive_failures_exceeded_threshold"}', now)
   end
 end
-return {'OK', '[]', 'FAILED', tostring(now)}
+return ok({}, 'FAILED', now_s)

@@ -1,4 +1,7 @@
--- Shared helpers, prepended to every script at build time (Lua has no imports).
+-- Shared helpers of every script (Lua has no imports): the library holds them once, and a
+-- script run by EVALSHA carries the ones it uses. A generated header opens the library with
+-- the rules and messages the Rust side owns (`RULES`, `MSG`; shared/src/domain.rs), and each
+-- script body starts with its keys and arguments by name (`K`, `A`; its call in shared/src/ops).
 -- Amounts are int64 decimal strings: they never pass through Lua doubles except on the
 -- fast path, where both operands have at most 15 characters and every result is exact.
 
@@ -124,7 +127,20 @@ local function now_ms()
   return now, itoa(now)
 end
 
--- An error reply; `status` overrides the code's usual HTTP status where the spec says so.
+-- The replies every script gives: `ok` (the result, a table or JSON text, with the record's
+-- status where it has one), `replayed` (the stored answer of an earlier identical request), or
+-- `err` (an error code the Rust side knows, a message, optional JSON `details`, and an HTTP
+-- status where it differs from the code's usual one). `now_s` is Redis's clock as digits.
+local function ok(result, status, now_s)
+  if type(result) ~= 'string' then result = cjson.encode(result) end
+  return {'OK', result, status or '', now_s or '0'}
+end
+
+local function replayed(result, status, now_s)
+  if type(result) ~= 'string' then result = cjson.encode(result) end
+  return {'REPLAY', result, status or '', now_s or '0'}
+end
+
 local function err(code, message, details, status)
   return {'ERR', code, message, details or '', status and tostring(status) or ''}
 end
@@ -141,19 +157,20 @@ local function authorize(key_record, digest, accepted, now)
   elseif f[1] ~= digest then reason = 'INVALID_KEY'
   elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
-  if reason then return err('UNAUTHORIZED', 'Invalid or missing API key', reason) end
+  if reason then return err('UNAUTHORIZED', MSG.UNAUTHORIZED, reason) end
   local filter = f[5]
-  if filter == '' then filter = nil end
+  if not filter or filter == '' then filter = nil end
   if accepted == '' then return nil, filter end
   local held = f[4] or ''
   for p in string.gmatch(accepted, '[^,]+') do
     if string.find(held, ',' .. p .. ',', 1, true) then return nil, filter end
   end
-  return err('FORBIDDEN', 'API key lacks the permission this operation requires: ' .. string.match(accepted, '[^,]+'))
+  return err('FORBIDDEN', MSG.PERMISSION_MISSING .. string.match(accepted, '[^,]+'))
 end
 
--- Tenant record: nil when absent (not governed), else its fields; 'MALFORMED' when the
--- status cannot be determined (fail closed with 500).
+-- Tenant record: nil when absent (not governed), else its status and reservation settings
+-- (each at its default where the record has none); 'MALFORMED' when the status cannot be
+-- determined (fail closed with 500).
 local function tenant_record(key)
   local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
     'max_reservation_extensions', 'default_commit_overage_policy')
@@ -162,33 +179,45 @@ local function tenant_record(key)
     return nil
   end
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
-  return { status = f[1], default_ttl = tonumber(f[2]), max_ttl = tonumber(f[3]),
-    max_extensions = tonumber(f[4]), default_policy = f[5] }
+  return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
+    max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY }
 end
 
--- The answer stored under an idempotency record: its replay for the same payload hash, 409 for
--- another payload, nil when the key is new.
-local function replay(record_key, payload_hash, status, now)
+-- The settings a reservation takes from its tenant (the defaults for a tenant without a record).
+local function reservation_settings(tenant)
+  if tenant then return tenant end
+  return { default_ttl = RULES.DEFAULT_TTL_MS, max_ttl = RULES.MAX_TTL_MS, max_extensions = RULES.MAX_EXTENSIONS,
+    default_policy = RULES.DEFAULT_OVERAGE_POLICY }
+end
+
+-- A stored answer in the shape of today's answers: stored results are JSON objects; those
+-- written before were arrays, which `legacy` turns into the object (nil: none are expected).
+local function stored_answer(json, legacy)
+  if legacy and string.sub(json, 1, 1) == '[' then return legacy(cjson.decode(json)) end
+  return json
+end
+
+-- The answer stored under an idempotency record (a hash with `payload_hash` and `result`): its
+-- replay for the same payload hash, 409 for another payload, nil when the key is new.
+local function replay(record_key, payload_hash, status, now_s, legacy)
   local prior = redis.call('HMGET', record_key, 'payload_hash', 'result')
   if not prior[1] then return nil end
-  if prior[1] ~= payload_hash then
-    return err('IDEMPOTENCY_MISMATCH', 'idempotency_key was already used with a different request payload')
-  end
-  return {'REPLAY', prior[2], status, tostring(now)}
+  if prior[1] ~= payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(stored_answer(prior[2], legacy), status, now_s)
 end
 
--- A SUSPENDED tenant may settle what it started but not start new spending (decision D2).
+-- A SUSPENDED tenant may settle what it started but not start new spending.
 local function suspended_guard(tenant)
   if tenant and tenant ~= 'MALFORMED' and tenant.status == 'SUSPENDED' then
-    return err('FORBIDDEN', 'Tenant is suspended; new reservations and spending are not accepted')
+    return err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)
   end
   return nil
 end
 
 -- The closed-tenant guard of the persisting surface (mutations).
 local function tenant_guard(t)
-  if t == 'MALFORMED' then return err('INTERNAL_ERROR', 'Tenant record is malformed; status cannot be determined') end
-  if t and t.status == 'CLOSED' then return err('TENANT_CLOSED', 'Tenant is closed') end
+  if t == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
+  if t and t.status == 'CLOSED' then return err('TENANT_CLOSED', MSG.TENANT_CLOSED) end
   return nil
 end
 
@@ -207,8 +236,8 @@ local function read_budget(key, scope)
   return b
 end
 
--- Charges the actual amount X against holds of E on every budget (protocol.md §1.8, §1.9):
--- X <= E releases the rest; an overage c is capped at what every scope without an overdraft
+-- Charges the actual amount X against holds of E on every budget (the commit math of README's
+-- "Behaviour worth knowing"): X <= E releases the rest; an overage c is capped at what every scope without an overdraft
 -- limit (or, under ALLOW_IF_AVAILABLE, every scope) can cover; under ALLOW_WITH_OVERDRAFT the
 -- unfunded shortfall becomes debt within each positive limit. Checks first, then mutates the
 -- budget tables (nothing is written here). Returns the charged amount, or nil and the scope
@@ -264,7 +293,7 @@ local function resolve_policy(requested, budgets, tenant)
   for i = #budgets, 1, -1 do
     if budgets[i].policy and budgets[i].policy ~= '' then return budgets[i].policy end
   end
-  return (tenant and tenant.default_policy) or 'ALLOW_IF_AVAILABLE'
+  return (tenant and tenant.default_policy) or RULES.DEFAULT_OVERAGE_POLICY
 end
 
 -- Checks that every new value fits int64, then writes all budgets (never half way): only the
@@ -288,21 +317,32 @@ local function write_budgets(budgets, now_s)
   return nil
 end
 
--- The balance snapshot the responses carry: 7 strings per budget, in canonical scope order
--- (the handler knows the scopes and the unit, so replay records do not repeat them).
-local function snapshot(out, budgets)
-  for _, b in ipairs(budgets) do
-    out[#out + 1] = b.allocated; out[#out + 1] = b.remaining; out[#out + 1] = b.reserved
-    out[#out + 1] = b.spent; out[#out + 1] = b.debt; out[#out + 1] = b.overdraft_limit
-    out[#out + 1] = b.over and '1' or '0'
+-- The balances an answer carries: per budget, in canonical scope order, its amounts as
+-- [allocated, remaining, reserved, spent, debt, overdraft_limit, '1' when over the limit]
+-- (the handler knows the scopes and the unit, so stored answers do not repeat them; the Rust
+-- side reads them as `LedgerState`).
+local function balances(budgets)
+  local out = {}
+  for i, b in ipairs(budgets) do
+    out[i] = {b.allocated, b.remaining, b.reserved, b.spent, b.debt, b.overdraft_limit, b.over and '1' or '0'}
   end
   return out
 end
 
-local function read_budgets(keys, first)
+-- Stored answers written before answers were objects kept the balances flat: 7 strings per
+-- budget from `first` on.
+local function legacy_balances(flat, first)
+  local out = {}
+  for i = first, #flat, 7 do
+    out[#out + 1] = {flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], flat[i + 5], flat[i + 6]}
+  end
+  return out
+end
+
+local function read_budgets(keys)
   local budgets = {}
-  for i = first, #keys do
-    local b = read_budget(keys[i])
+  for _, key in ipairs(keys) do
+    local b = read_budget(key)
     if b then budgets[#budgets + 1] = b end
   end
   return budgets
@@ -325,10 +365,32 @@ local function load_record(key)
   return rec
 end
 
--- A reserve replay with the reservation id put back in second place.
-local function with_id(result, rid)
-  local out = {result[1], rid}
-  for i = 2, #result do out[#out + 1] = result[i] end
+-- The answer of a reserve from its stored result (a copy: the caller adds the id). Records
+-- written before answers were objects hold [decision, expires, caps, balances...].
+local function reserve_answer(stored)
+  if stored[1] == nil then
+    local out = {}
+    for k, v in pairs(stored) do out[k] = v end
+    return out
+  end
+  return {decision = stored[1], expires_at_ms = stored[2], caps = (stored[3] ~= '') and stored[3] or nil,
+    balances = legacy_balances(stored, 4)}
+end
+
+-- The answer of a commit or a release: its stored result with the reservation's subject and
+-- unit (the handler derives the balances' scopes from them). Records written before answers
+-- were objects hold [charged, released, balances...] or [released, balances...].
+local function settle_answer(stored, r)
+  local answer = stored
+  if stored[1] ~= nil then
+    if r.status == 'COMMITTED' then
+      answer = {charged = stored[1], released = (stored[2] ~= '') and stored[2] or nil, balances = legacy_balances(stored, 3)}
+    else
+      answer = {released = stored[1], balances = legacy_balances(stored, 2)}
+    end
+  end
+  local out = {subject = r.rec.subject, unit = r.unit}
+  for k, v in pairs(answer) do out[k] = v end
   return out
 end
 
@@ -349,10 +411,9 @@ local function scope_path_of(subject)
 end
 
 -- The request's scope path (its deepest derived scope), from the last "<scope>|<code>"
--- argument the handler passes (ARGV[first_arg..], aligned with KEYS[first_key..]); a subject
--- always has at least one level.
-local function request_scope(first_key, first_arg)
-  return string.match(ARGV[first_arg + #KEYS - first_key], '^(.*)|')
+-- argument the handler passes; a subject always has at least one level.
+local function request_scope(scopes)
+  return string.match(scopes[#scopes], '^(.*)|')
 end
 
 -- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments, as `authorize`
@@ -382,7 +443,7 @@ end
 local function scope_guard(raw, scope)
   local filter = scope_filter(raw)
   if not filter or admits(filter, scope) then return nil end
-  return err('FORBIDDEN', "The API key's scope_filter does not admit scope " .. scope)
+  return err('FORBIDDEN', MSG.SCOPE_NOT_ADMITTED .. scope)
 end
 
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
@@ -432,7 +493,7 @@ end
 -- as the state change that causes it. `data_json` is pre-built JSON (amounts as raw digits).
 -- `ctx` carries the causing request (request_id, trace_id, actor, key_id, tenant); nil for
 -- system work such as the expiry sweep.
-local function emit(events_key, _, event_type, tenant, scope, ctx, source, data_json, now)
+local function emit(events_key, event_type, tenant, scope, ctx, source, data_json, now)
   -- The id names the stream entry and the tenant (evt_<ms>-<seq>.<tenant>), so getEvent finds
   -- an event with one read; the entry id is chosen here (monotonic even if TIME steps back).
   local last = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
@@ -464,13 +525,6 @@ local function emit(events_key, _, event_type, tenant, scope, ctx, source, data_
   else
     redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
   end
-end
-
--- KEYS[first..] as a list (a script's trailing budget keys).
-local function keys_from(first)
-  local out = {}
-  for i = first, #KEYS do out[#out + 1] = KEYS[i] end
-  return out
 end
 
 -- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
@@ -551,23 +605,46 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
     ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
     string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
-  emit(ix.events, 'evt_' .. string.sub(redis.sha1hex(r.rid .. '|expired'), 1, 16), 'reservation.expired',
-    tenant, r.scope_path, nil, 'cycles-expiry', data, now)
+  emit(ix.events, 'reservation.expired', tenant, r.scope_path, nil, 'cycles-expiry', data, now)
   return true
 end
 
--- Reads the budgets of the derived scopes (KEYS[first_key..], with "<scope>|<code>" in
--- ARGV[first_arg..]) and evaluates a hold of `amount` in `unit`, one condition at a time
+-- The opening every script on one reservation (commit, release, extend) shares, in order: the
+-- key check, the record (404), the key's scope filter, the answer to an earlier identical
+-- request (`replay_of(r)` gives it, or nil), the tenant guard, and expiry on touch; then only
+-- an ACTIVE reservation goes on. `K` and `A` are the script's keys and arguments, named alike
+-- in the three. Returns the reservation, or nil and the answer to give.
+local function open_reservation(K, A, now, replay_of)
+  local denied, filter = authorize(K.api_key, A.digest, A.accepted, now)
+  if denied then return nil, denied end
+  local r = read_reservation(K.reservation, A.reservation_id)
+  if not r then return nil, err('NOT_FOUND', MSG.RESERVATION_NOT_FOUND) end
+  denied = filter and scope_guard(filter, r.scope_path)
+  if denied then return nil, denied end
+  local answer = replay_of(r)
+  if answer then return nil, answer end
+  local guard = tenant_guard(tenant_record(K.tenant))
+  if guard then return nil, guard end
+  if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
+  local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index}
+  expire_if_overdue(r, K.budgets, ix, now, tonumber(A.record_ttl_ms))
+  if r.status == 'EXPIRED' then return nil, err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
+  if r.status ~= 'ACTIVE' then return nil, err('RESERVATION_FINALIZED', MSG.RESERVATION_FINALIZED .. r.status) end
+  return r
+end
+
+-- Reads the budgets of the derived scopes (`budget_keys`, with "<scope>|<code>" aligned in
+-- `scopes`) and evaluates a hold of `amount` in `unit`, one condition at a time
 -- across all budgeted scopes: FROZEN, CLOSED, over-limit, debt without overdraft,
 -- insufficient. Returns an evaluation: budgets, scopes, codes of the budgeted scopes, and
 -- either `unit_error` (no budget in this unit, but in another: 400), or `reason` (a denial
 -- reason code, 'BUDGET_NOT_FOUND' included) with `message`.
 local DENIALS = {
-  {'BUDGET_FROZEN', 'Budget is frozen for scope '},
-  {'BUDGET_CLOSED', 'Budget is closed for scope '},
-  {'OVERDRAFT_LIMIT_EXCEEDED', 'Over the overdraft limit on scope '},
-  {'DEBT_OUTSTANDING', 'Outstanding debt on scope '},
-  {'BUDGET_EXCEEDED', 'Insufficient budget on scope '},
+  {'BUDGET_FROZEN', MSG.BUDGET_FROZEN},
+  {'BUDGET_CLOSED', MSG.BUDGET_CLOSED},
+  {'OVERDRAFT_LIMIT_EXCEEDED', MSG.OVER_LIMIT},
+  {'DEBT_OUTSTANDING', MSG.DEBT_OUTSTANDING},
+  {'BUDGET_EXCEEDED', MSG.INSUFFICIENT_BUDGET},
 }
 
 -- The first of DENIALS that holds for budget b, as an index; nil when b admits the hold.
@@ -582,13 +659,13 @@ end
 
 -- The budgets of the derived scopes in `unit`; `unit_error` / `reason = 'BUDGET_NOT_FOUND'`
 -- when no derived scope has one.
-local function scoped_budgets(units_key, first_key, first_arg, unit)
+local function scoped_budgets(units_key, budget_keys, scope_args, unit)
   local budgets, scopes, codes = {}, {}, {}
   local e = {budgets = budgets, scopes = scopes, codes = codes}
-  for i = first_key, #KEYS do
-    local scope, code = string.match(ARGV[i - first_key + first_arg], '^(.*)|(.*)$')
+  for i, key in ipairs(budget_keys) do
+    local scope, code = string.match(scope_args[i], '^(.*)|(.*)$')
     scopes[#scopes + 1] = scope
-    local b = read_budget(KEYS[i], scope)
+    local b = read_budget(key, scope)
     if b then
       budgets[#budgets + 1] = b
       codes[#codes + 1] = code
@@ -607,13 +684,13 @@ local function scoped_budgets(units_key, first_key, first_arg, unit)
       end
     end
     e.reason = 'BUDGET_NOT_FOUND'
-    e.message = 'Budget not found for provided scope: ' .. scopes[#scopes]
+    e.message = MSG.BUDGET_NOT_FOUND .. scopes[#scopes]
   end
   return e
 end
 
-local function evaluate(units_key, first_key, first_arg, unit, amount)
-  local e = scoped_budgets(units_key, first_key, first_arg, unit)
+local function evaluate(units_key, budget_keys, scope_args, unit, amount)
+  local e = scoped_budgets(units_key, budget_keys, scope_args, unit)
   if e.unit_error or e.reason then return e end
   -- One condition at a time across all scopes: the earliest condition wins, then the
   -- shallowest scope.
@@ -647,27 +724,26 @@ end
 
 -- Budget events on real transitions of the budgets a script just wrote: remaining reached 0
 -- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered), debt grew
--- (budget.debt_incurred, with `reservation_id` when a commit caused it). Ids are derived from
--- the request id, so the same request never produces an event twice.
+-- (budget.debt_incurred, with `reservation_id` when a commit caused it). They are written only
+-- by the script that makes the change, never on a replay, so a request never writes one twice.
 local function budget_events(events_key, budgets, ctx, now, unit, reservation_id, policy)
   if not ctx then return end
   for _, b in ipairs(budgets) do
     local scope = cjson.encode(b.scope)
-    local function id(kind) return 'evt_' .. string.sub(redis.sha1hex(ctx.request_id .. '|' .. b.scope .. '|' .. kind), 1, 16) end
     if d_pos(b.before.remaining) and b.remaining == '0' then
       local used = d_add(b.spent, b.reserved)
-      emit(events_key, id('exhausted'), 'budget.exhausted', ctx.tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.exhausted', ctx.tenant, b.scope, ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
         ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
         ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
     end
     if b.over and not b.before.over then
-      emit(events_key, id('over_limit'), 'budget.over_limit_entered', ctx.tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.over_limit_entered', ctx.tenant, b.scope, ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
         b.overdraft_limit .. ',"is_over_limit":true,"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
     end
     if d_cmp(b.debt, b.before.debt) > 0 then
-      emit(events_key, id('debt'), 'budget.debt_incurred', ctx.tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.debt_incurred', ctx.tenant, b.scope, ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '"' ..
         (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
         ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..
@@ -705,12 +781,6 @@ local function csv_json(csv)
   return '[' .. table.concat(out, ',') .. ']'
 end
 
--- Event id for an admin mutation: derived from the request, so a script retried for the same
--- request never writes the same event twice.
-local function admin_event_id(ctx, kind, resource)
-  return 'evt_' .. string.sub(redis.sha1hex((ctx and ctx.request_id or '') .. '|' .. kind .. '|' .. resource), 1, 24)
-end
-
 -- Appends an audit entry (append-only list in the tenant's slot) for an admin mutation.
 local function audit(key, ctx, action, resource_type, resource_id, now, details)
   local entry = { timestamp_ms = now, action = action, resource_type = resource_type, resource_id = resource_id,
@@ -720,13 +790,13 @@ local function audit(key, ctx, action, resource_type, resource_id, now, details)
   redis.call('RPUSH', key, cjson.encode(entry))
 end
 
--- The owning tenant of an admin mutation: TENANT_CLOSED for a closed one (Rule 2), 500 for a
+-- The owning tenant of an admin mutation: TENANT_CLOSED for a closed one, 500 for a
 -- malformed record; `missing` is the error for an unknown tenant.
 local function owner_guard(tenant_key, missing)
   local t = tenant_record(tenant_key)
-  if t == 'MALFORMED' then return nil, err('INTERNAL_ERROR', 'Tenant record is malformed; status cannot be determined') end
+  if t == 'MALFORMED' then return nil, err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
   if not t then return nil, missing end
-  if t.status == 'CLOSED' then return nil, err('TENANT_CLOSED', 'Tenant is closed') end
+  if t.status == 'CLOSED' then return nil, err('TENANT_CLOSED', MSG.TENANT_CLOSED) end
   return t, nil
 end
 
@@ -748,7 +818,7 @@ end
 local function over_limit_events(events_key, ctx, b, tenant, now)
   if b.over == b.before.over then return end
   local kind = b.over and 'budget.over_limit_entered' or 'budget.over_limit_exited'
-  emit(events_key, admin_event_id(ctx, kind, b.key), kind, tenant, b.scope, ctx, 'cycles-admin',
+  emit(events_key, kind, tenant, b.scope, ctx, 'cycles-admin',
     '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt ..
     ',"overdraft_limit":' .. b.overdraft_limit .. ',"is_over_limit":' .. tostring(b.over) .. '}', now)
 end

@@ -5,16 +5,13 @@
 -- descending, equal values by token ascending, the spec's tie-break in both directions: group by
 -- group, one more read per group). The reply context carries the key's scope filter (JSON
 -- array or ''): the handler leaves out rows outside it.
--- KEYS[1] api key record (for admin-key calls any key of the slot, unchecked)  KEYS[2] the index
--- ARGV[1] key digest ('' for admin)  ARGV[2] accepted permissions  ARGV[3] order  ARGV[4] count
--- ARGV[5..] per range: low bound, high bound (ZRANGE BYLEX syntax), position ('' = from the
--- start; else the last member served)
--- Reply result: per range, a JSON array of members.
-local now = now_ms()
-local denied, filter = authorize(KEYS[1], ARGV[1], ARGV[2], now)
+-- `A.ranges` holds per range: its low bound, its high bound (ZRANGE BYLEX syntax) and a position
+-- ('' = from the start; else the last member served). The answer holds per range its members.
+local now, now_s = now_ms()
+local denied, filter = authorize(K.auth, A.digest, A.accepted, now)
 if denied then return denied end
-local order, count = ARGV[3], tonumber(ARGV[4])
-local index = KEYS[2]
+local order, count = A.order, tonumber(A.count)
+local index = K.index
 
 local function range(lo, hi, pos)
   if order == 'asc' then
@@ -57,9 +54,8 @@ local function range(lo, hi, pos)
   return out
 end
 
-local result = {}
-for i = 5, #ARGV, 3 do
-  local members = range(ARGV[i], ARGV[i + 1], ARGV[i + 2])
-  result[#result + 1] = (#members == 0) and '[]' or cjson.encode(members)
+local ranges = {}
+for i = 1, #A.ranges, 3 do
+  ranges[#ranges + 1] = range(A.ranges[i], A.ranges[i + 1], A.ranges[i + 2])
 end
-return {'OK', cjson.encode(result), '', tostring(now), filter or ''}
+return ok({ranges = ranges, scope_filter = filter}, '', now_s)

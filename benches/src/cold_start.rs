@@ -54,7 +54,7 @@ async fn runtime_api(event: Value, seen: Arc<Mutex<Seen>>) -> (u16, tokio::task:
                                 // one invocation only: park the function
                                 tokio::time::sleep(Duration::from_secs(3600)).await;
                             }
-                            let deadline = cycles_shared::maintenance::now_ms() + 10_000;
+                            let deadline = cycles_shared::domain::now_ms() + 10_000;
                             Response::builder()
                                 .header("lambda-runtime-aws-request-id", "bench-1")
                                 .header("lambda-runtime-deadline-ms", deadline.to_string())

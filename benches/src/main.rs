@@ -14,7 +14,7 @@ mod soak;
 
 use cycles_shared::model::Unit;
 use cycles_shared::provision::NewBudget;
-use cycles_shared::store::scripts;
+use cycles_shared::store::PING;
 use cycles_tests::{json, Harness, Tenant};
 use serde_json::Value;
 
@@ -364,9 +364,9 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     fill(h, &t, "exp", n, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let started = Instant::now();
-    let mut report = cycles_shared::maintenance::SweepReport::default();
-    let opts = cycles_shared::maintenance::SweepOptions::default();
-    cycles_shared::maintenance::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
+    let mut report = cycles_shared::jobs::sweep::SweepReport::default();
+    let opts = cycles_shared::jobs::sweep::SweepOptions::default();
+    cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
     let secs = started.elapsed().as_secs_f64();
     assert_eq!(report.expired, n as u64);
     json!({"finished_reservations": n, "memory_bytes_per_finished_reservation": per_reservation,
@@ -393,8 +393,8 @@ async fn redis_ms(h: &Harness) -> f64 {
 async fn sweep_at_scale(o: &Opts) -> Value {
     let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
     let h = &Harness::start_on(redis.url(), Some(redis)).await;
+    use cycles_shared::jobs::sweep::{sweep, SweepOptions};
     use cycles_shared::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY};
-    use cycles_shared::maintenance::{sweep, SweepOptions};
     for chunk in (0..o.idle_tenants).collect::<Vec<_>>().chunks(5000) {
         let mut p = redis::pipe();
         for i in chunk {
@@ -531,7 +531,7 @@ async fn main() {
             Box::new(move |_| {
                 Box::pin(async move {
                     let mut c = h.store.conn();
-                    scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut c).await.is_ok()
+                    PING.key("cy:{floor}:x").invoke_async::<i64>(&mut c).await.is_ok()
                 })
             }),
         ),

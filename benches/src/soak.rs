@@ -31,7 +31,7 @@ pub async fn run(h: Arc<Harness>, seconds: u64) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let sweeper = {
         let (store, opts, interval) = (h.store.clone(), config.sweep_options(), config.sweep_interval);
-        tokio::spawn(async move { cycles_shared::maintenance::sweep_loop(&store, &opts, interval, None).await })
+        tokio::spawn(async move { cycles_shared::jobs::sweep::sweep_loop(&store, &opts, interval, None).await })
     };
     let clients: Vec<_> = (0..16u64)
         .map(|c| {

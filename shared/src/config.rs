@@ -29,6 +29,32 @@ pub struct Config {
     pub webhooks: WebhookConfig,
 }
 
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// Reservations per script call.
+    pub batch: usize,
+    /// Stop a tenant after this many batches (None = until its due work is done).
+    pub max_batches_per_tenant: Option<usize>,
+    /// Retention of finished reservation records.
+    pub retention: Duration,
+    /// Retention of events.
+    pub event_retention: Duration,
+    /// Tenants the retention crawl visits per pass.
+    pub trim_tenants: usize,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        SweepOptions {
+            batch: 200,
+            max_batches_per_tenant: None,
+            retention: Duration::from_secs(30 * 86_400),
+            event_retention: Duration::from_secs(90 * 86_400),
+            trim_tenants: 200,
+        }
+    }
+}
+
 /// Outbound webhooks: the secret-encryption key, the SSRF guard and the dispatcher's pace.
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
@@ -131,8 +157,8 @@ impl Config {
         Ok(Config::from_env(default_redis_url))
     }
 
-    pub fn sweep_options(&self) -> crate::maintenance::SweepOptions {
-        crate::maintenance::SweepOptions {
+    pub fn sweep_options(&self) -> SweepOptions {
+        SweepOptions {
             batch: self.sweep_batch,
             max_batches_per_tenant: None,
             retention: self.retention,

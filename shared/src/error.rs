@@ -125,7 +125,9 @@ impl ErrorCode {
     }
 }
 
-/// An error answer: code, human message and optional `details`.
+/// An error answer: code, human message and optional `details`. Two channels share it: client
+/// errors (4xx, the message says what to change) and internal faults (500, the message says
+/// whether a retry can help; `cause` carries what went wrong for the log, never to the caller).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub code: ErrorCode,
@@ -134,11 +136,22 @@ pub struct ApiError {
     /// Set where the spec declares another status for this code (e.g. 400 TENANT_NOT_FOUND
     /// on createApiKey and createBudget).
     pub status: Option<u16>,
+    /// What the server log records about this error (logged once, when the answer is sent).
+    pub cause: Option<String>,
 }
+
+/// The answer to a store that cannot be reached: a retry with the same idempotency key is safe.
+pub const STORE_UNAVAILABLE: &str = "The budget store is unavailable; retry with the same idempotency_key";
+/// The answer to an internal fault a retry cannot mend (its cause is in the server log).
+pub const INTERNAL_FAULT: &str = "Internal error; the server log records its cause";
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None, status: None }
+        Self { code, message: message.into(), details: None, status: None, cause: None }
+    }
+    /// An internal fault: a corrupt record, a script that raised, a malformed reply.
+    pub fn fault(cause: impl Into<String>) -> Self {
+        Self { cause: Some(cause.into()), ..Self::new(ErrorCode::InternalError, INTERNAL_FAULT) }
     }
     pub fn with_status(mut self, status: u16) -> Self {
         self.status = Some(status);
@@ -183,10 +196,24 @@ impl ApiError {
 }
 
 impl From<redis::RedisError> for ApiError {
+    /// A store that cannot be reached (a retry may go through) or one that refused the command
+    /// (an error raised inside a script, say: a retry meets the same refusal). Store internals
+    /// go to the log, never to the caller.
     fn from(e: redis::RedisError) -> Self {
-        tracing::error!(error = %e, "redis failure");
-        // Never echo store internals to callers; the log carries them.
-        Self::internal("The budget store is unavailable; retry with the same idempotency_key")
+        let unreachable = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_cluster_error()
+            || matches!(
+                e.code(),
+                Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "BUSY" | "MASTERDOWN" | "OOM" | "READONLY" | "MISCONF")
+            );
+        if unreachable {
+            Self { cause: Some(format!("redis unavailable: {e}")), ..Self::internal(STORE_UNAVAILABLE) }
+        } else {
+            Self::fault(format!("redis refused: {e}"))
+        }
     }
 }
 

@@ -41,7 +41,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
         async move {
             let deadline = deadline_of(&event.context);
             let total =
-                crate::maintenance::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
+                crate::jobs::sweep::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
                     .await;
             total.log("maintenance invocation done");
             crate::metrics::emit(
@@ -67,7 +67,7 @@ pub async fn run_delivery() -> Result<(), lambda_http::Error> {
     crate::metrics::enable();
     let config = crate::config::Config::load(None).await?;
     let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
-    let dispatcher = Arc::new(crate::webhooks::Dispatcher::new(store, config.webhooks.clone()));
+    let dispatcher = Arc::new(crate::jobs::dispatch::Dispatcher::new(store, config.webhooks.clone()));
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let dispatcher = dispatcher.clone();
         async move {

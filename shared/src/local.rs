@@ -20,7 +20,6 @@ use tokio::process::{Child, Command};
 
 use crate::api::{self, ApiRequest, ApiResponse, App, Plane};
 use crate::error::ApiError;
-use crate::store::scripts;
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -86,7 +85,7 @@ async fn floor(app: &App, req: &ApiRequest) -> Option<Response<Full<Bytes>>> {
         "/_floor/http" => "{}".to_string(),
         "/_floor/redis" => {
             let mut conn = app.store.conn();
-            match scripts::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut conn).await {
+            match crate::store::PING.key("cy:{floor}:x").invoke_async::<i64>(&mut conn).await {
                 Ok(v) => format!("{{\"ok\":{v}}}"),
                 Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
             }

@@ -130,12 +130,12 @@ async fn run(args: Args) -> Result<(), String> {
     if args.seed_demo {
         seed_demo(&app, &base, &admin_base).await?;
     }
-    let dispatcher = Arc::new(crate::webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone()));
+    let dispatcher = Arc::new(crate::jobs::dispatch::Dispatcher::new(app.store.clone(), app.config.webhooks.clone()));
     tokio::spawn(dispatcher.clone().run_loop(dispatcher.config.interval, None));
     let sweeper = app.clone();
     tokio::spawn(async move {
         let opts = sweeper.config.sweep_options();
-        crate::maintenance::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
+        crate::jobs::sweep::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
     });
     eprintln!("cycles-local serving the runtime API on {base} and the operator API on {admin_base} (Redis: {url}); Ctrl-C stops it");
     let admin_app = app.clone();

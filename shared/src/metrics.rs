@@ -42,7 +42,7 @@ pub fn record(dimensions: &[(&str, &str)], metrics: &[(&str, f64)], timestamp_ms
 /// Prints one EMF line when enabled.
 pub fn emit(dimensions: &[(&str, &str)], metrics: &[(&str, f64)]) {
     if ENABLED.load(Ordering::Relaxed) {
-        println!("{}", record(dimensions, metrics, crate::maintenance::now_ms()));
+        println!("{}", record(dimensions, metrics, crate::domain::now_ms()));
     }
 }
 

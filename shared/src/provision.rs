@@ -7,51 +7,9 @@ use serde_json::Value;
 use crate::api::api_keys::{self, ApiKeyCreateRequest};
 use crate::api::budgets::{self, BudgetCreateRequest};
 use crate::api::tenants::{self, TenantCreateRequest};
-use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::error::{ApiResult, ErrorCode};
 use crate::model::{Amount, OveragePolicy, Unit};
 use crate::store::Store;
-
-const LEVELS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "toolset"];
-
-/// Tenant ids follow the governance spec: `^[a-z0-9-]+$`, 3 to 64 characters.
-pub fn validate_tenant_id(id: &str) -> ApiResult<()> {
-    let ok =
-        (3..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid("tenant_id must match ^[a-z0-9-]+$ and be 3 to 64 characters"))
-    }
-}
-
-/// A budget scope: `tenant:<id>` first, then canonical levels in strictly increasing order,
-/// values of `[a-z0-9._-]` (stored lower-case, as the runtime derives them).
-pub fn validate_scope(scope: &str, tenant_id: &str) -> ApiResult<String> {
-    let scope = scope.to_ascii_lowercase();
-    let bad = |why: &str| ApiError::invalid(format!("scope {scope:?} is invalid: {why}"));
-    let mut last_level = None;
-    for (i, segment) in scope.split('/').enumerate() {
-        let (level, value) = segment.split_once(':').ok_or_else(|| bad("segments are level:value"))?;
-        let rank = LEVELS.iter().position(|l| *l == level).ok_or_else(|| bad("unknown level"))?;
-        if i == 0 && level != "tenant" {
-            return Err(bad("the first segment must be tenant:<id>"));
-        }
-        if i == 0 && value != tenant_id {
-            return Err(bad("the tenant segment must name the budget's tenant"));
-        }
-        if last_level.is_some_and(|l| rank <= l) {
-            return Err(bad("levels must follow tenant > workspace > app > workflow > agent > toolset"));
-        }
-        let value_ok = !value.is_empty()
-            && value.len() <= 128
-            && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        if !value_ok {
-            return Err(bad("values must match ^[a-z0-9_.-]+$ and be at most 128 characters"));
-        }
-        last_level = Some(rank);
-    }
-    Ok(scope)
-}
 
 /// The script context of provisioning done outside an HTTP request (seeding, tests, benches).
 fn system_context() -> String {
@@ -173,7 +131,7 @@ pub async fn create_budget(store: &Store, b: &NewBudget) -> ApiResult<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::domain::{validate_scope, validate_tenant_id};
 
     #[test]
     fn scopes_follow_the_grammar() {

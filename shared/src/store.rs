@@ -1,7 +1,8 @@
 //! The Redis store: one connection type over standalone and cluster deployments, and the
-//! script runner every operation goes through: FCALL of the operation's function in the
-//! Cycles library (loaded on "Function not found"), or EVALSHA of the script where the server
-//! has no Redis Functions (NOSCRIPT -> load and retry).
+//! script runner every operation goes through: FCALL of the operation's function in its
+//! library (loaded on "Function not found"), or EVALSHA of the script where the server has no
+//! Redis Functions (NOSCRIPT -> load and retry). Scripts are declared by their callers (`ops`):
+//! this module knows their contract (`Script`, `Call`), not their meaning.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -10,7 +11,8 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
@@ -159,31 +161,36 @@ impl Store {
         self.conn.clone()
     }
 
-    /// Runs one script (one round trip when warm) and decodes its reply.
-    pub async fn run(&self, script: &scripts::Lua, keys: &[String], args: &[String]) -> ApiResult<Reply> {
-        Reply::decode(self.call(script, keys, args).await?)
+    /// Runs one typed script call (one round trip when warm) and decodes its reply.
+    pub async fn run<C: Call>(&self, call: C) -> ApiResult<Reply<C::Reply>> {
+        let (keys, args) = call.into_parts();
+        let raw = self.call(C::library(), &C::SCRIPT, &keys, &args).await?;
+        Reply::decode(C::SCRIPT.name, raw)
     }
 
-    /// Runs one script and hands back its raw reply: FCALL of its function in the library
+    /// Runs one script and hands back its raw reply: FCALL of its function in `library`
     /// (loading the library where it is missing), else EVALSHA.
     pub async fn call(
         &self,
-        script: &scripts::Lua,
+        library: &Library,
+        script: &Script,
         keys: &[String],
         args: &[String],
     ) -> redis::RedisResult<Vec<String>> {
         if self.functions.usable() {
             let mut fcall = redis::cmd("FCALL");
-            fcall.arg(&script.function).arg(keys.len()).arg(keys).arg(args);
+            fcall.arg(library.function(script)).arg(keys.len()).arg(keys).arg(args);
             let call = |mut conn: Conn| {
                 let fcall = &fcall;
                 async move { fcall.query_async::<Vec<String>>(&mut conn).await }
             };
             match self.patiently(call).await {
-                Err(e) if function_missing(&e) && self.load_library().await => match self.patiently(call).await {
-                    Err(e) if function_missing(&e) => {} // a node that lost it again: EVALSHA this once
-                    answer => return answer,
-                },
+                Err(e) if function_missing(&e) && self.load_library(library).await => {
+                    match self.patiently(call).await {
+                        Err(e) if function_missing(&e) => {} // a node that lost it again: EVALSHA this once
+                        answer => return answer,
+                    }
+                }
                 Err(e) if function_missing(&e) => {}
                 Err(e) if functions_refused(&e) => self.functions.failed(&e, true),
                 answer => {
@@ -192,7 +199,7 @@ impl Store {
                 }
             }
         }
-        let mut inv = script.script().prepare_invoke();
+        let mut inv = library.evalsha(script).prepare_invoke();
         for k in keys {
             inv.key(k);
         }
@@ -203,11 +210,11 @@ impl Store {
         self.patiently(|mut conn| async move { inv.invoke_async::<Vec<String>>(&mut conn).await }).await
     }
 
-    /// Loads the Cycles library (on every master of a cluster). False when it is not there
-    /// afterwards; a refusal makes the scripts run by EVALSHA until the next retry.
-    async fn load_library(&self) -> bool {
+    /// Loads a library (on every master of a cluster). False when it is not there afterwards;
+    /// a refusal makes the scripts run by EVALSHA until the next retry.
+    async fn load_library(&self, library: &Library) -> bool {
         let loaded: redis::RedisResult<Value> =
-            redis::cmd("FUNCTION").arg("LOAD").arg(&scripts::LIBRARY.code).query_async(&mut self.conn()).await;
+            redis::cmd("FUNCTION").arg("LOAD").arg(&library.code).query_async(&mut self.conn()).await;
         match loaded {
             Ok(_) => true,
             // Another container loaded it first (on some or all masters).
@@ -268,211 +275,190 @@ fn slot_in_motion(e: &redis::RedisError) -> bool {
     matches!(e.code(), Some("TRYAGAIN" | "ASK" | "MOVED" | "CLUSTERDOWN"))
 }
 
-/// What a script answered: its stored result (a JSON array of strings) plus the record's
-/// current status and the server time, or an error. A reserve may instead answer status
-/// `RECLAIM` with the ids of overdue reservations to expire before it is retried.
+/// What a script answered: its result (JSON, decoded into the call's reply type), the
+/// record's status where it has one, Redis's clock, and whether it is a replay of an earlier
+/// answer. Scripts answer `{'OK'|'REPLAY', result json, status, now}` or
+/// `{'ERR', code, message, details, http status}` (`lua/lib.lua`: `ok`, `replayed`, `err`).
 #[derive(Debug, Clone)]
-pub struct Reply {
-    pub result: Vec<String>,
+pub struct Reply<T> {
+    pub value: T,
     pub status: String,
     pub now_ms: i64,
     pub replay: bool,
-    /// Further values some scripts return (commit/release: the reservation's subject and unit).
-    pub context: Vec<String>,
 }
 
-impl Reply {
-    fn decode(mut parts: Vec<String>) -> ApiResult<Reply> {
-        let bad = || ApiError::internal("Malformed reply from the budget store");
-        match parts.first().map(String::as_str) {
+impl<T: DeserializeOwned> Reply<T> {
+    fn decode(script: &str, parts: Vec<String>) -> ApiResult<Reply<T>> {
+        let malformed = |why: &str| ApiError::fault(format!("the {script} script answered malformed ({why})"));
+        let mut parts = parts.into_iter();
+        match parts.next().as_deref() {
             Some("ERR") => {
-                let code = parts.get(1).and_then(|c| ErrorCode::parse(c));
-                let message = parts.get(2).cloned().unwrap_or_default();
-                let extra = parts.get(3).cloned().unwrap_or_default();
-                let Some(code) = code else {
-                    return Err(ApiError::internal(message));
-                };
+                let (code, message) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+                let (details, status) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+                let Some(code) = ErrorCode::parse(&code) else { return Err(ApiError::fault(message)) };
                 let mut e = ApiError::new(code, message);
-                e.status = parts.get(4).and_then(|s| s.parse().ok());
+                e.status = status.parse().ok();
                 if code == ErrorCode::Unauthorized {
-                    tracing::info!(reason = %extra, "api key rejected");
-                } else if !extra.is_empty() {
-                    e.details = serde_json::from_str(&extra).ok();
+                    // the reason is for the log only: every key failure answers alike
+                    e.cause = Some(format!("api key rejected: {details}"));
+                } else if !details.is_empty() {
+                    e.details = serde_json::from_str(&details).ok();
                 }
                 Err(e)
             }
-            Some(tag @ ("OK" | "REPLAY" | "RECLAIM")) if parts.len() >= 4 => {
+            Some(tag @ ("OK" | "REPLAY")) => {
                 let replay = tag == "REPLAY";
-                let now_ms = parts[3].parse().map_err(|_| bad())?;
-                let status = if tag == "RECLAIM" { tag.to_string() } else { std::mem::take(&mut parts[2]) };
-                let result = serde_json::from_str(&parts[1]).map_err(|_| bad())?;
-                let context = parts.split_off(4);
-                Ok(Reply { result, status, now_ms, replay, context })
+                let result = parts.next().ok_or_else(|| malformed("no result"))?;
+                let value = serde_json::from_str(&result).map_err(|e| malformed(&e.to_string()))?;
+                let status = parts.next().unwrap_or_default();
+                let now_ms = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                Ok(Reply { value, status, now_ms, replay })
             }
-            _ => Err(bad()),
+            _ => Err(malformed("no tag")),
         }
     }
 }
 
-/// The Lua scripts: one per atomic operation, sharing the helpers of `lua/lib.lua`.
-pub mod scripts {
-    use super::*;
+/// One script's contract with its Lua body: its keys and arguments by name, in the order the
+/// call passes them; a name ending in `..` takes all the rest as a list. The library gives the
+/// body these names as the tables `K` and `A` (`K.tenant`, `A.digest`, `K.budgets[1]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Script {
+    pub name: &'static str,
+    pub body: &'static str,
+    pub keys: &'static [&'static str],
+    pub args: &'static [&'static str],
+    /// Registered `no-writes`: it keeps working while Redis refuses writes for memory.
+    pub read_only: bool,
+}
 
-    const LIB: &str = include_str!("../../lua/lib.lua");
-
-    /// One operation's script. `Store::run` calls it as the function `function` of the
-    /// library, or by EVALSHA of its own text (the helpers it needs, then its body), which is
-    /// linked only on a server without Functions.
-    pub struct Lua {
-        pub function: String,
-        body: &'static str,
-        script: std::sync::OnceLock<Script>,
-    }
-
-    impl Lua {
-        fn new(name: &str) -> Lua {
-            let body = SOURCES.iter().find(|(n, _)| *n == name).expect("a listed script").1;
-            Lua { function: format!("{name}_{}", LIBRARY.version), body, script: Default::default() }
+impl Script {
+    /// The Lua that names the keys and arguments (`keys`/`args` are the call's arrays).
+    fn prologue(&self, keys: &str, args: &str) -> String {
+        fn table(names: &[&str], from: &str) -> String {
+            let fields: Vec<String> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| match n.strip_suffix("..") {
+                    Some(list) => format!("{list} = {{unpack({from}, {})}}", i + 1),
+                    None => format!("{n} = {from}[{}]", i + 1),
+                })
+                .collect();
+            format!("{{{}}}", fields.join(", "))
         }
-
-        /// The EVALSHA form.
-        pub fn script(&self) -> &Script {
-            self.script.get_or_init(|| Script::new(&link(LIB, self.body)))
-        }
+        format!("local K = {}\nlocal A = {}\n", table(self.keys, keys), table(self.args, args))
     }
+}
 
-    /// The Redis Functions library: the helpers once, then every script as a function. Loaded
-    /// once per server, it spares each call the helpers' definitions that EVALSHA re-runs
-    /// (about a tenth of a reserve's instructions in Redis). Names carry a hash of the code,
-    /// so containers of two deployments never call each other's version.
-    pub struct Library {
-        pub version: String,
-        pub code: String,
-    }
+/// A typed call of one script: its arguments by name, and the type its result decodes into.
+pub trait Call: Sized {
+    const SCRIPT: Script;
+    type Reply: DeserializeOwned;
+    /// The library the script belongs to.
+    fn library() -> &'static Library;
+    /// Keys and arguments in the order of `SCRIPT.keys` and `SCRIPT.args`.
+    fn into_parts(self) -> (Vec<String>, Vec<String>);
+}
 
-    pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+/// A Redis Functions library: shared helpers once, then every script as a function. Loaded
+/// once per server, it spares each call the helpers' definitions that EVALSHA re-runs (about a
+/// tenth of a reserve's instructions in Redis). Names carry a hash of the code, so containers of
+/// two deployments never call each other's version. Where a server has no Functions, each
+/// script runs by EVALSHA of its own text (the helpers it uses, its prologue, its body).
+pub struct Library {
+    pub name: String,
+    pub version: String,
+    pub code: String,
+    helpers: String,
+    evalsha: std::sync::Mutex<std::collections::HashMap<&'static str, &'static redis::Script>>,
+}
+
+impl Library {
+    /// `helpers` is Lua of top-level `local` definitions shared by every script (a generated
+    /// header of constants may open it).
+    pub fn new(name: &str, helpers: String, scripts: &[Script]) -> Library {
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
-        hash.update(LIB);
-        for (name, body) in SOURCES {
-            hash.update(name);
-            hash.update(body);
+        hash.update(&helpers);
+        for s in scripts {
+            hash.update(s.name);
+            hash.update(s.keys.join(","));
+            hash.update(s.args.join(","));
+            hash.update(s.body);
         }
         let version = hex::encode(&hash.finalize()[..6]);
-        // Helpers refer to KEYS and ARGV; in a library those are the upvalues each function
-        // sets from its arguments (functions have no such globals).
-        let mut code = format!("#!lua name=cycles_{version}\nlocal KEYS, ARGV\n{LIB}\n");
-        for (name, body) in SOURCES {
+        let mut code = format!("#!lua name={name}_{version}\n{helpers}\n");
+        for s in scripts {
             // Read-only functions carry `no-writes`, so they keep running while Redis refuses
             // writes for memory (functions without flags are refused outright then).
-            let flags = if READ_ONLY.contains(name) { "{'no-writes'}" } else { "{}" };
+            let flags = if s.read_only { "{'no-writes'}" } else { "{}" };
             code.push_str(&format!(
-                "redis.register_function{{function_name='{name}_{version}', flags={flags}, \
-                 callback=function(keys, args)\nKEYS, ARGV = keys, args\n{body}\nend}}\n"
+                "redis.register_function{{function_name='{}_{version}', flags={flags}, \
+                 callback=function(keys, args)\n{}{}\nend}}\n",
+                s.name,
+                s.prologue("keys", "args"),
+                s.body
             ));
         }
-        Library { version, code }
-    });
-
-    /// `body` preceded by the helpers of `lib` it uses, directly or through other helpers, in
-    /// their original order. Redis runs a script's whole text on every call, so each script
-    /// carries only what it needs. A helper is a top-level `local` definition of `lib`.
-    pub fn link(lib: &str, body: &str) -> String {
-        let mut items: Vec<(Vec<&str>, String)> = Vec::new();
-        for line in lib.lines() {
-            if let Some(def) = line.strip_prefix("local ") {
-                let names = def.strip_prefix("function ").unwrap_or(def);
-                let names = names.split(['=', '(']).next().unwrap_or_default();
-                items.push((names.split(',').map(str::trim).collect(), String::new()));
-            }
-            if let Some((_, text)) = items.last_mut() {
-                text.push_str(line);
-                text.push('\n');
-            }
-        }
-        let mut needed = identifiers(body);
-        let mut kept = vec![false; items.len()];
-        while let Some(i) = (0..items.len()).find(|&i| !kept[i] && items[i].0.iter().any(|n| needed.contains(n))) {
-            kept[i] = true;
-            needed.extend(identifiers(&items[i].1));
-        }
-        let mut out: String = items.iter().zip(&kept).filter(|(_, k)| **k).map(|(item, _)| item.1.as_str()).collect();
-        out.push_str(body);
-        out
+        Library { name: name.to_string(), version, code, helpers, evalsha: Default::default() }
     }
 
-    /// The identifiers a piece of Lua mentions outside comments.
-    fn identifiers(code: &str) -> std::collections::HashSet<&str> {
-        code.lines()
-            .map(|l| l.split("--").next().unwrap_or_default())
-            .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
-            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
-            .collect()
+    pub fn function(&self, script: &Script) -> String {
+        format!("{}_{}", script.name, self.version)
     }
 
-    /// Declares each script and lists it for the library.
-    macro_rules! scripts {
-        ($($name:ident = $file:literal;)*) => {
-            const SOURCES: &[(&str, &str)] = &[$(($file, include_str!(concat!("../../lua/", $file, ".lua")))),*];
-            $(pub static $name: LazyLock<Lua> = LazyLock::new(|| Lua::new($file));)*
-        };
+    /// The EVALSHA form of a script, linked the first time a server without Functions needs it.
+    fn evalsha(&self, script: &Script) -> &'static redis::Script {
+        let mut cache = self.evalsha.lock().expect("script cache");
+        cache.entry(script.name).or_insert_with(|| {
+            let body = format!("{}{}", script.prologue("KEYS", "ARGV"), script.body);
+            Box::leak(Box::new(redis::Script::new(&link(&self.helpers, &body))))
+        })
     }
-
-    /// The scripts that never write (registered `no-writes`).
-    const READ_ONLY: [&str; 8] = [
-        "get_reservation",
-        "balances",
-        "read_budgets",
-        "list",
-        "read_records",
-        "read_metadata",
-        "authenticate",
-        "read_hashes",
-    ];
-
-    scripts! {
-        HEALTH = "health";
-        RESERVE = "reserve";
-        COMMIT = "commit";
-        RELEASE = "release";
-        EXTEND = "extend";
-        GET_RESERVATION = "get_reservation";
-        PROVISION = "provision";
-        EVALUATE = "evaluate";
-        EXPIRE = "expire";
-        SWEEP_SCHEDULE = "sweep_schedule";
-        TRIM = "trim";
-        EVENT = "event";
-        BALANCES = "balances";
-        READ_BUDGETS = "read_budgets";
-        LIST = "list";
-        READ_RECORDS = "read_records";
-        READ_METADATA = "read_metadata";
-        LIST_BACKFILL = "list_backfill";
-        AUTHENTICATE = "authenticate";
-        TENANT_CREATE = "tenant_create";
-        TENANT_UPDATE = "tenant_update";
-        TENANT_CASCADE = "tenant_cascade";
-        API_KEY_CREATE = "api_key_create";
-        API_KEY_UPDATE = "api_key_update";
-        BUDGET_CREATE = "budget_create";
-        BUDGET_UPDATE = "budget_update";
-        BUDGET_FUND = "budget_fund";
-        READ_HASHES = "read_hashes";
-        WEBHOOK_WRITE = "webhook_write";
-        DELIVERY_ENQUEUE = "delivery_enqueue";
-        DELIVERY_CLAIM = "delivery_claim";
-        DELIVERY_RECORD = "delivery_record";
-        SYSTEM_EVENT = "system_event";
-    }
-
-    /// The trivial script of the benchmark floors.
-    pub static PING: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 }
+
+/// `body` preceded by the helpers of `lib` it uses, directly or through other helpers, in
+/// their original order. Redis runs a script's whole text on every call, so each script
+/// carries only what it needs. A helper is a top-level `local` definition of `lib`.
+pub fn link(lib: &str, body: &str) -> String {
+    let mut items: Vec<(Vec<&str>, String)> = Vec::new();
+    for line in lib.lines() {
+        if let Some(def) = line.strip_prefix("local ") {
+            let names = def.strip_prefix("function ").unwrap_or(def);
+            let names = names.split(['=', '(']).next().unwrap_or_default();
+            items.push((names.split(',').map(str::trim).collect(), String::new()));
+        }
+        if let Some((_, text)) = items.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    let mut needed = identifiers(body);
+    let mut kept = vec![false; items.len()];
+    while let Some(i) = (0..items.len()).find(|&i| !kept[i] && items[i].0.iter().any(|n| needed.contains(n))) {
+        kept[i] = true;
+        needed.extend(identifiers(&items[i].1));
+    }
+    let mut out: String = items.iter().zip(&kept).filter(|(_, k)| **k).map(|(item, _)| item.1.as_str()).collect();
+    out.push_str(body);
+    out
+}
+
+/// The identifiers a piece of Lua mentions outside comments.
+fn identifiers(code: &str) -> std::collections::HashSet<&str> {
+    code.lines()
+        .map(|l| l.split("--").next().unwrap_or_default())
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
+        .collect()
+}
+
+/// The trivial script of the benchmark floors.
+pub static PING: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new("return 1"));
 
 #[cfg(test)]
 mod tests {
-    use super::scripts::link;
+    use super::*;
 
     const LIB: &str = "-- header\nlocal A, B = 1, 2\n\n-- uses A\nlocal function f(x)\n  return x + A\nend\n\
                        local function unused() return 0 end\nlocal T = {\n  g = function() return f(1) end,\n}\n";
@@ -486,5 +472,14 @@ mod tests {
     #[test]
     fn link_ignores_names_in_comments() {
         assert_eq!(link(LIB, "-- unused f\nreturn B"), "local A, B = 1, 2\n\n-- uses A\n-- unused f\nreturn B");
+    }
+
+    #[test]
+    fn prologues_name_keys_and_arguments() {
+        let s = Script { name: "x", body: "", keys: &["tenant", "budgets.."], args: &["digest"], read_only: false };
+        assert_eq!(
+            s.prologue("KEYS", "ARGV"),
+            "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
+        );
     }
 }

@@ -24,7 +24,7 @@ pub mod receiver;
 
 pub struct Harness {
     /// The webhook dispatcher, driven explicitly by the tests (`deliver`).
-    pub dispatcher: Arc<cycles_shared::webhooks::Dispatcher>,
+    pub dispatcher: Arc<cycles_shared::jobs::dispatch::Dispatcher>,
     /// The runtime plane.
     pub base: String,
     /// The operator plane (tenants, keys, budgets, admin balances).
@@ -270,7 +270,7 @@ impl Harness {
             (bases, None)
         };
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
-        let dispatcher = Arc::new(cycles_shared::webhooks::Dispatcher::new(store.clone(), webhooks));
+        let dispatcher = Arc::new(cycles_shared::jobs::dispatch::Dispatcher::new(store.clone(), webhooks));
         Harness {
             dispatcher,
             base,
@@ -363,7 +363,7 @@ impl Harness {
     }
 
     /// One dispatcher pass over the given tenants (and the system-wide subscriptions).
-    pub async fn deliver(&self, tenants: &[&str]) -> cycles_shared::webhooks::DeliveryReport {
+    pub async fn deliver(&self, tenants: &[&str]) -> cycles_shared::jobs::dispatch::DeliveryReport {
         let tenants: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
         self.dispatcher.pass_tenants(&tenants).await.expect("dispatcher pass")
     }

@@ -219,7 +219,7 @@ async fn closing_cascades_once_and_guards_every_mutation() {
 
 #[tokio::test]
 async fn an_interrupted_close_is_converged_by_the_sweep() {
-    use cycles_shared::api::tenants::{redrive_closes, CLOSING};
+    use cycles_shared::ops::tenants::{redrive_closes, CLOSING};
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     h.reserve_ok(&t, 100, json!({})).await;

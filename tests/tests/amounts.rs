@@ -6,8 +6,6 @@ use cycles_tests::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const LIB: &str = include_str!("../../lua/lib.lua");
-
 /// For each pair: d_add, d_sub, d_cmp, d_pos(a), d_fits(a), d_min, d_max.
 const BODY: &str = "
 local out = {}
@@ -69,7 +67,7 @@ async fn decimal_arithmetic_is_exact_across_the_fast_path_boundary() {
     }
     for chunk in pairs.chunks(100) {
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(format!("{LIB}\n{BODY}")).arg(0);
+        cmd.arg(format!("{}\n{BODY}", cycles_shared::ops::helpers())).arg(0);
         for (a, b) in chunk {
             cmd.arg(a.to_string()).arg(b.to_string());
         }

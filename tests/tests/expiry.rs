@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cycles_shared::jobs::sweep::{sweep, sweep_tenant, SweepOptions, SweepReport};
 use cycles_shared::keys::TenantKeys;
-use cycles_shared::maintenance::{sweep, sweep_tenant, SweepOptions, SweepReport};
 use cycles_shared::model::Unit;
 use cycles_tests::*;
 use redis::AsyncCommands;
@@ -230,7 +230,7 @@ async fn retention_removes_history_and_keeps_live_records() {
 #[tokio::test]
 async fn grace_boundary_is_inclusive() {
     let h = Harness::start().await;
-    let lib = include_str!("../../lua/lib.lua");
+    let lib = cycles_shared::ops::helpers();
     let probe = r#"
 local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace = 500,
   scope_path = 'tenant:x', unit = 'TOKENS', created_at = 0, extensions = 0, rec = {}}
@@ -263,7 +263,7 @@ async fn the_sweep_loop_works_until_its_deadline() {
     h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     let started = Instant::now();
     let deadline = started + Duration::from_millis(2500);
-    let total = cycles_shared::maintenance::sweep_loop(
+    let total = cycles_shared::jobs::sweep::sweep_loop(
         &h.store,
         &SweepOptions::default(),
         Duration::from_millis(200),

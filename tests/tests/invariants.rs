@@ -163,9 +163,9 @@ async fn run_case(h: Arc<Harness>, c: Case) {
     }
     // expiry: let the short holds lapse, then sweep
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let mut report = cycles_shared::maintenance::SweepReport::default();
-    let opts = cycles_shared::maintenance::SweepOptions::default();
-    cycles_shared::maintenance::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
+    let mut report = cycles_shared::jobs::sweep::SweepReport::default();
+    let opts = cycles_shared::jobs::sweep::SweepOptions::default();
+    cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
 
     // the store's view of which reservations are still ACTIVE
     let r = h.get(&t.key, "/v1/reservations?status=ACTIVE&limit=200").await;

@@ -12,7 +12,7 @@ async fn another_tenants_objects_are_out_of_reach() {
     let b_root = format!("tenant:{}", b.id);
     let rid = h.reserve_ok(&b, 10, json!({})).await;
     // A's key with every permission a tenant key can hold
-    let all: Vec<String> = cycles_shared::domain::ALL_PERMISSIONS.iter().map(|p| p.to_string()).collect();
+    let all: Vec<String> = cycles_shared::domain::Permission::ALL.iter().map(|p| p.as_str().to_string()).collect();
     let strong = h.key(&a.id, Some(all)).await;
     let wh = h
         .admin(

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cycles_shared::egress::EgressRules;
+use cycles_shared::jobs::dispatch::Dispatcher;
 use cycles_shared::keys::TenantKeys;
-use cycles_shared::webhooks::{Dispatcher, UNREACHABLE};
+use cycles_shared::webhooks::UNREACHABLE;
 use cycles_tests::*;
 use redis::AsyncCommands;
 

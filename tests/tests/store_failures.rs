@@ -171,7 +171,7 @@ async fn a_flushed_function_library_is_loaded_again() {
     let l = h.ledger(&t.id, &format!("tenant:{}", t.id), cycles_shared::model::Unit::Tokens).await;
     assert_eq!((l.spent, l.reserved), (7, 0));
     let libraries: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut h.store.conn()).await.unwrap();
-    let wanted = format!("cycles_{}", cycles_shared::store::scripts::LIBRARY.version);
+    let wanted = format!("cycles_{}", cycles_shared::ops::LIBRARY.version);
     assert!(format!("{libraries:?}").contains(&wanted), "{wanted} loaded again: {libraries:?}");
 }
 

@@ -257,9 +257,9 @@ async fn runtime_events_reach_subscribers_too() {
     assert_eq!(h.post(&t.key, "/v1/decide", &body).await.assert_ok()["decision"], "DENY");
     h.reserve_ok(&t, 5, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let mut report = cycles_shared::maintenance::SweepReport::default();
-    let opts = cycles_shared::maintenance::SweepOptions::default();
-    cycles_shared::maintenance::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
+    let mut report = cycles_shared::jobs::sweep::SweepReport::default();
+    let opts = cycles_shared::jobs::sweep::SweepOptions::default();
+    cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.unwrap();
     let got = rx
         .wait_for(2, FAST, || async {
             h.deliver(&[&t.id]).await;

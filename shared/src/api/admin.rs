@@ -8,46 +8,14 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::auth::Principal;
+pub use super::auth::{Caller, Grant, TenantKey};
 use super::{parse_limit, parse_query, ApiRequest, App, Ctx};
-use crate::domain::{format_rfc3339_ms, scope_admitted};
+pub use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::TenantKeys;
-use crate::store::scripts;
-
-/// A caller of the operator plane.
-pub enum Caller {
-    Admin,
-    Tenant(TenantKey),
-}
-
-/// A verified tenant key: its tenant, permissions and scope filter.
-pub struct TenantKey {
-    pub tenant: String,
-    pub key_id: String,
-    pub permissions: Vec<String>,
-    pub scope_filter: Vec<String>,
-    pub tenant_status: String,
-}
-
-impl TenantKey {
-    /// 403 FORBIDDEN when the key's scope filter does not admit `scope`.
-    pub fn check_scope(&self, scope: &str) -> ApiResult<()> {
-        if scope_admitted(&self.scope_filter, scope) {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden(format!("The API key's scope_filter does not admit scope {scope}")))
-        }
-    }
-
-    /// Tenant-key writes of a suspended tenant are refused (decision D2).
-    pub fn check_not_suspended(&self) -> ApiResult<()> {
-        if self.tenant_status == "SUSPENDED" {
-            return Err(ApiError::new(ErrorCode::TenantSuspended, "Tenant is suspended"));
-        }
-        Ok(())
-    }
-}
+pub use crate::ops::records::{
+    csv_list, field, int_field, json_field, read_records, record_from_json, time_field, Record,
+};
 
 /// Admin-key-only operations: anything else is 401.
 pub async fn require_admin(app: &App, req: &ApiRequest) -> ApiResult<()> {
@@ -58,42 +26,54 @@ pub async fn require_admin(app: &App, req: &ApiRequest) -> ApiResult<()> {
 }
 
 /// Operations open to both credentials: the admin key wins when present; a tenant key must
-/// hold one of `accepted` (comma-separated; '' = any valid key), else 403
+/// hold `permission` (or a wildcard that covers it; `None`: any valid key), else 403
 /// INSUFFICIENT_PERMISSIONS.
-pub async fn dual_auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, accepted: &str) -> ApiResult<Caller> {
-    auth(app, ctx, req, accepted, true).await
+pub async fn dual_auth(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    permission: Option<Permission>,
+) -> ApiResult<Caller> {
+    auth(app, ctx, req, permission, true).await
 }
 
 /// Tenant-key-only operations (the admin key is not honoured: 401 without a tenant key).
-pub async fn tenant_auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, accepted: &str) -> ApiResult<TenantKey> {
-    match auth(app, ctx, req, accepted, false).await? {
+pub async fn tenant_auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, permission: Permission) -> ApiResult<TenantKey> {
+    match auth(app, ctx, req, Some(permission), false).await? {
         Caller::Tenant(k) => Ok(k),
         Caller::Admin => Err(ApiError::unauthorized("This operation requires X-Cycles-API-Key")),
     }
 }
 
-async fn auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, accepted: &str, admin: bool) -> ApiResult<Caller> {
-    let caller = match app.authenticate(&req.headers, admin).await? {
-        Principal::Admin => return Ok(Caller::Admin),
-        Principal::Tenant(c) => c,
+async fn auth(
+    app: &App,
+    ctx: &mut Ctx,
+    req: &ApiRequest,
+    permission: Option<Permission>,
+    admin: bool,
+) -> ApiResult<Caller> {
+    let mut key = match app.authenticate(&req.headers, admin).await? {
+        Caller::Admin => return Ok(Caller::Admin),
+        Caller::Tenant(k) => k,
     };
-    let keys = TenantKeys::new(&caller.tenant);
-    let args = [caller.digest.clone(), accepted.to_string()];
-    let reply = app.store.run(&scripts::AUTHENTICATE, &[keys.api_key(&caller.key_id), keys.tenant()], &args).await;
-    let reply = reply.map_err(|e| match e.code {
+    let keys = TenantKeys::new(&key.tenant);
+    let check = crate::ops::auth::Authenticate {
+        api_key: keys.api_key(&key.key_id),
+        tenant: vec![keys.tenant()],
+        digest: key.digest.clone(),
+        accepted: permission.map(Permission::accepted).unwrap_or_default().to_string(),
+    };
+    let reply = app.store.run(check).await.map_err(|e| match e.code {
         ErrorCode::Forbidden => ApiError::new(ErrorCode::InsufficientPermissions, e.message),
         _ => e,
     })?;
-    ctx.tenant = Some(caller.tenant.clone());
-    let permissions = reply.context.first().map(|p| csv_list(p)).unwrap_or_default();
-    let scope_filter = reply.context.get(1).and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
-    Ok(Caller::Tenant(TenantKey {
-        tenant: caller.tenant,
-        key_id: caller.key_id,
-        permissions,
-        scope_filter,
+    ctx.tenant = Some(key.tenant.clone());
+    key.grant = Some(Grant {
+        scope_filter: reply.value.scope_filter(),
+        permissions: reply.value.permissions,
         tenant_status: reply.status,
-    }))
+    });
+    Ok(Caller::Tenant(key))
 }
 
 /// The request context a script writes into events and audit rows.
@@ -159,7 +139,7 @@ pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
         ),
     ];
     const ALWAYS_ADMIN: [&str; 3] = ["manage_tenants", "manage_api_keys", "view_reservations"];
-    let caller = dual_auth(app, ctx, req, "").await?;
+    let caller = dual_auth(app, ctx, req, None).await?;
     let mut caps = serde_json::Map::new();
     for name in VIEWS.iter().chain(ALWAYS_ADMIN.iter()).chain(DERIVED.iter().map(|(n, _)| n)) {
         let on = match &caller {
@@ -167,7 +147,7 @@ pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
             Caller::Tenant(k) => DERIVED
                 .iter()
                 .find(|(n, _)| n == name)
-                .is_some_and(|(_, perms)| perms.iter().any(|p| k.permissions.iter().any(|h| h == p))),
+                .is_some_and(|(_, perms)| perms.iter().any(|p| k.permissions().iter().any(|h| h == p))),
         };
         caps.insert(name.to_string(), json!(on));
     }
@@ -176,61 +156,15 @@ pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
             json!({"authenticated": true, "auth_type": "admin", "permissions": ["*"], "capabilities": caps})
         }
         Caller::Tenant(k) => {
-            let mut b = json!({"authenticated": true, "auth_type": "tenant", "permissions": k.permissions,
+            let mut b = json!({"authenticated": true, "auth_type": "tenant", "permissions": k.permissions(),
                 "capabilities": caps, "tenant_id": k.tenant});
-            if !k.scope_filter.is_empty() {
-                b["scope_filter"] = json!(k.scope_filter);
+            if !k.scope_filter().is_empty() {
+                b["scope_filter"] = json!(k.scope_filter());
             }
             b
         }
     };
     Ok(super::Answer::json(200, &body))
-}
-
-/// ",a,b," -> ["a", "b"].
-pub fn csv_list(s: &str) -> Vec<String> {
-    s.split(',').filter(|p| !p.is_empty()).map(String::from).collect()
-}
-
-/// A stored hash record (field -> string).
-pub type Record = HashMap<String, String>;
-
-/// Decodes the record a script hands back as a JSON object of strings.
-pub fn record_from_json(s: &str) -> ApiResult<Record> {
-    serde_json::from_str(s).map_err(|_| ApiError::internal("Malformed record in the store"))
-}
-
-pub fn field<'a>(r: &'a Record, name: &str) -> Option<&'a str> {
-    r.get(name).map(String::as_str).filter(|v| !v.is_empty())
-}
-
-pub fn int_field(r: &Record, name: &str) -> Option<i64> {
-    field(r, name).and_then(|v| v.parse().ok())
-}
-
-/// An `*_at_ms` field as an RFC 3339 timestamp.
-pub fn time_field(r: &Record, name: &str) -> Option<String> {
-    int_field(r, &format!("{name}_ms")).map(format_rfc3339_ms)
-}
-
-/// A stored JSON field (metadata and the like).
-pub fn json_field(r: &Record, name: &str) -> Option<Value> {
-    field(r, name).and_then(|v| serde_json::from_str(v).ok())
-}
-
-/// Reads hash records of one tenant (one round trip per 500); absent ones are skipped.
-pub async fn read_records(store: &crate::store::Store, keys: &[String]) -> ApiResult<Vec<Record>> {
-    let mut out = Vec::with_capacity(keys.len());
-    for chunk in keys.chunks(500) {
-        let reply = store.run(&scripts::READ_HASHES, chunk, &[]).await?;
-        for s in &reply.context {
-            let r = record_from_json(s)?;
-            if !r.is_empty() {
-                out.push(r);
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// The query of a listing: filters stay in `params`; paging and ordering are parsed here.

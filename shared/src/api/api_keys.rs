@@ -10,12 +10,12 @@ use serde_json::{json, Map, Value};
 use super::admin::*;
 use super::auth::key_digest;
 use super::{Answer, ApiRequest, App, Ctx, Params};
-use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, ALL_PERMISSIONS, DEFAULT_PERMISSIONS};
+use crate::domain::{format_rfc3339_ms, messages, now_ms, parse_rfc3339_ms, DEFAULT_PERMISSIONS};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{self, TenantKeys};
-use crate::maintenance::now_ms;
 use crate::model::parse_json;
-use crate::store::{scripts, Store};
+use crate::ops::auth::{CreateApiKey, UpdateApiKey};
+use crate::store::Store;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -58,7 +58,7 @@ pub struct CreatedKey {
 }
 
 fn check_permissions(p: &[String]) -> ApiResult<String> {
-    if let Some(bad) = p.iter().find(|p| !ALL_PERMISSIONS.contains(&p.as_str())) {
+    if let Some(bad) = p.iter().find(|p| Permission::parse(p).is_none()) {
         return Err(ApiError::invalid(format!("permissions: unknown permission {bad:?}")));
     }
     Ok(format!(",{},", p.join(",")))
@@ -131,7 +131,7 @@ pub async fn create_api_key(
 ) -> ApiResult<CreatedKey> {
     check_texts(Some(&r.name), r.description.as_deref())?;
     let permissions =
-        r.permissions.clone().unwrap_or_else(|| DEFAULT_PERMISSIONS.iter().map(|p| p.to_string()).collect());
+        r.permissions.clone().unwrap_or_else(|| DEFAULT_PERMISSIONS.iter().map(|p| p.as_str().to_string()).collect());
     let permissions = check_permissions(&permissions)?;
     let scope_filter = check_scope_filter(r.scope_filter.as_deref().unwrap_or_default())?;
     let expires_at_ms = match &r.expires_at {
@@ -169,19 +169,26 @@ pub async fn create_api_key(
         fields["metadata"] = json!(Value::Object(m.clone()).to_string());
     }
     let keys = TenantKeys::new(&r.tenant_id);
-    let script_keys = [keys.tenant(), keys.api_key(&key_id), keys.api_key_index(), keys.events(), keys.audit_log()];
-    let reply = store.run(&scripts::API_KEY_CREATE, &script_keys, &[context.to_string(), fields.to_string()]).await?;
+    let call = CreateApiKey {
+        tenant: keys.tenant(),
+        api_key: keys.api_key(&key_id),
+        api_key_index: keys.api_key_index(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: context.to_string(),
+        fields: fields.to_string(),
+    };
+    let record = store.run(call).await?.value.0;
     // The global lookup is written last: a key becomes usable only once its record exists.
     let _: () = store.conn().set(keys::key_lookup(&key_id), &r.tenant_id).await?;
-    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
     Ok(CreatedKey { key_id, secret, record })
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let (r, _) = parse_json::<ApiKeyCreateRequest>(&req.body)?;
-    if crate::provision::validate_tenant_id(&r.tenant_id).is_err() {
-        return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, "Tenant not found").with_status(400));
+    if crate::domain::validate_tenant_id(&r.tenant_id).is_err() {
+        return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, messages::TENANT_NOT_FOUND).with_status(400));
     }
     ctx.tenant = Some(r.tenant_id.clone());
     let created =
@@ -205,17 +212,23 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 /// The owning tenant of a key id (404 when unknown).
 async fn owner(app: &App, key_id: &str) -> ApiResult<String> {
     let tenant: Option<String> = app.store.conn().get(keys::key_lookup(key_id)).await?;
-    tenant.ok_or_else(|| ApiError::not_found("API key not found"))
+    tenant.ok_or_else(|| ApiError::not_found(messages::API_KEY_NOT_FOUND))
 }
 
 async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<Answer> {
     let tenant = owner(app, key_id).await?;
     ctx.tenant = Some(tenant.clone());
     let keys = TenantKeys::new(&tenant);
-    let script_keys = [keys.tenant(), keys.api_key(key_id), keys.events(), keys.audit_log()];
-    let args = [script_context(ctx, &Caller::Admin, false, None), mode.to_string(), arg];
-    let reply = app.store.run(&scripts::API_KEY_UPDATE, &script_keys, &args).await?;
-    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+    let call = UpdateApiKey {
+        tenant: keys.tenant(),
+        api_key: keys.api_key(key_id),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: script_context(ctx, &Caller::Admin, false, None),
+        mode: mode.to_string(),
+        change: arg,
+    };
+    let record = app.store.run(call).await?.value.0;
     Ok(Answer::json(200, &api_key_json(&record)))
 }
 

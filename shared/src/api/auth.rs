@@ -10,6 +10,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::App;
+use crate::domain::messages;
 use crate::error::{ApiError, ApiResult};
 use crate::keys;
 
@@ -17,23 +18,65 @@ pub const API_KEY_HEADER: &str = "x-cycles-api-key";
 pub const ADMIN_KEY_HEADER: &str = "x-admin-api-key";
 const KEY_ID_LEN: usize = 16;
 
-/// Who is calling.
+/// Who is calling, on either plane.
 #[derive(Debug, Clone)]
-pub enum Principal {
-    Tenant(TenantCaller),
+pub enum Caller {
     Admin,
+    Tenant(TenantKey),
 }
 
-/// A tenant key whose tenant is known; its digest is verified by the operation's script.
+/// A presented tenant key whose tenant is known. Its digest is checked inside the operation's
+/// script on the runtime plane; on the operator plane a key check comes first and fills
+/// `grant` with what the key may do.
 #[derive(Debug, Clone)]
-pub struct TenantCaller {
+pub struct TenantKey {
     pub tenant: String,
     pub key_id: String,
     pub digest: String,
+    pub grant: Option<Grant>,
 }
 
-fn unauthorized() -> ApiError {
-    ApiError::unauthorized("Invalid or missing API key")
+/// What a checked key may do (the operator plane's key check).
+#[derive(Debug, Clone, Default)]
+pub struct Grant {
+    pub permissions: Vec<String>,
+    pub scope_filter: Vec<String>,
+    pub tenant_status: String,
+}
+
+impl TenantKey {
+    fn grant(&self) -> Grant {
+        self.grant.clone().unwrap_or_default()
+    }
+
+    pub fn permissions(&self) -> Vec<String> {
+        self.grant().permissions
+    }
+
+    pub fn scope_filter(&self) -> Vec<String> {
+        self.grant().scope_filter
+    }
+
+    /// 403 FORBIDDEN when the key's scope filter does not admit `scope`.
+    pub fn check_scope(&self, scope: &str) -> ApiResult<()> {
+        if crate::domain::scope_admitted(&self.scope_filter(), scope) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!("{}{scope}", messages::SCOPE_NOT_ADMITTED)))
+        }
+    }
+
+    /// Tenant-key writes of a suspended tenant are refused.
+    pub fn check_not_suspended(&self) -> ApiResult<()> {
+        if self.grant().tenant_status == "SUSPENDED" {
+            return Err(ApiError::new(crate::error::ErrorCode::TenantSuspended, "Tenant is suspended"));
+        }
+        Ok(())
+    }
+}
+
+pub fn unauthorized() -> ApiError {
+    ApiError::unauthorized(messages::UNAUTHORIZED)
 }
 
 /// Splits `cyc_live_<16 chars key id>_<secret>` (or `cyc_test_...`) into its key id.
@@ -58,14 +101,14 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 impl App {
     /// Authenticates a request. `admin_allowed` marks the routes where `X-Admin-API-Key` is
     /// honoured (it then takes precedence; elsewhere it is ignored).
-    pub async fn authenticate(&self, headers: &HeaderMap, admin_allowed: bool) -> ApiResult<Principal> {
+    pub async fn authenticate(&self, headers: &HeaderMap, admin_allowed: bool) -> ApiResult<Caller> {
         if admin_allowed {
             if let Some(given) = headers.get(ADMIN_KEY_HEADER) {
                 let Some(expected) = &self.config.admin_api_key else {
                     return Err(ApiError::internal("Admin API key is not configured on this server"));
                 };
                 return if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
-                    Ok(Principal::Admin)
+                    Ok(Caller::Admin)
                 } else {
                     Err(ApiError::unauthorized("Invalid admin API key"))
                 };
@@ -74,10 +117,11 @@ impl App {
         let key = header(headers, API_KEY_HEADER).ok_or_else(unauthorized)?;
         let key_id = key_id_of(key).ok_or_else(unauthorized)?;
         let tenant = self.tenant_of_key(key_id).await?.ok_or_else(unauthorized)?;
-        Ok(Principal::Tenant(TenantCaller {
+        Ok(Caller::Tenant(TenantKey {
             tenant,
             key_id: key_id.to_string(),
             digest: key_digest(&self.config.key_pepper, key),
+            grant: None,
         }))
     }
 

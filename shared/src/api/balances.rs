@@ -4,13 +4,13 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
-use super::auth::Principal;
+use super::auth::Caller;
 use super::{parse_limit, parse_query, query_bool, Answer, ApiRequest, App, Ctx};
-use crate::domain::{leaf_segment, Permission};
+use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{digest, TenantKeys};
-use crate::model::{Amount, Balance, Unit};
-use crate::store::scripts;
+use crate::model::{Balance, Unit};
+use crate::ops::ledgers::{ListLedgers, MaybeLedger, ReadLedgers};
 
 const FILTERS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "toolset"];
 
@@ -42,8 +42,8 @@ fn decode_cursor(cursor: &str, filters: &str) -> ApiResult<(String, String)> {
 
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = match app.authenticate(&req.headers, false).await? {
-        Principal::Tenant(c) => c,
-        Principal::Admin => return Err(ApiError::unauthorized("Invalid or missing API key")),
+        Caller::Tenant(c) => c,
+        Caller::Admin => return Err(super::auth::unauthorized()),
     };
     ctx.tenant = Some(caller.tenant.clone());
     let query = parse_query(&req.query)?;
@@ -65,13 +65,19 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     let filter_key = segments.join("/");
 
     let keys = TenantKeys::new(&caller.tenant);
-    let args = [caller.digest.clone(), Permission::BalancesRead.accepted().to_string()];
-    let listed = app.store.run(&scripts::BALANCES, &[keys.api_key(&caller.key_id), keys.scope_units()], &args).await?;
+    let listed = ListLedgers {
+        api_key: keys.api_key(&caller.key_id),
+        scope_units: keys.scope_units(),
+        digest: caller.digest.clone(),
+        accepted: Permission::BalancesRead.accepted().to_string(),
+    };
+    let listed = app.store.run(listed).await?.value.ledgers;
     let mut ledgers: Vec<(String, Unit)> = listed
-        .result
-        .chunks(2)
-        .filter(|pair| pair.len() == 2 && segments.iter().all(|s| pair[0].split('/').any(|seg| seg == s)))
-        .flat_map(|pair| pair[1].split(',').filter_map(Unit::parse).map(|u| (pair[0].clone(), u)).collect::<Vec<_>>())
+        .into_iter()
+        .filter(|(scope, _)| segments.iter().all(|s| scope.split('/').any(|seg| seg == s)))
+        .flat_map(|(scope, units)| {
+            units.split(',').filter_map(Unit::parse).map(|u| (scope.clone(), u)).collect::<Vec<_>>()
+        })
         .collect();
     ledgers.sort_by(|a, b| (a.0.as_str(), a.1.as_str()).cmp(&(b.0.as_str(), b.1.as_str())));
     if let Some(cursor) = query.get("cursor").filter(|c| !c.is_empty()) {
@@ -81,34 +87,15 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     let has_more = ledgers.len() > limit;
     ledgers.truncate(limit);
 
-    let budget_keys: Vec<String> = ledgers.iter().map(|(s, u)| keys.budget(s, *u)).collect();
-    let snapshot = if budget_keys.is_empty() {
-        Vec::new()
-    } else {
-        app.store.run(&scripts::READ_BUDGETS, &budget_keys, &[]).await?.result
-    };
+    let budgets: Vec<String> = ledgers.iter().map(|(s, u)| keys.budget(s, *u)).collect();
+    let states =
+        if budgets.is_empty() { Vec::new() } else { app.store.run(ReadLedgers { budgets }).await?.value.ledgers };
     let mut balances = Vec::with_capacity(ledgers.len());
-    for ((scope, unit), values) in ledgers.iter().zip(snapshot.chunks(7)) {
-        if values.iter().all(String::is_empty) {
-            continue; // removed between the two reads
+    for ((scope, unit), state) in ledgers.iter().zip(states) {
+        // a ledger removed between the two reads is left out
+        if let MaybeLedger::Present(state) = state {
+            balances.push(state.balance(scope, *unit)?);
         }
-        let amount = |s: &str| {
-            s.parse::<i64>()
-                .map(|amount| Amount { unit: *unit, amount })
-                .map_err(|_| ApiError::internal("Malformed ledger"))
-        };
-        let optional = |s: &str| amount(s).map(|a| (a.amount != 0).then_some(a));
-        balances.push(Balance {
-            scope: leaf_segment(scope).to_string(),
-            scope_path: scope.clone(),
-            allocated: Some(amount(&values[0])?),
-            remaining: amount(&values[1])?,
-            reserved: Some(amount(&values[2])?),
-            spent: Some(amount(&values[3])?),
-            debt: optional(&values[4])?,
-            overdraft_limit: optional(&values[5])?,
-            is_over_limit: (values[6] == "1").then_some(true),
-        });
     }
     let next_cursor = match (has_more, ledgers.last()) {
         (true, Some((scope, unit))) => Some(encode_cursor(scope, unit.as_str(), &filter_key)),

@@ -9,14 +9,14 @@ use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::{query_bool, Answer, ApiRequest, App, Ctx};
-use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash};
+use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash, rules};
+use crate::domain::{validate_scope, validate_tenant_id};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::{self, TenantKeys};
 use crate::model::{parse_json, Amount, OveragePolicy, Unit};
-use crate::provision::{validate_scope, validate_tenant_id};
-use crate::store::{scripts, Store};
-
-const FUND_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
+use crate::ops::ledgers::{CreateBudget, FundBudget, UpdateBudget};
+use crate::ops::maintenance::register_tenant;
+use crate::store::Store;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -188,15 +188,23 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
         f["caps"] = json!(c.to_string());
     }
     let keys = TenantKeys::new(tenant);
-    let script_keys = [keys.tenant(), keys.budget(&scope, r.unit), keys.scope_units(), keys.events(), keys.audit_log()];
-    let reply = store.run(&scripts::BUDGET_CREATE, &script_keys, &[context.to_string(), f.to_string()]).await?;
+    let call = CreateBudget {
+        tenant: keys.tenant(),
+        budget: keys.budget(&scope, r.unit),
+        scope_units: keys.scope_units(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: context.to_string(),
+        fields: f.to_string(),
+    };
+    let record = store.run(call).await?.value.0;
     // Tenants with budgets are what the expiry sweep visits.
-    crate::maintenance::register_tenant(store, tenant).await?;
-    record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))
+    register_tenant(store, tenant).await?;
+    Ok(record)
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write,admin:budgets:write").await?;
+    let caller = dual_auth(app, ctx, req, Some(Permission::BudgetsWrite)).await?;
     let (r, _) = parse_json::<BudgetCreateRequest>(&req.body)?;
     let tenant = match (&caller, &r.tenant_id) {
         (Caller::Admin, Some(t)) => {
@@ -239,11 +247,11 @@ fn scope_tenant(scope: &str) -> ApiResult<String> {
 }
 
 fn budget_not_found() -> ApiError {
-    ApiError::new(ErrorCode::BudgetNotFound, "Budget not found")
+    ApiError::new(ErrorCode::BudgetNotFound, crate::domain::messages::BUDGET_MISSING)
 }
 
 pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read,admin:budgets:read").await?;
+    let caller = dual_auth(app, ctx, req, Some(Permission::BudgetsRead)).await?;
     let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let tenant = scope_tenant(&scope)?;
     if let Caller::Tenant(k) = &caller {
@@ -290,7 +298,7 @@ fn parse_ratio(q: &ListQuery, name: &str) -> ApiResult<Option<f64>> {
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:read,admin:read,admin:budgets:read").await?;
+    let caller = dual_auth(app, ctx, req, Some(Permission::BudgetsRead)).await?;
     let q = ListQuery::parse(
         req,
         &["utilization", "tenant_id", "scope", "unit", "status", "commit_overage_policy", "debt"],
@@ -329,7 +337,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
                 && umax.is_none_or(|m| u <= m)
                 && q.matches_search(&[&tenant, &scope])
                 && match &caller {
-                    Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter, &scope),
+                    Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter(), &scope),
                     Caller::Admin => true,
                 };
             if !keep {
@@ -352,7 +360,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
 
 /// The admin-plane `GET /v1/balances`: the key's tenant's ledgers as `BudgetLedger` items.
 pub async fn balances(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let key = tenant_auth(app, ctx, req, "balances:read,admin:read").await?;
+    let key = tenant_auth(app, ctx, req, Permission::BalancesRead).await?;
     let q = ListQuery::parse(req, &["scope"])?;
     if q.get("tenant_id").is_some_and(|t| t != key.tenant) {
         return Err(ApiError::forbidden("tenant_id does not match the tenant of the API key"));
@@ -368,7 +376,7 @@ pub async fn balances(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<A
         let scope = field(&r, "scope").unwrap_or_default().to_string();
         if prefix.as_ref().is_some_and(|p| !scope.starts_with(p.as_str()))
             || unit.is_some_and(|u| field(&r, "unit") != Some(u.as_str()))
-            || !crate::domain::scope_admitted(&key.scope_filter, &scope)
+            || !crate::domain::scope_admitted(&key.scope_filter(), &scope)
         {
             continue;
         }
@@ -385,10 +393,17 @@ async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: Str
     let tenant = scope_tenant(&scope)?;
     ctx.tenant = Some(tenant.clone());
     let keys = TenantKeys::new(&tenant);
-    let script_keys = [keys.tenant(), keys.budget(&scope, unit), keys.events(), keys.audit_log()];
-    let args = [script_context(ctx, &Caller::Admin, false, None), mode.to_string(), scope, arg];
-    let reply = app.store.run(&scripts::BUDGET_UPDATE, &script_keys, &args).await?;
-    Ok(Answer::json(200, &ledger_json(&record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?)))
+    let call = UpdateBudget {
+        tenant: keys.tenant(),
+        budget: keys.budget(&scope, unit),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: script_context(ctx, &Caller::Admin, false, None),
+        mode: mode.to_string(),
+        scope,
+        change: arg,
+    };
+    Ok(Answer::json(200, &ledger_json(&app.store.run(call).await?.value.0)))
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -432,7 +447,7 @@ async fn status_change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str) -
 }
 
 pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = dual_auth(app, ctx, req, "budgets:write,admin:write,admin:budgets:write").await?;
+    let caller = dual_auth(app, ctx, req, Some(Permission::BudgetsWrite)).await?;
     let query = super::parse_query(&req.query)?;
     let (scope, unit) = ledger_query(&query)?;
     let (r, raw) = parse_json::<FundRequest>(&req.body)?;
@@ -478,32 +493,36 @@ pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         (FundOperation::ResetSpent, Some(s)) => s.amount.to_string(),
         _ => String::new(),
     };
-    let script_keys = [keys.tenant(), keys.budget(&scope, unit), idem, keys.events(), keys.audit_log()];
-    let args = [
-        script_context(ctx, &caller, true, None),
+    let call = FundBudget {
+        tenant: keys.tenant(),
+        budget: keys.budget(&scope, unit),
+        record: idem,
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: script_context(ctx, &caller, true, None),
         scope,
-        op.to_string(),
-        r.amount.amount.to_string(),
+        operation: op.to_string(),
+        amount: r.amount.amount.to_string(),
         spent,
-        r.reason.clone().unwrap_or_default(),
-        payload_hash(&raw, &[]),
-        FUND_IDEMPOTENCY_MS.to_string(),
-    ];
-    let reply = app.store.run(&scripts::BUDGET_FUND, &script_keys, &args).await?;
-    let v = &reply.result;
-    if v.len() < 10 {
-        return Err(ApiError::internal("Malformed funding result in the store"));
-    }
-    let amt = |i: usize| json!({"unit": unit.as_str(), "amount": v[i].parse::<i64>().unwrap_or(0)});
+        reason: r.reason.clone().unwrap_or_default(),
+        payload_hash: payload_hash(&raw, &[]),
+        record_ttl_ms: rules::FUNDING_IDEMPOTENCY_MS.to_string(),
+    };
+    let v = app.store.run(call).await?.value;
+    let amt = |s: &str| -> ApiResult<Value> {
+        let amount: i64 =
+            s.parse().map_err(|_| ApiError::fault(format!("malformed amount {s:?} in a funding answer")))?;
+        Ok(json!({"unit": unit.as_str(), "amount": amount}))
+    };
     Ok(Answer::json(
         200,
         &json!({
-            "operation": v[0],
-            "previous_allocated": amt(1), "new_allocated": amt(2),
-            "previous_remaining": amt(3), "new_remaining": amt(4),
-            "previous_debt": amt(5), "new_debt": amt(6),
-            "previous_spent": amt(7), "new_spent": amt(8),
-            "timestamp": format_rfc3339_ms(v[9].parse().unwrap_or(0)),
+            "operation": v.operation,
+            "previous_allocated": amt(&v.previous_allocated)?, "new_allocated": amt(&v.new_allocated)?,
+            "previous_remaining": amt(&v.previous_remaining)?, "new_remaining": amt(&v.new_remaining)?,
+            "previous_debt": amt(&v.previous_debt)?, "new_debt": amt(&v.new_debt)?,
+            "previous_spent": amt(&v.previous_spent)?, "new_spent": amt(&v.new_spent)?,
+            "timestamp": format_rfc3339_ms(v.timestamp_ms.parse().unwrap_or(0)),
         }),
     ))
 }

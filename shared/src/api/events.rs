@@ -2,7 +2,6 @@
 //! tenant-scoped `GET /v1/events`. Events live in per-tenant streams, written by the same
 //! script as the state change that caused them; an event id names its tenant and stream entry.
 
-use redis::streams::StreamRangeReply;
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -10,129 +9,8 @@ use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx, Params};
 use crate::domain::{parse_rfc3339_ms, scope_admitted};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys::{self, TenantKeys};
-use crate::store::Store;
-
-/// The owner of system events (and of system-wide webhook subscriptions).
-pub const SYSTEM_TENANT: &str = "__system__";
-
-/// Every `EventType` of the spec.
-pub const EVENT_TYPES: [&str; 51] = [
-    "budget.created",
-    "budget.updated",
-    "budget.funded",
-    "budget.debited",
-    "budget.reset",
-    "budget.reset_spent",
-    "budget.debt_repaid",
-    "budget.frozen",
-    "budget.unfrozen",
-    "budget.closed",
-    "budget.closed_via_tenant_cascade",
-    "budget.threshold_crossed",
-    "budget.exhausted",
-    "budget.over_limit_entered",
-    "budget.over_limit_exited",
-    "budget.debt_incurred",
-    "budget.burn_rate_anomaly",
-    "reservation.denied",
-    "reservation.denial_rate_spike",
-    "reservation.expired",
-    "reservation.expiry_rate_spike",
-    "reservation.commit_overage",
-    "reservation.released_via_tenant_cascade",
-    "tenant.created",
-    "tenant.updated",
-    "tenant.suspended",
-    "tenant.reactivated",
-    "tenant.closed",
-    "tenant.settings_changed",
-    "webhook.created",
-    "webhook.updated",
-    "webhook.paused",
-    "webhook.resumed",
-    "webhook.disabled",
-    "webhook.deleted",
-    "webhook.disabled_via_tenant_cascade",
-    "api_key.created",
-    "api_key.revoked",
-    "api_key.revoked_via_tenant_cascade",
-    "api_key.expired",
-    "api_key.permissions_changed",
-    "api_key.auth_failed",
-    "api_key.auth_failure_rate_spike",
-    "policy.created",
-    "policy.updated",
-    "policy.deleted",
-    "system.store_connection_lost",
-    "system.store_connection_restored",
-    "system.high_latency",
-    "system.webhook_delivery_failed",
-    "system.webhook_test",
-];
-
-pub const CATEGORIES: [&str; 7] = ["budget", "tenant", "api_key", "policy", "reservation", "system", "webhook"];
-
-/// Categories a tenant may see and subscribe to (INVARIANT 2).
-pub const TENANT_CATEGORIES: [&str; 3] = ["budget", "reservation", "tenant"];
-
-pub fn category_of(event_type: &str) -> &str {
-    event_type.split('.').next().unwrap_or_default()
-}
-
-/// At most this many stream entries are read per tenant for one query.
-const SCAN_LIMIT: usize = 20_000;
-
-/// `evt_<ms>-<seq>.<tenant>` -> (tenant, stream entry id).
-pub fn parse_event_id(id: &str) -> Option<(&str, &str)> {
-    let (entry, tenant) = id.strip_prefix("evt_")?.split_once('.')?;
-    let (ms, seq) = entry.split_once('-')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(ms) && digits(seq) && !tenant.is_empty()).then_some((tenant, entry))
-}
-
-fn decode(reply: StreamRangeReply) -> Vec<(String, Value)> {
-    reply
-        .ids
-        .into_iter()
-        .filter_map(|e| {
-            let json: String = e.get("event")?;
-            Some((e.id, serde_json::from_str(&json).ok()?))
-        })
-        .collect()
-}
-
-/// One event by id (None when unknown or past retention).
-pub async fn load_event(store: &Store, event_id: &str) -> ApiResult<Option<Value>> {
-    let Some((tenant, entry)) = parse_event_id(event_id) else { return Ok(None) };
-    let reply: StreamRangeReply = store.conn().xrange(TenantKeys::new(tenant).events(), entry, entry).await?;
-    Ok(decode(reply).into_iter().map(|(_, v)| v).find(|v| v["event_id"] == event_id))
-}
-
-/// A tenant's events, newest first, that pass `keep`, reading at most `SCAN_LIMIT` entries.
-pub async fn tenant_events(
-    store: &Store,
-    tenant: &str,
-    keep: &(dyn Fn(&Value) -> bool + Sync),
-) -> ApiResult<Vec<Value>> {
-    let key = TenantKeys::new(tenant).events();
-    let mut out = vec![];
-    let mut end = "+".to_string();
-    let mut read = 0;
-    while read < SCAN_LIMIT {
-        let reply: StreamRangeReply = store.conn().xrevrange_count(&key, &end, "-", 500).await?;
-        let batch = decode(reply);
-        let Some((last, _)) = batch.last() else { break };
-        end = format!("({last}");
-        read += batch.len();
-        let full = batch.len() == 500;
-        out.extend(batch.into_iter().map(|(_, v)| v).filter(|v| keep(v)));
-        if !full {
-            break;
-        }
-    }
-    Ok(out)
-}
+use crate::keys;
+pub use crate::ops::events::*;
 
 /// The filters both listings share.
 struct EventFilter {
@@ -238,7 +116,7 @@ pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Par
 }
 
 pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let key = tenant_auth(app, ctx, req, "events:read,admin:read,admin:events:read").await?;
+    let key = tenant_auth(app, ctx, req, Permission::EventsRead).await?;
     let q = ListQuery::parse(req, &["timestamp"])?;
     let filter = EventFilter::parse(&q)?;
     if filter.event_type.as_deref().is_some_and(|t| !TENANT_CATEGORIES.contains(&category_of(t)))
@@ -249,7 +127,7 @@ pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     // The tenant's stream also holds admin-only events about it: filter the results too. A key
     // with a scope filter sees only events of the scopes it admits.
     let admitted = |e: &Value| {
-        key.scope_filter.is_empty() || e["scope"].as_str().is_some_and(|s| scope_admitted(&key.scope_filter, s))
+        key.scope_filter().is_empty() || e["scope"].as_str().is_some_and(|s| scope_admitted(&key.scope_filter(), s))
     };
     let keep = |e: &Value| {
         TENANT_CATEGORIES.contains(&e["category"].as_str().unwrap_or_default()) && admitted(e) && filter.matches(e, &q)

@@ -12,13 +12,15 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::Principal;
+use super::auth::Caller;
 use super::{parse_limit, parse_query, Answer, ApiRequest, App, Ctx};
-use crate::domain::{derive_scopes, parse_rfc3339_ms, scope_admitted, Permission};
+use crate::domain::{parse_rfc3339_ms, scope_admitted, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{digest, TenantKeys};
-use crate::model::{Amount, Subject, Unit};
-use crate::store::scripts;
+use crate::model::ReservationDetail;
+use crate::ops::auth::Authenticate;
+use crate::ops::listing::{List, ReadMetadata, ReadRecords};
+use crate::ops::reservations::ReservationRecord;
 
 const SUBJECT_FILTERS: [&str; 5] = ["workspace", "app", "workflow", "agent", "toolset"];
 const SORT_KEYS: [&str; 7] =
@@ -28,30 +30,8 @@ const STATUSES: [&str; 4] = ["ACTIVE", "COMMITTED", "RELEASED", "EXPIRED"];
 pub const SCAN_BUDGET: usize = 1_000;
 
 #[derive(Serialize)]
-struct Summary {
-    reservation_id: String,
-    status: String,
-    idempotency_key: String,
-    subject: Value,
-    action: Value,
-    reserved: Amount,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    committed: Option<Amount>,
-    created_at_ms: i64,
-    expires_at_ms: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    finalized_at_ms: Option<i64>,
-    scope_path: String,
-    affected_scopes: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    committed_metadata: Option<Value>,
-}
-
-#[derive(Serialize)]
 struct ListResponse {
-    reservations: Vec<Summary>,
+    reservations: Vec<ReservationDetail>,
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
     has_more: bool,
@@ -70,7 +50,7 @@ struct Cursor {
 
 /// A reservation row with what filtering and sorting need.
 struct Row {
-    summary: Summary,
+    summary: ReservationDetail,
     tenant_of_subject: Option<String>,
 }
 
@@ -206,32 +186,9 @@ impl Query {
 }
 
 fn row_from_record(tenant: &str, token: &str, raw: &str) -> Option<Row> {
-    let rec: Value = serde_json::from_str(raw).ok()?;
-    let field = |f: &str| rec[f].as_str();
-    let int = |f: &str| field(f).and_then(|v| v.parse::<i64>().ok());
-    let unit = Unit::parse(field("unit")?)?;
-    let subject_raw = field("subject")?;
-    let subject: Subject = serde_json::from_str(subject_raw).ok()?;
-    let scopes = derive_scopes(&subject);
-    let status = field("status")?.to_string();
-    let json_of = |f: &str| field(f).and_then(|v| serde_json::from_str::<Value>(v).ok());
-    let summary = Summary {
-        reservation_id: format!("{tenant}.{token}.{}", field("codes")?),
-        idempotency_key: field("ik").unwrap_or_default().to_string(),
-        subject: serde_json::from_str(subject_raw).ok()?,
-        action: json_of("action")?,
-        reserved: Amount { unit, amount: int("estimate")? },
-        committed: if status == "COMMITTED" { int("charged").map(|amount| Amount { unit, amount }) } else { None },
-        created_at_ms: int("created")?,
-        expires_at_ms: int("expires")?,
-        finalized_at_ms: if status == "COMMITTED" || status == "RELEASED" { int("finalized") } else { None },
-        scope_path: scopes.last()?.clone(),
-        affected_scopes: scopes,
-        metadata: None,
-        committed_metadata: None,
-        status,
-    };
-    Some(Row { summary, tenant_of_subject: subject.tenant })
+    let record = ReservationRecord::parse(raw)?;
+    let summary = record.detail(tenant, token)?;
+    Some(Row { summary, tenant_of_subject: record.subject()?.tenant })
 }
 
 /// One walk of an index: its ranges (several merged by token, or one), in one order.
@@ -371,12 +328,15 @@ async fn read_segment(
     after: Option<&Position>,
     count: usize,
 ) -> ApiResult<(Vec<(String, String)>, Vec<String>)> {
-    let mut args = vec![
-        auth.1.clone(),
-        Permission::ReservationsList.accepted().to_string(),
-        segment.order.to_string(),
-        count.to_string(),
-    ];
+    let mut call = List {
+        auth: auth.0.clone(),
+        index: index.to_string(),
+        digest: auth.1.clone(),
+        accepted: Permission::ReservationsList.accepted().to_string(),
+        order: segment.order.to_string(),
+        count: count.to_string(),
+        ranges: Vec::with_capacity(segment.ranges.len() * 3),
+    };
     for range in &segment.ranges {
         let pos = match after {
             // merged ranges share the token order: each continues after the last token served
@@ -384,20 +344,16 @@ async fn read_segment(
             Some(p) => format!("{}{}", p.value, p.token),
             None => String::new(),
         };
-        args.extend([range.lo.clone(), range.hi.clone(), pos]);
+        call.ranges.extend([range.lo.clone(), range.hi.clone(), pos]);
     }
-    let reply = app.store.run(&scripts::LIST, &[auth.0.clone(), index.to_string()], &args).await?;
-    let scope_filter = reply.context.first().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
+    let reply = app.store.run(call).await?.value;
+    let scope_filter = reply.scope_filter.and_then(|f| serde_json::from_str(&f).ok()).unwrap_or_default();
     let split = |m: String| {
         let at = m.len().saturating_sub(crate::ids::TOKEN_LEN);
         (m[..at].to_string(), m[at..].to_string())
     };
-    let mut lists: Vec<Vec<(String, String)>> = Vec::with_capacity(reply.result.len());
-    for raw in &reply.result {
-        let members: Vec<String> =
-            serde_json::from_str(raw).map_err(|_| ApiError::internal("Malformed listing chunk"))?;
-        lists.push(members.into_iter().map(split).collect());
-    }
+    let lists: Vec<Vec<(String, String)>> =
+        reply.ranges.into_iter().map(|members| members.0.into_iter().map(split).collect()).collect();
     let mut merged: Vec<(String, String)> = lists.into_iter().flatten().collect();
     if segment.ranges.len() > 1 {
         merged.sort_by(|a, b| if segment.order == "desc" { b.1.cmp(&a.1) } else { a.1.cmp(&b.1) });
@@ -411,13 +367,13 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     let q = parse_query(&req.query)?;
     let given_tenant = q.get("tenant").filter(|t| !t.is_empty());
     let (tenant, auth) = match principal {
-        Principal::Admin => {
+        Caller::Admin => {
             let tenant = given_tenant.ok_or_else(|| {
                 ApiError::invalid("tenant query parameter is required when using admin key authentication")
             })?;
             (tenant.clone(), (TenantKeys::new(tenant).tenant(), String::new()))
         }
-        Principal::Tenant(c) => {
+        Caller::Tenant(c) => {
             ctx.tenant = Some(c.tenant.clone());
             if given_tenant.is_some_and(|t| *t != c.tenant) {
                 return Err(ApiError::forbidden("tenant does not match the tenant of the API key"));
@@ -462,12 +418,16 @@ async fn by_idempotency_key(
     let scope_filter: Vec<String> = if auth.1.is_empty() {
         Vec::new()
     } else {
-        let args = [auth.1.clone(), Permission::ReservationsList.accepted().to_string()];
-        let reply = app.store.run(&scripts::AUTHENTICATE, std::slice::from_ref(&auth.0), &args).await?;
-        reply.context.get(1).and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default()
+        let check = Authenticate {
+            api_key: auth.0.clone(),
+            tenant: vec![],
+            digest: auth.1.clone(),
+            accepted: Permission::ReservationsList.accepted().to_string(),
+        };
+        app.store.run(check).await?.value.scope_filter()
     };
     let token = crate::ids::ReservationId::token_for(key);
-    let raw = app.store.run(&scripts::READ_RECORDS, &[keys.reservation(&token)], &[]).await?.result;
+    let raw = app.store.run(ReadRecords { records: vec![keys.reservation(&token)] }).await?.value.records;
     let row = raw.first().and_then(|raw| row_from_record(tenant, &token, raw));
     let row = row.filter(|r| query.matches(r) && scope_admitted(&scope_filter, &r.summary.scope_path));
     Ok((row.into_iter().collect(), None))
@@ -500,7 +460,7 @@ async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &st
             let raws = if record_keys.is_empty() {
                 Vec::new()
             } else {
-                app.store.run(&scripts::READ_RECORDS, &record_keys, &[]).await?.result
+                app.store.run(ReadRecords { records: record_keys }).await?.value.records
             };
             for ((value, token), raw) in members.iter().zip(&raws) {
                 scanned += 1;
@@ -537,20 +497,20 @@ async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &st
 
 /// Reads metadata and commit metadata of the page's rows, as `include` asks.
 async fn attach_metadata(app: &App, keys: &TenantKeys, query: &Query, rows: &mut [Row]) -> ApiResult<()> {
-    let mut script_keys = Vec::with_capacity(rows.len() * 2);
+    let mut pairs = Vec::with_capacity(rows.len() * 2);
     for row in rows.iter() {
         let token = row.summary.reservation_id.split('.').nth(1).unwrap_or("-");
-        script_keys.extend([keys.reservation_metadata(token), keys.reservation(token)]);
+        pairs.extend([keys.reservation_metadata(token), keys.reservation(token)]);
     }
-    let values = app.store.run(&scripts::READ_METADATA, &script_keys, &[]).await?.result;
+    let found = app.store.run(ReadMetadata { pairs }).await?.value.rows;
     let wants = |t: &str| query.include.iter().any(|i| i == t);
-    let json = |s: &String| if s.is_empty() { None } else { serde_json::from_str::<Value>(s).ok() };
-    for (row, pair) in rows.iter_mut().zip(values.chunks(2)) {
+    let json = |s: &Option<String>| s.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
+    for (row, meta) in rows.iter_mut().zip(found) {
         if wants("metadata") {
-            row.summary.metadata = json(&pair[0]);
+            row.summary.metadata = json(&meta.metadata);
         }
         if wants("committed_metadata") && row.summary.status == "COMMITTED" {
-            row.summary.committed_metadata = json(&pair[1]);
+            row.summary.committed_metadata = json(&meta.committed_metadata);
         }
     }
     Ok(())

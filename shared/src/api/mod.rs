@@ -405,7 +405,9 @@ pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -
 /// 503 saying whether the store is unreachable or refuses writes (out of memory under
 /// `noeviction`, a read-only replica, a failed save: reads still work then, writes do not).
 async fn readiness(app: &App) -> ApiResult<Answer> {
-    let probe = app.store.call(&crate::store::scripts::HEALTH, &["cy:{health}:probe".to_string()], &[]).await;
+    use crate::ops::maintenance::Health;
+    use crate::store::Call;
+    let probe = app.store.call(Health::library(), &Health::SCRIPT, &["cy:{health}:probe".to_string()], &[]).await;
     Ok(match probe {
         Ok(_) => Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"})),
         Err(e) => {
@@ -449,9 +451,14 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     let (status, body) = match outcome {
         Ok(a) => (a.status, a.body),
         Err(e) => {
+            // Each failure is logged once, here, with its cause (which the caller never sees).
+            let (tenant, cause) = (ctx.tenant.as_deref().unwrap_or(""), e.cause.as_deref().unwrap_or(""));
             if e.status() >= 500 {
-                tracing::error!(request_id = %ctx.request_id, trace_id = %ctx.trace.trace_id,
-                    tenant = ctx.tenant.as_deref().unwrap_or(""), error = %e.message, "request failed");
+                tracing::error!(request_id = %ctx.request_id, trace_id = %ctx.trace.trace_id, tenant,
+                    error = %e.message, cause, "request failed");
+            } else if !cause.is_empty() {
+                tracing::info!(request_id = %ctx.request_id, trace_id = %ctx.trace.trace_id, tenant,
+                    code = e.code.as_str(), cause, "request refused");
             }
             let body = e.body(&ctx.request_id, &ctx.trace.trace_id);
             (e.status(), serde_json::to_vec(&body).expect("error bodies always serialize"))

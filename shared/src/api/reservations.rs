@@ -1,16 +1,19 @@
-//! Reservation lifecycle handlers: authenticate -> parse -> one script -> map the result.
+//! Reservation lifecycle handlers: authenticate, parse, one script call (`ops::reservations`),
+//! answer.
 
 use serde_json::{json, Value};
 
-use super::auth::{Principal, TenantCaller};
+use super::auth::{unauthorized, Caller, TenantKey};
 use super::{Answer, ApiRequest, App, Ctx, Params};
-use crate::domain::{derive_scopes, leaf_segment, payload_hash, Permission};
-use crate::error::{ApiError, ApiResult};
+use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ids::ReservationId;
 use crate::keys::{budget_code, TenantKeys};
-use crate::maintenance::expire_reservations;
 use crate::model::*;
-use crate::store::{scripts, Reply};
+use crate::ops::auth::Authenticate;
+use crate::ops::maintenance::{expire_reservations, record_ttl};
+use crate::ops::reservations::*;
+use crate::ops::LedgerState;
 
 const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
 
@@ -30,10 +33,19 @@ fn parse<T: serde::de::DeserializeOwned + Validate>(req: &ApiRequest) -> ApiResu
     Ok(parsed)
 }
 
-async fn tenant_caller(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<TenantCaller> {
+/// Authenticates before the body is parsed (401 precedes 400) and records the tenant.
+async fn authenticate(app: &App, ctx: &mut Ctx, req: &ApiRequest, admin_allowed: bool) -> ApiResult<Caller> {
+    let caller = app.authenticate(&req.headers, admin_allowed).await?;
+    if let Caller::Tenant(c) = &caller {
+        ctx.tenant = Some(c.tenant.clone());
+    }
+    Ok(caller)
+}
+
+async fn tenant_key(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<TenantKey> {
     match authenticate(app, ctx, req, false).await? {
-        Principal::Tenant(c) => Ok(c),
-        Principal::Admin => Err(ApiError::unauthorized("Invalid or missing API key")),
+        Caller::Tenant(c) => Ok(c),
+        Caller::Admin => Err(unauthorized()),
     }
 }
 
@@ -41,17 +53,17 @@ fn json_or_empty(v: &Option<impl serde::Serialize>) -> String {
     v.as_ref().map(|v| serde_json::to_string(v).expect("serializable")).unwrap_or_default()
 }
 
-/// How long a finished reservation's keys live (see `maintenance::record_ttl`).
-fn retention_ms(app: &App) -> String {
-    crate::maintenance::record_ttl(app.config.retention).as_millis().to_string()
+/// How long a finished reservation's keys live.
+fn record_ttl_ms(app: &App) -> String {
+    record_ttl(app.config.retention).as_millis().to_string()
 }
 
 fn int(s: &str) -> ApiResult<i64> {
-    s.parse().map_err(|_| ApiError::internal("Malformed amount in the budget store"))
+    s.parse().map_err(|_| ApiError::fault(format!("malformed amount {s:?} in the budget store")))
 }
 
 /// `subject.tenant`, when given, must be the key's tenant (exact match): else 403.
-fn check_subject_tenant(subject: &Subject, caller: &TenantCaller) -> ApiResult<()> {
+fn check_subject_tenant(subject: &Subject, caller: &TenantKey) -> ApiResult<()> {
     match &subject.tenant {
         Some(t) if *t != caller.tenant => {
             Err(ApiError::forbidden("subject.tenant does not match the tenant of the API key"))
@@ -60,164 +72,100 @@ fn check_subject_tenant(subject: &Subject, caller: &TenantCaller) -> ApiResult<(
     }
 }
 
-/// Splits the concatenated 8-character ledger codes a script reports.
-fn split_codes(codes: &str) -> Vec<String> {
-    codes.as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect()
-}
-
 /// The budgeted scopes of a subject in a unit: the derived scopes whose ledger codes are
 /// among `codes` (those of a reservation id, or of an evaluation), in canonical order.
-fn budgeted_scopes(subject: &Subject, unit: Unit, codes: &[String]) -> Vec<String> {
-    derive_scopes(subject).into_iter().filter(|s| codes.contains(&budget_code(s, unit))).collect()
-}
-
-/// Decodes the 7-strings-per-budget snapshot the scripts return (canonical order) into
-/// `Balance`s of the given scopes.
-fn balances(scopes: &[String], unit: Unit, snapshot: &[String]) -> ApiResult<Vec<Balance>> {
-    if snapshot.len() != scopes.len() * 7 {
-        return Err(ApiError::internal("Malformed balance snapshot"));
-    }
+fn budgeted_scopes(scopes: &[String], unit: Unit, codes: &str) -> Vec<String> {
     scopes
         .iter()
-        .zip(snapshot.chunks(7))
-        .map(|(scope, b)| {
-            let amount = |s: &str| int(s).map(|amount| Amount { unit, amount });
-            let optional = |s: &str| -> ApiResult<Option<Amount>> {
-                let a = amount(s)?;
-                Ok((a.amount != 0).then_some(a))
-            };
-            Ok(Balance {
-                scope: leaf_segment(scope).to_string(),
-                scope_path: scope.clone(),
-                remaining: amount(&b[1])?,
-                reserved: Some(amount(&b[2])?),
-                spent: Some(amount(&b[3])?),
-                allocated: Some(amount(&b[0])?),
-                debt: optional(&b[4])?,
-                overdraft_limit: optional(&b[5])?,
-                is_over_limit: (b[6] == "1").then_some(true),
-            })
-        })
+        .filter(|s| codes.as_bytes().chunks(8).any(|c| c == budget_code(s, unit).as_bytes()))
+        .cloned()
         .collect()
 }
 
-/// Subject and unit of the reservation a commit/release script reported.
-fn reservation_context(reply: &Reply) -> ApiResult<(Subject, Unit)> {
-    let bad = || ApiError::internal("Malformed reservation record");
-    let subject = reply.context.first().and_then(|s| serde_json::from_str(s).ok()).ok_or_else(bad)?;
-    let unit = reply.context.get(1).and_then(|u| Unit::parse(u)).ok_or_else(bad)?;
-    Ok((subject, unit))
+/// The `Balance`s of an answer: the budgeted scopes with their ledger states, in order.
+fn balances(scopes: &[String], unit: Unit, states: &[LedgerState]) -> ApiResult<Vec<Balance>> {
+    if scopes.len() != states.len() {
+        return Err(ApiError::fault(format!("{} ledger states for {} budgeted scopes", states.len(), scopes.len())));
+    }
+    scopes.iter().zip(states).map(|(scope, state)| state.balance(scope, unit)).collect()
 }
 
 /// `max(0, expires_at - now)` while the reservation is ACTIVE, else 0 (recomputed on replays).
-fn remaining_ttl(reply: &Reply, expires_at_ms: i64) -> i64 {
-    if reply.status == "ACTIVE" {
-        (expires_at_ms - reply.now_ms).max(0)
+fn remaining_ttl(status: &str, now_ms: i64, expires_at_ms: i64) -> i64 {
+    if status == "ACTIVE" {
+        (expires_at_ms - now_ms).max(0)
     } else {
         0
     }
 }
 
+/// The request context scripts stamp on the events they write.
+fn event_context(ctx: &Ctx, caller: Option<&TenantKey>, tenant: &str) -> String {
+    json!({
+        "request_id": ctx.request_id,
+        "trace_id": ctx.trace.trace_id,
+        "actor": if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
+        "key_id": caller.map(|c| c.key_id.as_str()).unwrap_or(""),
+        "tenant": tenant,
+        "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
+    })
+    .to_string()
+}
+
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = tenant_caller(app, ctx, req).await?;
+    let caller = tenant_key(app, ctx, req).await?;
     let (r, raw) = parse::<ReservationCreateRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
-    let hash = payload_hash(&raw, &[("grace_period_ms", json!(5000)), ("dry_run", json!(false))]);
+    let hash = payload_hash(&raw, &[("grace_period_ms", json!(rules::DEFAULT_GRACE_MS)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
+    if r.dry_run == Some(true) {
+        return dry_run(app, ctx, &caller, &r, hash, scopes).await;
+    }
     let keys = TenantKeys::new(&caller.tenant);
     let token = ReservationId::token_for(&r.idempotency_key);
     let unit = r.estimate.unit;
-    if r.dry_run == Some(true) {
-        let record = keys.idempotency("reserve-dry-run", &[&r.idempotency_key]);
-        let live = keys.reservation(&token);
-        let ask = Ask {
-            idempotency_key: &r.idempotency_key,
-            subject: &r.subject,
-            action: &r.action,
-            estimate: &r.estimate,
-            scopes: &scopes,
-            hash,
-        };
-        let ev = evaluate(app, ctx, &caller, [record, live], ask).await?;
-        let allowed = ev.decision != Decision::Deny;
-        return Ok(Answer::json(
-            200,
-            &ReservationCreateResponse {
-                decision: ev.decision,
-                reservation_id: None,
-                reserved: allowed.then(|| r.estimate.clone()),
-                expires_at_ms: None,
-                remaining_ttl_ms: None,
-                scope_path: scopes.last().cloned(),
-                affected_scopes: scopes,
-                caps: ev.caps,
-                reason_code: ev.reason_code,
-                balances: allowed.then_some(ev.balances),
-            },
-        ));
+    let reserve = Reserve {
+        digest: caller.digest.clone(),
+        accepted: Permission::ReservationsCreate.accepted().to_string(),
+        payload_hash: hash,
+        id_prefix: ReservationId::prefix(&caller.tenant, &token),
+        unit: unit.as_str().to_string(),
+        amount: r.estimate.amount.to_string(),
+        ttl_ms: r.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
+        grace_ms: r.grace_period_ms.unwrap_or(rules::DEFAULT_GRACE_MS).to_string(),
+        overage_policy: r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
+        idempotency_key: r.idempotency_key.clone(),
+        subject: serde_json::to_string(&r.subject).expect("serializable"),
+        action: serde_json::to_string(&r.action).expect("serializable"),
+        metadata: json_or_empty(&r.metadata),
+        ..Default::default()
     }
-
-    let mut script_keys = vec![
-        keys.tenant(),
-        keys.api_key(&caller.key_id),
-        keys.reservation(&token),
-        keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
-        keys.scope_units(),
-        keys.expiry_index(),
-        keys.created_index(),
-        keys.due_index(),
-        keys.listing_index(),
-        keys.reservation_metadata(&token),
-    ];
-    script_keys.extend(scopes.iter().map(|s| keys.budget(s, unit)));
-    let mut args = vec![
-        caller.digest.clone(),
-        Permission::ReservationsCreate.accepted().to_string(),
-        hash,
-        ReservationId::prefix(&caller.tenant, &token),
-        unit.as_str().to_string(),
-        r.estimate.amount.to_string(),
-        r.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
-        r.grace_period_ms.unwrap_or(5000).to_string(),
-        r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
-        r.idempotency_key.clone(),
-        serde_json::to_string(&r.subject).expect("serializable"),
-        serde_json::to_string(&r.action).expect("serializable"),
-        json_or_empty(&r.metadata),
-        retention_ms(app),
-    ];
-    args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))));
-
-    let mut reply = app.store.run(&scripts::RESERVE, &script_keys, &args).await?;
-    if reply.status == "RECLAIM" {
+    .keys(&keys, &caller.key_id, &token, &r.idempotency_key, &scopes, unit);
+    let mut reply = app.store.run(reserve.clone()).await?;
+    if let Reserved::Reclaim { reclaim } = &reply.value {
         // Lazy reclaim: expire the tenant's overdue reservations, then evaluate once more.
-        let opts = app.config.sweep_options();
-        expire_reservations(&app.store, &caller.tenant, &reply.result, &opts).await?;
-        args.push("reclaimed".to_string());
-        reply = app.store.run(&scripts::RESERVE, &script_keys, &args).await?;
+        expire_reservations(&app.store, &caller.tenant, reclaim, app.config.retention).await?;
+        reply = app.store.run(Reserve { reclaimed: "1".to_string(), ..reserve }).await?;
     }
-    let res = &reply.result;
-    if res.len() < 4 {
-        return Err(ApiError::internal("Malformed reserve result"));
-    }
-    let expires_at_ms = int(&res[2])?;
-    let codes = ReservationId::parse(&res[1]).map(|r| r.budget_codes).unwrap_or_default();
-    let budgeted = budgeted_scopes(&r.subject, unit, &codes);
-    let decision = if res[0] == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow };
-    let caps = if res[3].is_empty() { None } else { serde_json::from_str(&res[3]).ok() };
+    let Reserved::Held(hold) = reply.value else {
+        return Err(ApiError::fault("a reserve asked to reclaim twice"));
+    };
+    let expires_at_ms = int(&hold.expires_at_ms)?;
+    let codes = ReservationId::parse(&hold.reservation_id).map(|r| r.budget_codes.concat()).unwrap_or_default();
+    let budgeted = budgeted_scopes(&scopes, unit, &codes);
     Ok(Answer::json(
         200,
         &ReservationCreateResponse {
-            decision,
-            reservation_id: Some(res[1].clone()),
+            decision: if hold.decision == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow },
             reserved: Some(r.estimate.clone()),
             expires_at_ms: Some(expires_at_ms),
-            remaining_ttl_ms: Some(remaining_ttl(&reply, expires_at_ms)),
+            remaining_ttl_ms: Some(remaining_ttl(&reply.status, reply.now_ms, expires_at_ms)),
             scope_path: scopes.last().cloned(),
-            affected_scopes: scopes,
-            caps,
+            caps: hold.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
             reason_code: None,
-            balances: Some(balances(&budgeted, unit, &res[4..])?),
+            balances: Some(balances(&budgeted, unit, &hold.balances)?),
+            reservation_id: Some(hold.reservation_id),
+            affected_scopes: scopes,
         },
     ))
 }
@@ -230,10 +178,9 @@ struct Evaluation {
     balances: Vec<Balance>,
 }
 
-/// Runs the evaluation script: the live reserve's checks, reported as a decision and stored
-/// under the idempotency key (`records` = this namespace's record, and the live reservation
-/// the same key would name, for cross-mode mismatch detection).
-/// What dry_run and decide evaluate.
+/// What dry_run and decide evaluate, and where their answers are kept: `record` is this
+/// namespace's idempotency record, `live` the reservation the same key would name (for decide,
+/// `record` again), for cross-mode mismatch detection.
 struct Ask<'a> {
     idempotency_key: &'a str,
     subject: &'a Subject,
@@ -241,66 +188,94 @@ struct Ask<'a> {
     estimate: &'a Amount,
     scopes: &'a [String],
     hash: String,
+    record: String,
+    live: String,
 }
 
-async fn evaluate(
-    app: &App,
-    ctx: &Ctx,
-    caller: &TenantCaller,
-    records: [String; 2],
-    ask: Ask<'_>,
-) -> ApiResult<Evaluation> {
-    let Ask { idempotency_key, subject, action, estimate, scopes, hash } = ask;
+async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> ApiResult<Evaluation> {
     let keys = TenantKeys::new(&caller.tenant);
-    let [record, live] = records;
-    let mut script_keys =
-        vec![keys.tenant(), keys.api_key(&caller.key_id), record, live, keys.scope_units(), keys.events()];
-    script_keys.extend(scopes.iter().map(|s| keys.budget(s, estimate.unit)));
-    let mut args = vec![
-        caller.digest.clone(),
-        Permission::ReservationsCreate.accepted().to_string(),
-        hash,
-        estimate.unit.as_str().to_string(),
-        estimate.amount.to_string(),
-        idempotency_key.to_string(),
-        (app.config.retention.as_millis() as u64).min(EVALUATION_RETENTION_MS).to_string(),
-        event_context(ctx, Some(caller), &caller.tenant),
-        serde_json::to_string(subject).expect("serializable"),
-        serde_json::to_string(action).expect("serializable"),
-    ];
-    args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, estimate.unit))));
-    let reply = app.store.run(&scripts::EVALUATE, &script_keys, &args).await?;
-    let res = &reply.result;
-    if res.len() < 4 {
-        return Err(ApiError::internal("Malformed evaluation result"));
-    }
-    let codes = split_codes(&res[3]);
-    let budgeted: Vec<String> =
-        scopes.iter().filter(|s| codes.contains(&budget_code(s, estimate.unit))).cloned().collect();
-    let decision = match res[0].as_str() {
+    let unit = ask.estimate.unit;
+    let call = Evaluate {
+        tenant: keys.tenant(),
+        api_key: keys.api_key(&caller.key_id),
+        record: ask.record,
+        live: ask.live,
+        scope_units: keys.scope_units(),
+        events: keys.events(),
+        budgets: ask.scopes.iter().map(|s| keys.budget(s, unit)).collect(),
+        digest: caller.digest.clone(),
+        accepted: Permission::ReservationsCreate.accepted().to_string(),
+        payload_hash: ask.hash,
+        unit: unit.as_str().to_string(),
+        amount: ask.estimate.amount.to_string(),
+        idempotency_key: ask.idempotency_key.to_string(),
+        record_ttl_ms: (app.config.retention.as_millis() as u64).min(rules::EVALUATION_RETENTION_MS).to_string(),
+        context: event_context(ctx, Some(caller), &caller.tenant),
+        subject: serde_json::to_string(ask.subject).expect("serializable"),
+        action: serde_json::to_string(ask.action).expect("serializable"),
+        scopes: scope_args(ask.scopes, unit),
+    };
+    let e = app.store.run(call).await?.value;
+    let decision = match e.decision.as_str() {
         "ALLOW" => Decision::Allow,
         "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
         _ => Decision::Deny,
     };
+    let budgeted = budgeted_scopes(ask.scopes, unit, &e.codes);
     Ok(Evaluation {
         decision,
-        reason_code: (!res[1].is_empty()).then(|| res[1].clone()),
-        caps: if res[2].is_empty() { None } else { serde_json::from_str(&res[2]).ok() },
-        balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, estimate.unit, &res[4..])? },
+        reason_code: e.reason_code,
+        caps: e.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
+        balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, unit, &e.balances)? },
     })
 }
 
-/// dry_run and decide records are kept 24 hours (protocol.md §4.8), or the record retention
-/// when an operator set it shorter.
-const EVALUATION_RETENTION_MS: u64 = 24 * 3_600_000;
+/// A reserve with `dry_run: true`: evaluated, not held; its answer is kept under reserve's
+/// idempotency namespace.
+async fn dry_run(
+    app: &App,
+    ctx: &Ctx,
+    caller: &TenantKey,
+    r: &ReservationCreateRequest,
+    hash: String,
+    scopes: Vec<String>,
+) -> ApiResult<Answer> {
+    let keys = TenantKeys::new(&caller.tenant);
+    let ask = Ask {
+        idempotency_key: &r.idempotency_key,
+        subject: &r.subject,
+        action: &r.action,
+        estimate: &r.estimate,
+        scopes: &scopes,
+        hash,
+        record: keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
+        live: keys.reservation(&ReservationId::token_for(&r.idempotency_key)),
+    };
+    let ev = evaluate(app, ctx, caller, ask).await?;
+    let allowed = ev.decision != Decision::Deny;
+    Ok(Answer::json(
+        200,
+        &ReservationCreateResponse {
+            decision: ev.decision,
+            reservation_id: None,
+            reserved: allowed.then(|| r.estimate.clone()),
+            expires_at_ms: None,
+            remaining_ttl_ms: None,
+            scope_path: scopes.last().cloned(),
+            affected_scopes: scopes,
+            caps: ev.caps,
+            reason_code: ev.reason_code,
+            balances: allowed.then_some(ev.balances),
+        },
+    ))
+}
 
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = tenant_caller(app, ctx, req).await?;
+    let caller = tenant_key(app, ctx, req).await?;
     let (r, raw) = parse::<DecisionRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
-    let keys = TenantKeys::new(&caller.tenant);
-    let record = keys.idempotency("decide", &[&r.idempotency_key]);
+    let record = TenantKeys::new(&caller.tenant).idempotency("decide", &[&r.idempotency_key]);
     let ask = Ask {
         idempotency_key: &r.idempotency_key,
         subject: &r.subject,
@@ -308,8 +283,10 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         estimate: &r.estimate,
         scopes: &scopes,
         hash: payload_hash(&raw, &[]),
+        live: record.clone(),
+        record,
     };
-    let ev = evaluate(app, ctx, &caller, [record.clone(), record], ask).await?;
+    let ev = evaluate(app, ctx, &caller, ask).await?;
     Ok(Answer::json(
         200,
         &DecisionResponse {
@@ -321,202 +298,171 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     ))
 }
 
-/// The request context scripts stamp on the events they write (P-148).
-fn event_context(ctx: &Ctx, caller: Option<&TenantCaller>, tenant: &str) -> String {
-    json!({
-        "request_id": ctx.request_id,
-        "trace_id": ctx.trace.trace_id,
-        "actor": if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
-        "key_id": caller.map(|c| c.key_id.as_str()).unwrap_or(""),
-        "tenant": tenant,
-        "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
-    })
-    .to_string()
-}
-
-/// Post-only accounting: debit `actual` without a reservation (201).
+/// createEvent: the post-only debit of `actual`, without a reservation (201).
 pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = tenant_caller(app, ctx, req).await?;
+    let caller = tenant_key(app, ctx, req).await?;
     let (r, raw) = parse::<EventCreateRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
     let unit = r.actual.unit;
-    let mut script_keys = vec![
-        keys.tenant(),
-        keys.api_key(&caller.key_id),
-        keys.idempotency("event", &[&r.idempotency_key]),
-        keys.scope_units(),
-        keys.events(),
-    ];
-    script_keys.extend(scopes.iter().map(|s| keys.budget(s, unit)));
-    let mut args = vec![
-        caller.digest.clone(),
-        Permission::ReservationsCommit.accepted().to_string(),
-        payload_hash(&raw, &[]),
-        format!("evt_{}", crate::ids::random_uuid().simple()),
-        unit.as_str().to_string(),
-        r.actual.amount.to_string(),
-        r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
-        app.config.retention.as_millis().to_string(),
-        event_context(ctx, Some(&caller), &caller.tenant),
-        String::from_utf8_lossy(&req.body).into_owned(),
-    ];
-    args.extend(scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))));
-    let reply = app.store.run(&scripts::EVENT, &script_keys, &args).await?;
-    let res = &reply.result;
-    if res.len() < 3 {
-        return Err(ApiError::internal("Malformed event result"));
-    }
-    let codes = split_codes(&res[2]);
-    let budgeted = budgeted_scopes(&r.subject, unit, &codes);
+    let call = Charge {
+        tenant: keys.tenant(),
+        api_key: keys.api_key(&caller.key_id),
+        record: keys.idempotency("event", &[&r.idempotency_key]),
+        scope_units: keys.scope_units(),
+        events: keys.events(),
+        budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
+        digest: caller.digest.clone(),
+        accepted: Permission::ReservationsCommit.accepted().to_string(),
+        payload_hash: payload_hash(&raw, &[]),
+        event_id: format!("evt_{}", crate::ids::random_uuid().simple()),
+        unit: unit.as_str().to_string(),
+        amount: r.actual.amount.to_string(),
+        overage_policy: r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
+        record_ttl_ms: app.config.retention.as_millis().to_string(),
+        context: event_context(ctx, Some(&caller), &caller.tenant),
+        body: String::from_utf8_lossy(&req.body).into_owned(),
+        scopes: scope_args(&scopes, unit),
+    };
+    let charged = app.store.run(call).await?.value;
+    let budgeted = budgeted_scopes(&scopes, unit, &charged.codes);
     Ok(Answer::json(
         201,
         &EventCreateResponse {
             status: "APPLIED",
-            event_id: res[0].clone(),
-            charged: if res[1].is_empty() { None } else { Some(Amount { unit, amount: int(&res[1])? }) },
-            balances: Some(balances(&budgeted, unit, &res[3..])?),
+            event_id: charged.event_id,
+            charged: charged.charged.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
+            balances: Some(balances(&budgeted, unit, &charged.balances)?),
         },
     ))
 }
 
 /// The reservation a `{reservation_id}` route addresses, with the caller's auth arguments.
-struct Target {
-    id: String,
-    rid: ReservationId,
+struct Addressed {
+    raw: String,
+    id: ReservationId,
     keys: TenantKeys,
-    /// The key record the script checks (for admin calls: any key of the slot, unchecked).
+    /// The key record the script checks (for admin calls: the tenant record, unchecked).
     auth_key: String,
     digest: String,
-    admin: bool,
     /// The tenant key behind the call (None for admin-key calls).
-    caller: Option<TenantCaller>,
+    caller: Option<TenantKey>,
 }
 
-impl Target {
-    fn budget_keys(&self) -> impl Iterator<Item = String> + '_ {
-        self.rid.budget_codes.iter().map(|c| self.keys.budget_by_code(c))
+impl Addressed {
+    fn target(&self) -> Target<'_> {
+        Target { keys: &self.keys, raw: &self.raw, id: &self.id, auth_key: self.auth_key.clone() }
     }
 }
 
 /// Resolves the path's reservation: 400 for a bad id, 404 when it cannot exist, and for a
-/// reservation of another tenant 403 (after verifying the caller's key) or 404.
-async fn target(app: &App, principal: Principal, params: &Params, permission: Permission) -> ApiResult<Target> {
-    let id = params.get("reservation_id").cloned().unwrap_or_default();
-    let n = id.chars().count();
+/// reservation of another tenant 403 (after checking the caller's key) or 404.
+async fn address(app: &App, caller: Caller, params: &Params, permission: Permission) -> ApiResult<Addressed> {
+    let raw = params.get("reservation_id").cloned().unwrap_or_default();
+    let n = raw.chars().count();
     if n == 0 || n > 128 {
         return Err(ApiError::invalid(format!("reservation_id must be 1 to 128 characters (got {n})")));
     }
-    Ok(match principal {
-        Principal::Admin => {
-            let rid = ReservationId::parse(&id).ok_or_else(reservation_not_found)?;
-            let keys = TenantKeys::new(&rid.tenant);
-            Target { auth_key: keys.tenant(), keys, rid, id, digest: String::new(), admin: true, caller: None }
+    Ok(match caller {
+        Caller::Admin => {
+            let id = ReservationId::parse(&raw).ok_or_else(reservation_not_found)?;
+            let keys = TenantKeys::new(&id.tenant);
+            Addressed { auth_key: keys.tenant(), keys, id, raw, digest: String::new(), caller: None }
         }
-        Principal::Tenant(c) => {
+        Caller::Tenant(c) => {
             let keys = TenantKeys::new(&c.tenant);
             let auth_key = keys.api_key(&c.key_id);
-            let Some(rid) = ReservationId::parse(&id) else {
-                verify_key(app, &auth_key, &c, permission).await?;
+            let Some(id) = ReservationId::parse(&raw) else {
+                check_key(app, &auth_key, &c, permission).await?;
                 return Err(reservation_not_found());
             };
-            if rid.tenant != c.tenant {
-                verify_key(app, &auth_key, &c, permission).await?;
-                return Err(foreign_reservation(app, &rid).await?);
+            if id.tenant != c.tenant {
+                check_key(app, &auth_key, &c, permission).await?;
+                return Err(foreign_reservation(app, &id).await?);
             }
-            Target { keys, rid, id, auth_key, digest: c.digest.clone(), admin: false, caller: Some(c) }
+            Addressed { keys, id, raw, auth_key, digest: c.digest.clone(), caller: Some(c) }
         }
     })
 }
 
 fn reservation_not_found() -> ApiError {
-    ApiError::not_found("Reservation not found")
+    ApiError::not_found(messages::RESERVATION_NOT_FOUND)
 }
 
-async fn verify_key(app: &App, auth_key: &str, c: &TenantCaller, p: Permission) -> ApiResult<()> {
-    let args = [c.digest.clone(), p.accepted().to_string()];
-    app.store.run(&scripts::AUTHENTICATE, &[auth_key.to_string()], &args).await.map(|_| ())
+async fn check_key(app: &App, auth_key: &str, c: &TenantKey, p: Permission) -> ApiResult<()> {
+    let call = Authenticate {
+        api_key: auth_key.to_string(),
+        tenant: vec![],
+        digest: c.digest.clone(),
+        accepted: p.accepted().to_string(),
+    };
+    app.store.run(call).await.map(|_| ())
 }
 
 /// 403 when the id names an existing reservation of another tenant, else 404.
-async fn foreign_reservation(app: &App, rid: &ReservationId) -> ApiResult<ApiError> {
-    use redis::AsyncCommands;
-    let key = TenantKeys::new(&rid.tenant).reservation(&rid.token);
-    let record: Option<String> = app.store.conn().get(key).await?;
-    let codes =
-        record.and_then(|r| serde_json::from_str::<Value>(&r).ok()).and_then(|r| r["codes"].as_str().map(String::from));
-    Ok(if codes == Some(rid.budget_codes.concat()) {
-        ApiError::forbidden("Reservation belongs to another tenant")
+async fn foreign_reservation(app: &App, id: &ReservationId) -> ApiResult<ApiError> {
+    let key = TenantKeys::new(&id.tenant).reservation(&id.token);
+    let raw = app.store.run(crate::ops::listing::ReadRecords { records: vec![key] }).await?.value.records;
+    let record = raw.first().and_then(|r| ReservationRecord::parse(r));
+    Ok(if record.is_some_and(|r| r.codes == id.budget_codes.concat()) {
+        ApiError::forbidden(messages::RESERVATION_FOREIGN)
     } else {
         reservation_not_found()
     })
 }
 
+/// The answer of a commit or release: the settled amounts and the budgeted scopes' balances.
+fn settled_balances(s: &Settled, id: &ReservationId) -> ApiResult<(Unit, Vec<Balance>)> {
+    let unit = s.unit()?;
+    let scopes = derive_scopes(&s.subject()?);
+    let budgeted = budgeted_scopes(&scopes, unit, &id.budget_codes.concat());
+    Ok((unit, balances(&budgeted, unit, &s.balances)?))
+}
+
 pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let principal = authenticate(app, ctx, req, false).await?;
+    let caller = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<CommitRequest>(req)?;
-    let t = target(app, principal, params, Permission::ReservationsCommit).await?;
-    let mut keys = vec![
-        t.keys.tenant(),
-        t.auth_key.clone(),
-        t.keys.reservation(&t.rid.token),
-        t.keys.expiry_index(),
-        t.keys.events(),
-        t.keys.listing_index(),
-        t.keys.reservation_metadata(&t.rid.token),
-    ];
-    keys.extend(t.budget_keys());
-    let args = [
-        t.digest.clone(),
-        Permission::ReservationsCommit.accepted().to_string(),
-        t.id.clone(),
-        r.idempotency_key.clone(),
-        payload_hash(&raw, &[]),
-        r.actual.unit.as_str().to_string(),
-        r.actual.amount.to_string(),
-        json_or_empty(&r.metrics),
-        json_or_empty(&r.metadata),
-        retention_ms(app),
-        event_context(ctx, t.caller.as_ref(), &t.rid.tenant),
-    ];
-    let reply = app.store.run(&scripts::COMMIT, &keys, &args).await?;
-    let res = &reply.result;
-    if res.len() < 2 {
-        return Err(ApiError::internal("Malformed commit result"));
+    let a = address(app, caller, params, Permission::ReservationsCommit).await?;
+    let call = Commit {
+        digest: a.digest.clone(),
+        accepted: Permission::ReservationsCommit.accepted().to_string(),
+        reservation_id: a.raw.clone(),
+        idempotency_key: r.idempotency_key.clone(),
+        payload_hash: payload_hash(&raw, &[]),
+        unit: r.actual.unit.as_str().to_string(),
+        amount: r.actual.amount.to_string(),
+        metrics: json_or_empty(&r.metrics),
+        metadata: json_or_empty(&r.metadata),
+        record_ttl_ms: record_ttl_ms(app),
+        context: event_context(ctx, a.caller.as_ref(), &a.id.tenant),
+        ..Default::default()
     }
-    let (subject, unit) = reservation_context(&reply)?;
-    let budgeted = budgeted_scopes(&subject, unit, &t.rid.budget_codes);
+    .target(&a.target());
+    let settled = app.store.run(call).await?.value;
+    let (unit, balances) = settled_balances(&settled, &a.id)?;
+    let charged = settled.charged.as_deref().ok_or_else(|| ApiError::fault("a commit answered no charge"))?;
     Ok(Answer::json(
         200,
         &CommitResponse {
             status: "COMMITTED",
-            charged: Amount { unit, amount: int(&res[0])? },
-            released: if res[1].is_empty() { None } else { Some(Amount { unit, amount: int(&res[1])? }) },
-            balances: Some(balances(&budgeted, unit, &res[2..])?),
+            charged: Amount { unit, amount: int(charged)? },
+            released: settled.released.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
+            balances: Some(balances),
         },
     ))
 }
 
-/// Authenticates before the body is parsed (401 precedes 400) and records the tenant.
-async fn authenticate(app: &App, ctx: &mut Ctx, req: &ApiRequest, admin_allowed: bool) -> ApiResult<Principal> {
-    let principal = app.authenticate(&req.headers, admin_allowed).await?;
-    if let Principal::Tenant(c) = &principal {
-        ctx.tenant = Some(c.tenant.clone());
-    }
-    Ok(principal)
-}
-
 pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let principal = authenticate(app, ctx, req, true).await?;
+    let caller = authenticate(app, ctx, req, true).await?;
     let (r, raw) = parse::<ReleaseRequest>(req)?;
-    let t = target(app, principal, params, Permission::ReservationsRelease).await?;
-    let audit = if t.admin {
+    let a = address(app, caller, params, Permission::ReservationsRelease).await?;
+    let audit = if a.caller.is_none() {
         json!({
-            "tenant_id": t.rid.tenant,
+            "tenant_id": a.id.tenant,
             "operation": "releaseReservation",
             "resource_type": "reservation",
-            "resource_id": t.id,
+            "resource_id": a.raw,
             "status": 200,
             "actor_type": "admin_on_behalf_of",
             "reason": r.reason,
@@ -528,136 +474,89 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params
     } else {
         String::new()
     };
-    let mut keys = vec![
-        t.keys.tenant(),
-        t.auth_key.clone(),
-        t.keys.reservation(&t.rid.token),
-        t.keys.expiry_index(),
-        t.keys.audit_log(),
-        t.keys.events(),
-        t.keys.listing_index(),
-        t.keys.reservation_metadata(&t.rid.token),
-    ];
-    keys.extend(t.budget_keys());
-    let args = [
-        t.digest.clone(),
-        Permission::ReservationsRelease.accepted().to_string(),
-        t.id.clone(),
-        r.idempotency_key.clone(),
-        payload_hash(&raw, &[]),
-        r.reason.clone().unwrap_or_default(),
-        retention_ms(app),
+    let call = Release {
+        digest: a.digest.clone(),
+        accepted: Permission::ReservationsRelease.accepted().to_string(),
+        reservation_id: a.raw.clone(),
+        idempotency_key: r.idempotency_key.clone(),
+        payload_hash: payload_hash(&raw, &[]),
+        reason: r.reason.clone().unwrap_or_default(),
+        record_ttl_ms: record_ttl_ms(app),
         audit,
-    ];
-    let reply = app.store.run(&scripts::RELEASE, &keys, &args).await?;
-    let res = &reply.result;
-    if res.is_empty() {
-        return Err(ApiError::internal("Malformed release result"));
+        ..Default::default()
     }
-    let (subject, unit) = reservation_context(&reply)?;
-    let budgeted = budgeted_scopes(&subject, unit, &t.rid.budget_codes);
+    .target(&a.target());
+    let settled = app.store.run(call).await?.value;
+    let (unit, balances) = settled_balances(&settled, &a.id)?;
+    let released = settled.released.as_deref().ok_or_else(|| ApiError::fault("a release answered no amount"))?;
     Ok(Answer::json(
         200,
         &ReleaseResponse {
             status: "RELEASED",
-            released: Amount { unit, amount: int(&res[0])? },
-            balances: Some(balances(&budgeted, unit, &res[1..])?),
+            released: Amount { unit, amount: int(released)? },
+            balances: Some(balances),
         },
     ))
 }
 
 pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let principal = authenticate(app, ctx, req, false).await?;
+    let caller = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<ReservationExtendRequest>(req)?;
-    let t = target(app, principal, params, Permission::ReservationsExtend).await?;
-    let mut keys = vec![
-        t.keys.tenant(),
-        t.auth_key.clone(),
-        t.keys.reservation(&t.rid.token),
-        t.keys.expiry_index(),
-        t.keys.idempotency("extend", &[&t.id, &r.idempotency_key]),
-        t.keys.events(),
-        t.keys.listing_index(),
-        t.keys.reservation_metadata(&t.rid.token),
-    ];
-    keys.extend(t.budget_keys());
-    let args = [
-        t.digest.clone(),
-        Permission::ReservationsExtend.accepted().to_string(),
-        t.id.clone(),
-        payload_hash(&raw, &[]),
-        r.extend_by_ms.to_string(),
-        retention_ms(app),
-    ];
-    let reply = app.store.run(&scripts::EXTEND, &keys, &args).await?;
-    let expires_at_ms = int(reply.result.first().ok_or_else(|| ApiError::internal("Malformed extend result"))?)?;
+    let a = address(app, caller, params, Permission::ReservationsExtend).await?;
+    let call = Extend {
+        digest: a.digest.clone(),
+        accepted: Permission::ReservationsExtend.accepted().to_string(),
+        reservation_id: a.raw.clone(),
+        payload_hash: payload_hash(&raw, &[]),
+        extend_by_ms: r.extend_by_ms.to_string(),
+        record_ttl_ms: record_ttl_ms(app),
+        ..Default::default()
+    }
+    .target(&a.target(), &r.idempotency_key);
+    let reply = app.store.run(call).await?;
+    let expires_at_ms = int(&reply.value.expires_at_ms)?;
     Ok(Answer::json(
         200,
         &ReservationExtendResponse {
             status: "ACTIVE",
             expires_at_ms,
-            remaining_ttl_ms: Some(remaining_ttl(&reply, expires_at_ms)),
+            remaining_ttl_ms: Some(remaining_ttl(&reply.status, reply.now_ms, expires_at_ms)),
             balances: None,
         },
     ))
 }
 
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let principal = authenticate(app, ctx, req, true).await?;
-    let t = target(app, principal, params, Permission::ReservationsList).await?;
-    let res_key = t.keys.reservation(&t.rid.token);
-    let auth_key = if t.admin { res_key.clone() } else { t.auth_key.clone() };
-    let keys = [auth_key, res_key, t.keys.reservation_metadata(&t.rid.token)];
-    let args = [t.digest.clone(), Permission::ReservationsList.accepted().to_string(), t.id.clone()];
-    let reply = app.store.run(&scripts::GET_RESERVATION, &keys, &args).await?;
+    let caller = authenticate(app, ctx, req, true).await?;
+    let a = address(app, caller, params, Permission::ReservationsList).await?;
+    let record_key = a.keys.reservation(&a.id.token);
+    let call = GetReservation {
+        auth: if a.caller.is_none() { record_key.clone() } else { a.auth_key.clone() },
+        reservation: record_key,
+        meta: a.keys.reservation_metadata(&a.id.token),
+        digest: a.digest.clone(),
+        accepted: Permission::ReservationsList.accepted().to_string(),
+        reservation_id: a.raw.clone(),
+    };
+    let reply = app.store.run(call).await?;
     if reply.status == "OVERDUE" {
         // Expire it now, as every touch does; if the store refuses the write, the sweep will.
-        let opts = app.config.sweep_options();
-        if let Err(e) = expire_reservations(&app.store, &t.rid.tenant, std::slice::from_ref(&t.id), &opts).await {
-            tracing::warn!(error = %e.message, reservation_id = %t.id, "could not expire an overdue reservation on read");
+        let ids = std::slice::from_ref(&a.raw);
+        if let Err(e) = expire_reservations(&app.store, &a.id.tenant, ids, app.config.retention).await {
+            tracing::warn!(error = %e.message, reservation_id = %a.raw, "could not expire an overdue reservation on read");
         }
-        return Err(ApiError::new(crate::error::ErrorCode::ReservationExpired, "Reservation has expired"));
+        return Err(ApiError::new(ErrorCode::ReservationExpired, messages::RESERVATION_EXPIRED));
     }
-    let f = &reply.result;
-    if f.len() != 13 {
-        return Err(ApiError::internal("Malformed reservation record"));
+    let stored = reply.value;
+    let malformed = || ApiError::fault(format!("reservation record {} is malformed", a.raw));
+    let record = stored.record.as_deref().and_then(ReservationRecord::parse).ok_or_else(malformed)?;
+    let mut detail = record.detail(&a.id.tenant, &a.id.token).ok_or_else(malformed)?;
+    detail.reservation_id = a.raw.clone();
+    if let Some(scope) = stored.scope {
+        detail.scope_path = scope;
     }
-    let bad = || ApiError::internal("Malformed reservation record");
-    let unit = Unit::parse(&f[4]).ok_or_else(bad)?;
-    let subject: Subject = serde_json::from_str(&f[2]).map_err(|_| bad())?;
-    let scopes = derive_scopes(&subject);
-    let optional_json = |s: &str| {
-        if s.is_empty() {
-            None
-        } else {
-            serde_json::from_str::<Value>(s).ok()
-        }
-    };
-    let optional_int = |s: &str| {
-        if s.is_empty() {
-            Ok(None)
-        } else {
-            int(s).map(Some)
-        }
-    };
-    let committed = if f[0] == "COMMITTED" { optional_int(&f[6])?.map(|amount| Amount { unit, amount }) } else { None };
-    Ok(Answer::json(
-        200,
-        &ReservationDetail {
-            reservation_id: t.id.clone(),
-            status: f[0].clone(),
-            idempotency_key: f[1].clone(),
-            subject: serde_json::from_str(&f[2]).map_err(|_| bad())?,
-            action: serde_json::from_str(&f[3]).map_err(|_| bad())?,
-            reserved: Amount { unit, amount: int(&f[5])? },
-            committed,
-            created_at_ms: int(&f[7])?,
-            expires_at_ms: int(&f[8])?,
-            finalized_at_ms: optional_int(&f[9])?,
-            scope_path: f[10].clone(),
-            affected_scopes: scopes,
-            metadata: optional_json(&f[11]),
-            committed_metadata: optional_json(&f[12]),
-        },
-    ))
+    let json = |s: &Option<String>| s.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
+    detail.metadata = json(&stored.metadata);
+    detail.committed_metadata = json(&stored.committed_metadata);
+    Ok(Answer::json(200, &detail))
 }

@@ -6,18 +6,12 @@ use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx, Params};
+use crate::domain::{rules, validate_tenant_id};
 use crate::error::{ApiError, ApiResult};
-use crate::ids::ReservationId;
 use crate::keys::{self, TenantKeys};
-use crate::model::{parse_json, OveragePolicy, Unit, TTL_MS};
-use crate::provision::validate_tenant_id;
-use crate::store::{scripts, Store};
-use std::time::Duration;
-
-/// Global sorted set of tenants whose close cascade has not finished (the durable close
-/// intent, scored by when it was written: before the CLOSED flip, removed once the cascade
-/// is done).
-pub const CLOSING: &str = "cy:closing";
+use crate::model::{parse_json, OveragePolicy, TTL_MS};
+use crate::ops;
+use crate::store::Store;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -128,10 +122,10 @@ pub fn tenant_json(r: &Record) -> Value {
         "tenant_id": field(r, "tenant_id").unwrap_or_default(),
         "name": field(r, "name").unwrap_or_default(),
         "status": field(r, "status").unwrap_or("ACTIVE"),
-        "default_commit_overage_policy": field(r, "default_commit_overage_policy").unwrap_or("ALLOW_IF_AVAILABLE"),
-        "default_reservation_ttl_ms": int_field(r, "default_reservation_ttl_ms").unwrap_or(60_000),
-        "max_reservation_ttl_ms": int_field(r, "max_reservation_ttl_ms").unwrap_or(3_600_000),
-        "max_reservation_extensions": int_field(r, "max_reservation_extensions").unwrap_or(10),
+        "default_commit_overage_policy": field(r, "default_commit_overage_policy").unwrap_or(rules::DEFAULT_OVERAGE_POLICY.as_str()),
+        "default_reservation_ttl_ms": int_field(r, "default_reservation_ttl_ms").unwrap_or(rules::DEFAULT_TTL_MS),
+        "max_reservation_ttl_ms": int_field(r, "max_reservation_ttl_ms").unwrap_or(rules::MAX_TTL_MS),
+        "max_reservation_extensions": int_field(r, "max_reservation_extensions").unwrap_or(rules::MAX_EXTENSIONS),
         "reservation_expiry_policy": field(r, "reservation_expiry_policy").unwrap_or("AUTO_RELEASE"),
         "created_at": time_field(r, "created_at").unwrap_or_else(|| crate::domain::format_rfc3339_ms(0)),
     });
@@ -166,12 +160,12 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
     if let Some(m) = check_metadata(&r.metadata)? {
         fields.insert("metadata".into(), json!(m));
     }
-    let policy = r.default_commit_overage_policy.or(Some(OveragePolicy::AllowIfAvailable));
+    let policy = r.default_commit_overage_policy.or(Some(rules::DEFAULT_OVERAGE_POLICY));
     let s = settings(
         policy,
-        r.default_reservation_ttl_ms.or(Some(60_000)),
-        r.max_reservation_ttl_ms.or(Some(3_600_000)),
-        r.max_reservation_extensions.or(Some(10)),
+        r.default_reservation_ttl_ms.or(Some(rules::DEFAULT_TTL_MS)),
+        r.max_reservation_ttl_ms.or(Some(rules::MAX_TTL_MS)),
+        r.max_reservation_extensions.or(Some(rules::MAX_EXTENSIONS)),
     )?;
     for (k, v) in s {
         fields.insert(k.into(), json!(v));
@@ -182,17 +176,7 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
         ExpiryPolicy::GraceOnly => "GRACE_ONLY",
     };
     fields.insert("reservation_expiry_policy".into(), json!(expiry));
-    // The registry first: a listed id whose record never got written is simply skipped.
-    crate::maintenance::register_tenant(store, &r.tenant_id).await?;
-    let keys = TenantKeys::new(&r.tenant_id);
-    let args = [context.to_string(), Value::Object(fields).to_string()];
-    let reply = store.run(&scripts::TENANT_CREATE, &[keys.tenant(), keys.events(), keys.audit_log()], &args).await?;
-    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
-    if reply.status == "CREATED" {
-        // A new tenant has no reservations from before the listing index to backfill.
-        let _: () = store.conn().set_nx(keys.listing_backfill(), "done").await?;
-    }
-    Ok((record, reply.status == "CREATED"))
+    ops::tenants::create(store, context, &r.tenant_id, Value::Object(fields).to_string()).await
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -207,7 +191,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 async fn load(app: &App, tenant_id: &str) -> ApiResult<Record> {
     let record: Record = app.store.conn().hgetall(TenantKeys::new(tenant_id).tenant()).await?;
     if record.is_empty() {
-        return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, "Tenant not found"));
+        return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, crate::domain::messages::TENANT_NOT_FOUND));
     }
     Ok(record)
 }
@@ -294,91 +278,9 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
         };
         patch.insert("status".into(), json!(s));
     }
-    let keys = TenantKeys::new(&id);
-    if closing {
-        // The durable close intent comes first, so an interrupted cascade is always re-driven.
-        let _: () = app.store.conn().zadd(CLOSING, &id, crate::maintenance::now_ms()).await?;
-    }
     let correlation = closing.then(|| format!("tenant_close_cascade:{id}:{}", ctx.request_id));
     let context = script_context(ctx, &Caller::Admin, false, correlation.as_deref());
-    let args = [context.clone(), Value::Object(patch).to_string()];
-    let script_keys = [keys.tenant(), keys.events(), keys.audit_log()];
-    let reply = match app.store.run(&scripts::TENANT_UPDATE, &script_keys, &args).await {
-        Ok(r) => r,
-        Err(e) if e.code == crate::error::ErrorCode::TenantNotFound && closing => {
-            let _: () = app.store.conn().zrem(CLOSING, &id).await?;
-            return Err(e);
-        }
-        Err(e) => return Err(e),
-    };
-    let mut record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
-    if reply.status == "CLOSED" {
-        close_cascade(&app.store, app.config.retention, &id, &context).await?;
-        record = load(app, &id).await?;
-    }
+    let patch = Value::Object(patch).to_string();
+    let record = ops::tenants::update(&app.store, app.config.retention, &id, &context, patch, closing).await?;
     Ok(Answer::json(200, &tenant_json(&record)))
-}
-
-/// Drives a CLOSED tenant's cascade to completion in bounded steps (idempotent; also run by
-/// the maintenance sweep for closes a crash interrupted), then clears the close intent.
-pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, context: &str) -> ApiResult<()> {
-    let keys = TenantKeys::new(tenant_id);
-    loop {
-        let mut conn = store.conn();
-        let rids: Vec<String> = conn.zrange(keys.expiry_index(), 0, 199).await?;
-        let scopes: std::collections::HashMap<String, String> = conn.hgetall(keys.scope_units()).await?;
-        let key_ids: Vec<String> = conn.smembers(keys.api_key_index()).await?;
-        let mut script_keys =
-            vec![keys.tenant(), keys.events(), keys.audit_log(), keys.expiry_index(), keys.listing_index()];
-        let mut args = vec![context.to_string(), rids.len().to_string()];
-        for rid in &rids {
-            // Unparseable ids cannot be finalized here; the sweep quarantines them.
-            let token = ReservationId::parse(rid).map(|r| r.token).unwrap_or_else(|| rid.clone());
-            script_keys.extend([keys.reservation(&token), keys.reservation_metadata(&token)]);
-        }
-        let budgets: Vec<String> = scopes
-            .iter()
-            .flat_map(|(scope, units)| {
-                csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(|u| (scope.clone(), u))
-            })
-            .map(|(scope, unit)| keys.budget(&scope, unit))
-            .collect();
-        let subscriptions: Vec<String> = conn.smembers(keys.webhook_index()).await?;
-        args.push(budgets.len().to_string());
-        args.push(crate::maintenance::record_ttl(retention).as_millis().to_string());
-        args.push(key_ids.len().to_string());
-        args.extend(rids.iter().cloned());
-        script_keys.extend(budgets);
-        script_keys.extend(key_ids.iter().map(|k| keys.api_key(k)));
-        script_keys.extend(subscriptions.iter().map(|w| keys.webhook(w)));
-        let reply = store.run(&scripts::TENANT_CASCADE, &script_keys, &args).await?;
-        if reply.status == "DONE" {
-            break;
-        }
-    }
-    let _: () = store.conn().zrem(CLOSING, tenant_id).await?;
-    Ok(())
-}
-
-/// Re-drives every close whose cascade has not finished (maintenance).
-pub async fn redrive_closes(store: &Store, retention: Duration) -> ApiResult<u64> {
-    let pending: Vec<(String, i64)> = store.conn().zrange_withscores(CLOSING, 0, 99).await?;
-    let mut done = 0;
-    for (id, since) in pending {
-        let status: Option<String> = store.conn().hget(TenantKeys::new(&id).tenant(), "status").await?;
-        if status.as_deref() != Some("CLOSED") {
-            // An intent whose flip never happened (the update failed); a young one may still
-            // be in flight, so only stale intents are dropped.
-            if crate::maintenance::now_ms() - since > 300_000 {
-                let _: () = store.conn().zrem(CLOSING, &id).await?;
-            }
-            continue;
-        }
-        let context = json!({"request_id": crate::ids::new_request_id(), "trace_id": "", "actor": "system",
-            "correlation_id": format!("tenant_close_cascade:{id}:redrive")})
-        .to_string();
-        close_cascade(store, retention, &id, &context).await?;
-        done += 1;
-    }
-    Ok(done)
 }

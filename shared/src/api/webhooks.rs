@@ -11,12 +11,12 @@ use serde_json::{json, Map, Value};
 use super::admin::*;
 use super::events::{tenant_events, CATEGORIES, EVENT_TYPES, SYSTEM_TENANT};
 use super::{Answer, ApiRequest, App, Ctx, Params};
+use crate::domain::validate_tenant_id;
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::{self, TenantKeys};
 use crate::model::parse_json;
-use crate::provision::validate_tenant_id;
-use crate::store::scripts;
+use crate::ops::webhooks::WriteSubscription;
 use crate::webhooks::{self, check_invariants, check_url, encrypt, RetryPolicy, Subscription};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -179,12 +179,13 @@ pub fn subscription_json(r: &Record) -> Value {
 /// narrows it to that key's filter.
 fn key_scope_bound(caller: &Caller) -> Option<String> {
     match caller {
-        Caller::Tenant(k) if !k.scope_filter.is_empty() => Some(json!(k.scope_filter).to_string()),
+        Caller::Tenant(k) if !k.scope_filter().is_empty() => Some(json!(k.scope_filter()).to_string()),
         _ => None,
     }
 }
 
-/// Runs `webhook_write.lua` for one subscription of `owner`.
+/// Writes one subscription of `owner` (`ops::webhooks::WriteSubscription`): its record after the
+/// write, or None when an update lost to a concurrent one.
 async fn write(
     app: &App,
     context: String,
@@ -193,11 +194,23 @@ async fn write(
     mode: &str,
     fields: Value,
     expected: &str,
-) -> ApiResult<crate::store::Reply> {
+) -> ApiResult<Option<Record>> {
     let keys = TenantKeys::new(owner);
-    let script_keys = [keys.tenant(), keys.webhook(id), keys.webhook_index(), keys.events(), keys.audit_log()];
-    let args = [context, mode.to_string(), fields.to_string(), expected.to_string(), owner.to_string(), id.to_string()];
-    app.store.run(&scripts::WEBHOOK_WRITE, &script_keys, &args).await
+    let call = WriteSubscription {
+        tenant: keys.tenant(),
+        subscription: keys.webhook(id),
+        subscription_index: keys.webhook_index(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context,
+        mode: mode.to_string(),
+        fields: fields.to_string(),
+        expected_updated_at_ms: expected.to_string(),
+        owner: owner.to_string(),
+        subscription_id: id.to_string(),
+    };
+    let reply = app.store.run(call).await?;
+    Ok((reply.status != "CHANGED").then_some(reply.value.0))
 }
 
 async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req: &ApiRequest) -> ApiResult<Answer> {
@@ -250,8 +263,8 @@ async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req:
     }
     let _: () = app.store.conn().set(keys::webhook_lookup(&id), owner).await?;
     let on_behalf = matches!(caller, Caller::Admin) && owner != SYSTEM_TENANT && req.path.starts_with("/v1/webhooks");
-    let reply = write(app, script_context(ctx, caller, on_behalf, None), owner, &id, "create", f, "").await?;
-    let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
+    let context = script_context(ctx, caller, on_behalf, None);
+    let record = write(app, context, owner, &id, "create", f, "").await?.unwrap_or_default();
     Ok(Answer::json(201, &json!({"subscription": subscription_json(&record), "signing_secret": secret})))
 }
 
@@ -289,7 +302,7 @@ async fn update_for(
     if let Some(p) = &r.retry_policy {
         p.validate()?;
     }
-    for attempt in 0..3 {
+    for _ in 0..3 {
         let (owner, stored) = resolve(app, id, tenant).await?;
         let current = Subscription::from_record(stored.clone());
         let types = r.event_types.clone().unwrap_or(current.event_types.clone());
@@ -342,13 +355,9 @@ async fn update_for(
         let expected = field(&stored, "updated_at_ms").unwrap_or_default().to_string();
         let on_behalf = matches!(caller, Caller::Admin) && tenant.is_none() && req.path.starts_with("/v1/webhooks");
         let context = script_context(ctx, caller, on_behalf, None);
-        match write(app, context, &owner, id, "update", Value::Object(patch), &expected).await {
-            Ok(reply) => {
-                let record = record_from_json(reply.context.first().map(String::as_str).unwrap_or("{}"))?;
-                return Ok(Answer::json(200, &subscription_json(&record)));
-            }
-            Err(e) if e.message.starts_with("The subscription changed meanwhile") && attempt < 2 => continue,
-            Err(e) => return Err(e),
+        // None: another write came first; start over from the record as it is now
+        if let Some(record) = write(app, context, &owner, id, "update", Value::Object(patch), &expected).await? {
+            return Ok(Answer::json(200, &subscription_json(&record)));
         }
     }
     Err(ApiError::internal("The subscription kept changing; retry"))
@@ -374,7 +383,7 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
     let event_id = format!("evt_test_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let event = json!({
         "event_id": event_id, "event_type": "system.webhook_test", "category": "system",
-        "timestamp": format_rfc3339_ms(crate::maintenance::now_ms()), "tenant_id": owner,
+        "timestamp": format_rfc3339_ms(crate::domain::now_ms()), "tenant_id": owner,
         "actor": {"type": "admin"}, "source": "cycles-admin",
         "data": {"subscription_id": id, "test": true},
         "request_id": ctx.request_id, "trace_id": ctx.trace.trace_id,
@@ -383,8 +392,8 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
     // connects to. A target that gives no HTTP answer (blocked, refused, filtered, timed out)
     // gets one answer, and not before the connect timeout, so this is no port scanner.
     let started = std::time::Instant::now();
-    let dispatcher = webhooks::Dispatcher::new(app.store.clone(), app.config.webhooks.clone());
-    let attempt = dispatcher.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub.record).await;
+    let sender = webhooks::Sender::new(&app.config.webhooks);
+    let attempt = sender.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub.record).await;
     let mut body = json!({"success": attempt.error.is_none(), "event_id": event_id});
     if attempt.status > 0 {
         body["response_status"] = json!(attempt.status);
@@ -408,7 +417,7 @@ async fn deliveries_for(app: &App, tenant: Option<&str>, id: &str, req: &ApiRequ
     let (from, to) = (q.time("from")?, q.time("to")?);
     let keys = TenantKeys::new(&owner);
     let ids: Vec<String> = app.store.conn().zrevrange(keys.subscription_deliveries(id), 0, 9_999).await?;
-    let records = webhooks::read_deliveries(app, &owner, &ids).await?;
+    let records = crate::ops::webhooks::read_deliveries(&app.store, &owner, &ids).await?;
     let rows = records
         .into_iter()
         .filter(|r| {
@@ -437,7 +446,7 @@ async fn list_for(app: &App, owners: Vec<String>, req: &ApiRequest) -> ApiResult
     }
     let mut rows = vec![];
     for owner in owners {
-        for sub in webhooks::subscriptions(&app.store, &owner).await? {
+        for sub in crate::ops::webhooks::subscriptions(&app.store, &owner).await? {
             let w = subscription_json(&sub.record);
             if q.get("status").is_some_and(|s| sub.status != s)
                 || q.get("event_type").is_some_and(|t| !sub.event_types.iter().any(|x| x == t))
@@ -625,7 +634,7 @@ async fn replay(
     let mut queued = 0;
     for event in &selected {
         let delivery_id = format!("del_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
-        queued += webhooks::enqueue(&app.store, owner, event, None, &[(sub, delivery_id)]).await?;
+        queued += crate::ops::webhooks::enqueue(&app.store, owner, event, None, &[(sub, delivery_id)]).await?;
     }
     Ok(queued)
 }
@@ -638,9 +647,9 @@ async fn self_service(
     app: &App,
     ctx: &mut Ctx,
     req: &ApiRequest,
-    accepted: &str,
+    permission: Permission,
 ) -> ApiResult<(Caller, Option<String>)> {
-    let caller = dual_auth(app, ctx, req, accepted).await?;
+    let caller = dual_auth(app, ctx, req, Some(permission)).await?;
     let q = super::parse_query(&req.query)?;
     let named = q.get("tenant").filter(|t| !t.is_empty()).cloned();
     let tenant = match &caller {
@@ -656,21 +665,21 @@ async fn self_service(
 }
 
 pub async fn tenant_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let key = tenant_auth(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let key = tenant_auth(app, ctx, req, Permission::WebhooksWrite).await?;
     key.check_not_suspended()?;
     let tenant = key.tenant.clone();
     create_for(app, ctx, &Caller::Tenant(key), &tenant, req).await
 }
 
 pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let (_, tenant) = self_service(app, ctx, req, "webhooks:read,admin:read,admin:webhooks:read").await?;
+    let (_, tenant) = self_service(app, ctx, req, Permission::WebhooksRead).await?;
     let tenant = tenant
         .ok_or_else(|| ApiError::invalid("tenant query parameter is required when using admin key authentication"))?;
     list_for(app, vec![tenant], req).await
 }
 
 pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let (caller, tenant) = self_service(app, ctx, req, "webhooks:read,admin:read,admin:webhooks:read").await?;
+    let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksRead).await?;
     let scope = if matches!(caller, Caller::Admin) { None } else { tenant.as_deref() };
     let (owner, record) = resolve(app, &params["subscription_id"], scope).await?;
     if owner == SYSTEM_TENANT {
@@ -680,25 +689,25 @@ pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Par
 }
 
 pub async fn tenant_update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let (caller, tenant) = self_service(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksWrite).await?;
     let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
     update_for(app, ctx, &caller, Some(&scope), &params["subscription_id"], req).await
 }
 
 pub async fn tenant_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let (caller, tenant) = self_service(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksWrite).await?;
     let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
     delete_for(app, ctx, &caller, Some(&scope), &params["subscription_id"]).await
 }
 
 pub async fn tenant_test(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let (caller, tenant) = self_service(app, ctx, req, "webhooks:write,admin:write,admin:webhooks:write").await?;
+    let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksWrite).await?;
     let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
     test_for(app, ctx, Some(&scope), &params["subscription_id"]).await
 }
 
 pub async fn tenant_deliveries(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
-    let (caller, tenant) = self_service(app, ctx, req, "webhooks:read,admin:read,admin:webhooks:read").await?;
+    let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksRead).await?;
     let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
     deliveries_for(app, Some(&scope), &params["subscription_id"], req).await
 }

@@ -13,36 +13,14 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde::Serialize;
 
+pub use crate::config::SweepOptions;
+use crate::domain::now_ms;
 use crate::error::{ApiError, ApiResult};
-use crate::ids::ReservationId;
 use crate::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY, TRIM_CURSOR};
-use crate::store::{scripts, Store};
-
-#[derive(Debug, Clone)]
-pub struct SweepOptions {
-    /// Reservations per script call.
-    pub batch: usize,
-    /// Stop a tenant after this many batches (None = until its due work is done).
-    pub max_batches_per_tenant: Option<usize>,
-    /// Retention of finished reservation records.
-    pub retention: Duration,
-    /// Retention of events.
-    pub event_retention: Duration,
-    /// Tenants the retention crawl visits per pass.
-    pub trim_tenants: usize,
-}
-
-impl Default for SweepOptions {
-    fn default() -> Self {
-        SweepOptions {
-            batch: 200,
-            max_batches_per_tenant: None,
-            retention: Duration::from_secs(30 * 86_400),
-            event_retention: Duration::from_secs(90 * 86_400),
-            trim_tenants: 200,
-        }
-    }
-}
+use crate::ops::listing::Backfill;
+use crate::ops::maintenance::{expire_reservations, schedule, Trim};
+use crate::ops::tenants::redrive_closes;
+use crate::store::Store;
 
 /// Counters of one sweep (logged per run).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -94,30 +72,11 @@ impl SweepReport {
     }
 }
 
-/// How long the keys of a finished reservation live: the retention, plus a week in which the
-/// retention crawl deletes them with their index entries (the TTL is only the safety net).
-pub fn record_ttl(retention: Duration) -> Duration {
-    retention + Duration::from_secs(7 * 86_400)
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-/// Registers a tenant: the registry (listings, the retention crawl) and its slot among those
-/// the sweep looks at.
-pub async fn register_tenant(store: &Store, tenant: &str) -> ApiResult<()> {
-    let slot = TenantKeys::new(tenant).slot();
-    let _: () = store.conn().sadd(TENANT_REGISTRY, tenant).await?;
-    let _: () = store.conn().sadd(SWEEP_SLOTS, slot).await?;
-    Ok(())
-}
-
 /// One pass: interrupted closes, then the due tenants, then a bounded stretch of the
 /// retention crawl.
 pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport> {
     let started = Instant::now();
-    let closes_converged = crate::api::tenants::redrive_closes(store, opts.retention).await?;
+    let closes_converged = redrive_closes(store, opts.retention).await?;
     let mut report = SweepReport { closes_converged, ..Default::default() };
     for tenant in due_tenants(store).await? {
         report.tenants += 1;
@@ -125,7 +84,7 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
     }
     crawl(store, opts, &mut report).await?;
     // system events and system-wide subscriptions' deliveries age out too
-    trim_tenant(store, crate::api::events::SYSTEM_TENANT, opts, &mut report).await?;
+    trim_tenant(store, crate::ops::events::SYSTEM_TENANT, opts, &mut report).await?;
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
@@ -187,13 +146,6 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> 
     Ok(())
 }
 
-/// Sets a tenant's due time from its expiry index (`sweep_schedule.lua`).
-async fn schedule(store: &Store, tenant: &str, mode: &str) -> ApiResult<()> {
-    let keys = TenantKeys::new(tenant);
-    let args = [tenant.to_string(), mode.to_string()];
-    store.run(&scripts::SWEEP_SCHEDULE, &[keys.due_index(), keys.expiry_index()], &args).await.map(|_| ())
-}
-
 /// Expires one tenant's due reservations, batch by batch, then sets its next due time.
 pub async fn expire_tenant(
     store: &Store,
@@ -211,8 +163,10 @@ pub async fn expire_tenant(
         if due.is_empty() {
             break;
         }
-        let batch = expire_reservations(store, tenant, &due, opts).await?;
-        report.add(&batch);
+        let batch = expire_reservations(store, tenant, &due, opts.retention).await?;
+        report.expired += batch.expired;
+        report.dropped += batch.dropped;
+        report.quarantined += batch.quarantined;
         batches += 1;
         let progressed = batch.expired + batch.dropped + batch.quarantined > 0;
         if opts.max_batches_per_tenant.is_some_and(|m| batches >= m) {
@@ -254,17 +208,22 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
             .arg(opts.batch)
             .query_async(&mut store.conn())
             .await?;
-        let mut script_keys = vec![keys.created_index(), keys.events(), keys.listing_index()];
-        let mut args = vec![event_horizon.clone(), opts.retention.as_millis().to_string()];
+        let mut call = Trim {
+            created_index: keys.created_index(),
+            events: keys.events(),
+            listing_index: keys.listing_index(),
+            oldest_event_ms: event_horizon.clone(),
+            retention_ms: opts.retention.as_millis().to_string(),
+            ..Default::default()
+        };
         for member in &old {
             let token = member.get(13..).unwrap_or("-");
-            script_keys.extend([keys.reservation(token), keys.reservation_metadata(token)]);
-            args.push(member.clone());
+            call.candidates.extend([keys.reservation(token), keys.reservation_metadata(token)]);
+            call.members.push(member.clone());
         }
-        let reply = store.run(&scripts::TRIM, &script_keys, &args).await?;
-        let count = |i: usize| reply.result.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        report.trimmed_index += count(0);
-        report.trimmed_events += count(1);
+        let trimmed = store.run(call).await?.value;
+        report.trimmed_index += trimmed.removed;
+        report.trimmed_events += trimmed.events;
         match old.last() {
             Some(last) if old.len() == opts.batch => start = format!("({last}"),
             _ => break,
@@ -297,9 +256,9 @@ async fn backfill_listing(store: &Store, tenant: &str) -> ApiResult<()> {
         .query_async(&mut conn)
         .await?;
     if !members.is_empty() {
-        let mut script_keys = vec![keys.listing_index()];
-        script_keys.extend(members.iter().map(|m| keys.reservation(m.get(13..).unwrap_or("-"))));
-        store.run(&scripts::LIST_BACKFILL, &script_keys, &members).await?;
+        let records = members.iter().map(|m| keys.reservation(m.get(13..).unwrap_or("-"))).collect();
+        let call = Backfill { listing_index: keys.listing_index(), records, members: members.clone() };
+        store.run(call).await?;
     }
     let next = match members.last() {
         Some(last) if members.len() == BACKFILL_BATCH => last.clone(),
@@ -319,38 +278,6 @@ async fn trim_deliveries(store: &Store, owner: &str, report: &mut SweepReport) -
         report.trimmed_index += n;
     }
     Ok(())
-}
-
-/// Expires the given reservations of one tenant where they are overdue (one script, one slot;
-/// ids are re-checked inside it). Also the lazy reclaim a reserve runs when dead holds block it.
-pub async fn expire_reservations(
-    store: &Store,
-    tenant: &str,
-    ids: &[String],
-    opts: &SweepOptions,
-) -> ApiResult<SweepReport> {
-    let keys = TenantKeys::new(tenant);
-    let mut script_keys = vec![keys.expiry_index(), keys.events(), keys.quarantine(), keys.listing_index()];
-    let mut args = vec![record_ttl(opts.retention).as_millis().to_string(), ids.len().to_string()];
-    for id in ids {
-        match ReservationId::parse(id).filter(|r| r.tenant == tenant) {
-            Some(rid) => {
-                script_keys.extend([keys.reservation(&rid.token), keys.reservation_metadata(&rid.token)]);
-                script_keys.extend(rid.budget_codes.iter().map(|c| keys.budget_by_code(c)));
-                args.extend([id.clone(), rid.budget_codes.len().to_string()]);
-            }
-            // Not one of ours: the script finds no record under it and drops the entry.
-            None => {
-                script_keys.extend([keys.reservation("-"), keys.reservation_metadata("-")]);
-                args.extend([id.clone(), "0".to_string()]);
-            }
-        }
-    }
-    let reply = store.run(&scripts::EXPIRE, &script_keys, &args).await?;
-    let count = |i: usize| -> ApiResult<u64> {
-        reply.result.get(i).and_then(|v| v.parse().ok()).ok_or_else(|| ApiError::internal("Malformed sweep result"))
-    };
-    Ok(SweepReport { expired: count(0)?, dropped: count(1)?, quarantined: count(2)?, ..Default::default() })
 }
 
 /// Sweeps every `interval` until `deadline` (a Lambda invocation) or forever (local gateway).

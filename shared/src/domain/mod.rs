@@ -1,4 +1,6 @@
-//! Pure rules: canonical scope derivation, payload hashing for idempotency, permissions.
+//! Pure rules: canonical scope derivation, payload hashing for idempotency, permissions, scope
+//! filters, timestamps, the grammar of tenant ids and scopes; with the rules and defaults
+//! (`rules`) and the client-error messages (`messages`) that the scripts share.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -6,6 +8,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
+use crate::error::{ApiError, ApiResult};
 use crate::model::Subject;
 
 /// Canonical scope identifiers of a subject, shortest first: levels in canonical order, gaps
@@ -52,52 +55,130 @@ pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
     URL_SAFE_NO_PAD.encode(&Sha256::digest(&bytes)[..16])
 }
 
-/// Runtime operations and the key permissions that allow them (admin-and-events.md §6.2).
-/// A wildcard `admin:write` / `admin:read` also satisfies the matching kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permission {
-    ReservationsCreate,
-    ReservationsCommit,
-    ReservationsRelease,
-    ReservationsExtend,
-    ReservationsList,
-    BalancesRead,
+pub mod messages;
+pub mod rules;
+
+/// Key permissions (the admin spec's `Permission`), for both planes. An operation names the
+/// one it needs; a key holding it, or a wildcard that covers it, may proceed.
+macro_rules! permissions {
+    ($($variant:ident = $name:literal $(, also $($wider:literal),+)?;)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Permission {
+            $($variant,)*
+        }
+
+        impl Permission {
+            pub const ALL: [Permission; permissions!(@count $($variant)*)] = [$(Permission::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Permission::$variant => $name,)*
+                }
+            }
+
+            /// The held permissions that satisfy this one, comma-separated (first: itself), as
+            /// the scripts' key check takes them.
+            pub fn accepted(self) -> &'static str {
+                match self {
+                    $(Permission::$variant => concat!($name $($(, ",", $wider)+)?),)*
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<Permission> {
+                Self::ALL.into_iter().find(|p| p.as_str() == s)
+            }
+        }
+    };
+    (@count) => { 0 };
+    (@count $head:ident $($rest:ident)*) => { 1 + permissions!(@count $($rest)*) };
 }
 
-impl Permission {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ReservationsCreate => "reservations:create",
-            Self::ReservationsCommit => "reservations:commit",
-            Self::ReservationsRelease => "reservations:release",
-            Self::ReservationsExtend => "reservations:extend",
-            Self::ReservationsList => "reservations:list",
-            Self::BalancesRead => "balances:read",
-        }
-    }
-
-    /// Comma-separated list of held permissions that satisfy this one (first = itself).
-    pub fn accepted(self) -> &'static str {
-        match self {
-            Self::ReservationsCreate => "reservations:create,admin:write",
-            Self::ReservationsCommit => "reservations:commit,admin:write",
-            Self::ReservationsRelease => "reservations:release,admin:write",
-            Self::ReservationsExtend => "reservations:extend,admin:write",
-            Self::ReservationsList => "reservations:list,admin:read",
-            Self::BalancesRead => "balances:read,admin:read",
-        }
-    }
+permissions! {
+    ReservationsCreate = "reservations:create", also "admin:write";
+    ReservationsCommit = "reservations:commit", also "admin:write";
+    ReservationsRelease = "reservations:release", also "admin:write";
+    ReservationsExtend = "reservations:extend", also "admin:write";
+    ReservationsList = "reservations:list", also "admin:read";
+    BalancesRead = "balances:read", also "admin:read";
+    BudgetsRead = "budgets:read", also "admin:read", "admin:budgets:read";
+    BudgetsWrite = "budgets:write", also "admin:write", "admin:budgets:write";
+    PoliciesRead = "policies:read", also "admin:read", "admin:policies:read";
+    PoliciesWrite = "policies:write", also "admin:write", "admin:policies:write";
+    WebhooksRead = "webhooks:read", also "admin:read", "admin:webhooks:read";
+    WebhooksWrite = "webhooks:write", also "admin:write", "admin:webhooks:write";
+    EventsRead = "events:read", also "admin:read", "admin:events:read";
+    AdminRead = "admin:read";
+    AdminWrite = "admin:write";
+    AdminTenantsRead = "admin:tenants:read", also "admin:read";
+    AdminTenantsWrite = "admin:tenants:write", also "admin:write";
+    AdminBudgetsRead = "admin:budgets:read", also "admin:read";
+    AdminBudgetsWrite = "admin:budgets:write", also "admin:write";
+    AdminPoliciesRead = "admin:policies:read", also "admin:read";
+    AdminPoliciesWrite = "admin:policies:write", also "admin:write";
+    AdminApikeysRead = "admin:apikeys:read", also "admin:read";
+    AdminApikeysWrite = "admin:apikeys:write", also "admin:write";
+    AdminWebhooksRead = "admin:webhooks:read", also "admin:read";
+    AdminWebhooksWrite = "admin:webhooks:write", also "admin:write";
+    AdminEventsRead = "admin:events:read", also "admin:read";
+    AdminAuditRead = "admin:audit:read", also "admin:read";
 }
 
-/// The default permission set of a new tenant key (decision D1: the reference's six).
-pub const DEFAULT_PERMISSIONS: [&str; 6] = [
-    "reservations:create",
-    "reservations:commit",
-    "reservations:release",
-    "reservations:extend",
-    "reservations:list",
-    "balances:read",
+/// The default permission set of a new tenant key: the runtime plane's six.
+pub const DEFAULT_PERMISSIONS: [Permission; 6] = [
+    Permission::ReservationsCreate,
+    Permission::ReservationsCommit,
+    Permission::ReservationsRelease,
+    Permission::ReservationsExtend,
+    Permission::ReservationsList,
+    Permission::BalancesRead,
 ];
+
+const LEVELS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "toolset"];
+
+/// Tenant ids follow the governance spec: `^[a-z0-9-]+$`, 3 to 64 characters.
+pub fn validate_tenant_id(id: &str) -> ApiResult<()> {
+    let ok =
+        (3..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("tenant_id must match ^[a-z0-9-]+$ and be 3 to 64 characters"))
+    }
+}
+
+/// A budget scope: `tenant:<id>` first, then canonical levels in strictly increasing order,
+/// values of `[a-z0-9._-]` (stored lower-case, as the runtime derives them).
+pub fn validate_scope(scope: &str, tenant_id: &str) -> ApiResult<String> {
+    let scope = scope.to_ascii_lowercase();
+    let bad = |why: &str| ApiError::invalid(format!("scope {scope:?} is invalid: {why}"));
+    let mut last_level = None;
+    for (i, segment) in scope.split('/').enumerate() {
+        let (level, value) = segment.split_once(':').ok_or_else(|| bad("segments are level:value"))?;
+        let rank = LEVELS.iter().position(|l| *l == level).ok_or_else(|| bad("unknown level"))?;
+        if i == 0 && level != "tenant" {
+            return Err(bad("the first segment must be tenant:<id>"));
+        }
+        if i == 0 && value != tenant_id {
+            return Err(bad("the tenant segment must name the budget's tenant"));
+        }
+        if last_level.is_some_and(|l| rank <= l) {
+            return Err(bad("levels must follow tenant > workspace > app > workflow > agent > toolset"));
+        }
+        let value_ok = !value.is_empty()
+            && value.len() <= 128
+            && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !value_ok {
+            return Err(bad("values must match ^[a-z0-9_.-]+$ and be at most 128 characters"));
+        }
+        last_level = Some(rank);
+    }
+    Ok(scope)
+}
+
+/// Milliseconds since the Unix epoch, by this host's clock (scripts use Redis's).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
 
 #[cfg(test)]
 mod tests {
@@ -151,37 +232,6 @@ mod tests {
         assert_eq!(payload_hash(&body, &[]), "CwlTXw3l7ej3-E4OziakyQ");
     }
 }
-
-/// Every permission string a key may hold (admin spec `Permission`).
-pub const ALL_PERMISSIONS: [&str; 27] = [
-    "reservations:create",
-    "reservations:commit",
-    "reservations:release",
-    "reservations:extend",
-    "reservations:list",
-    "balances:read",
-    "budgets:read",
-    "budgets:write",
-    "policies:read",
-    "policies:write",
-    "webhooks:read",
-    "webhooks:write",
-    "events:read",
-    "admin:read",
-    "admin:write",
-    "admin:tenants:read",
-    "admin:tenants:write",
-    "admin:budgets:read",
-    "admin:budgets:write",
-    "admin:policies:read",
-    "admin:policies:write",
-    "admin:apikeys:read",
-    "admin:apikeys:write",
-    "admin:webhooks:read",
-    "admin:webhooks:write",
-    "admin:events:read",
-    "admin:audit:read",
-];
 
 /// Whether a key's `scope_filter` admits a scope: no entries admit everything; an entry
 /// `kind:value` admits scopes containing exactly that segment, `kind:*` any segment of that kind.

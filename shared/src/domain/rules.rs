@@ -1,0 +1,29 @@
+//! Rules and defaults both sides apply: the Rust side reads these constants, and the script
+//! library receives them as its `RULES` table (`ops::library_header`), so each lives once.
+
+use crate::model::OveragePolicy;
+
+/// A reservation's TTL when neither the request nor its tenant sets one.
+pub const DEFAULT_TTL_MS: i64 = 60_000;
+/// The longest TTL a tenant allows unless it sets its own maximum.
+pub const MAX_TTL_MS: i64 = 3_600_000;
+/// How often a reservation may be extended unless its tenant says otherwise.
+pub const MAX_EXTENSIONS: i64 = 10;
+/// The grace period after expiry during which commit and release are still accepted.
+pub const DEFAULT_GRACE_MS: i64 = 5_000;
+/// The overage policy when neither the request, a budget nor the tenant sets one.
+pub const DEFAULT_OVERAGE_POLICY: OveragePolicy = OveragePolicy::AllowIfAvailable;
+/// How long the answer of a dry_run or decide is kept for replay (or the record retention,
+/// when an operator set it shorter).
+pub const EVALUATION_RETENTION_MS: u64 = 24 * 3_600_000;
+/// How long a keyed funding answer is kept for replay.
+pub const FUNDING_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
+
+/// The `RULES` table of the script library.
+pub fn lua_table() -> String {
+    format!(
+        "local RULES = {{DEFAULT_TTL_MS = {DEFAULT_TTL_MS}, MAX_TTL_MS = {MAX_TTL_MS}, MAX_EXTENSIONS = {MAX_EXTENSIONS}, \
+         DEFAULT_GRACE_MS = {DEFAULT_GRACE_MS}, DEFAULT_OVERAGE_POLICY = '{}'}}\n",
+        DEFAULT_OVERAGE_POLICY.as_str()
+    )
+}

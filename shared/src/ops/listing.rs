@@ -1,0 +1,74 @@
+//! Listing reservations: walking an index in sort order, reading the records of the rows (never
+//! their metadata) and, for `include`, their metadata; backfilling the listing index.
+
+use serde::Deserialize;
+
+use super::{lua_list, script};
+
+script! {
+    /// One chunk of a listing: up to `count` members of each range of one index in sort order,
+    /// after a position (`lua/list.lua`), with the key's scope filter.
+    pub struct List = list read_only -> Ranges {
+        keys: [auth, index],
+        args: [digest, accepted, order, count; ranges],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Ranges {
+    #[serde(deserialize_with = "lua_list")]
+    pub ranges: Vec<Members>,
+    /// The key's scope filter (JSON array), when it has one.
+    #[serde(default)]
+    pub scope_filter: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Members(#[serde(deserialize_with = "lua_list")] pub Vec<String>);
+
+script! {
+    /// The raw records of reservations ('' where one is gone), metadata cut out
+    /// (`lua/read_records.lua`).
+    pub struct ReadRecords = read_records read_only -> Records {
+        keys: [; records],
+        args: [],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Records {
+    #[serde(deserialize_with = "lua_list")]
+    pub records: Vec<String>,
+}
+
+script! {
+    /// Metadata and commit metadata of reservations (`lua/read_metadata.lua`): `pairs` holds per
+    /// reservation its metadata key, then its record key.
+    pub struct ReadMetadata = read_metadata read_only -> MetadataRows {
+        keys: [; pairs],
+        args: [],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct MetadataRows {
+    #[serde(deserialize_with = "lua_list")]
+    pub rows: Vec<MetadataRow>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct MetadataRow {
+    #[serde(default)]
+    pub metadata: Option<String>,
+    #[serde(default)]
+    pub committed_metadata: Option<String>,
+}
+
+script! {
+    /// Puts reservations written before the listing index into it (`lua/list_backfill.lua`).
+    pub struct Backfill = list_backfill -> super::Nothing {
+        keys: [listing_index; records],
+        args: [; members],
+    }
+}

@@ -1,0 +1,124 @@
+//! Maintenance: expiring due reservations, retention, the per-slot due index, readiness.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde::Deserialize;
+
+use super::{script, Nothing};
+use crate::error::ApiResult;
+use crate::ids::ReservationId;
+use crate::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY};
+use crate::store::Store;
+
+script! {
+    /// Expires a batch of one tenant's due reservations (`lua/expire.lua`): `reservation_keys`
+    /// holds per reservation its record, its metadata, then its budget keys; `reservations` its
+    /// id and its number of budget keys.
+    pub struct Expire = expire -> Expired {
+        keys: [expiry_index, events, quarantine, listing_index; reservation_keys],
+        args: [record_ttl_ms; reservations],
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Expired {
+    pub expired: u64,
+    pub dropped: u64,
+    pub quarantined: u64,
+}
+
+script! {
+    /// Retention of one tenant (`lua/trim.lua`): `candidates` holds per created-index member
+    /// its record and metadata keys.
+    pub struct Trim = trim -> Trimmed {
+        keys: [created_index, events, listing_index; candidates],
+        args: [oldest_event_ms, retention_ms; members],
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Trimmed {
+    pub removed: u64,
+    pub events: u64,
+}
+
+script! {
+    /// Sets a tenant's due time in its slot's due index (`lua/sweep_schedule.lua`): `mode` is
+    /// `reset` or `ensure`.
+    pub struct Schedule = sweep_schedule -> Nothing {
+        keys: [due_index, expiry_index],
+        args: [tenant, mode],
+    }
+}
+
+script! {
+    /// A write the store must accept (`lua/health.lua`).
+    pub struct Health = health -> Nothing {
+        keys: [probe],
+        args: [],
+    }
+}
+
+/// How long the keys of a finished reservation live: the retention, plus a week in which the
+/// retention crawl deletes them with their index entries (the TTL is only the safety net).
+pub fn record_ttl(retention: Duration) -> Duration {
+    retention + Duration::from_secs(7 * 86_400)
+}
+
+/// Registers a tenant: the registry (listings, the retention crawl) and its slot among those
+/// the sweep looks at.
+pub async fn register_tenant(store: &Store, tenant: &str) -> ApiResult<()> {
+    let slot = TenantKeys::new(tenant).slot();
+    let _: () = store.conn().sadd(TENANT_REGISTRY, tenant).await?;
+    let _: () = store.conn().sadd(SWEEP_SLOTS, slot).await?;
+    Ok(())
+}
+
+/// Expires the given reservations of one tenant where they are overdue (one script, one slot;
+/// ids are re-checked inside it). The sweep's batches, and the lazy reclaim a reserve runs when
+/// dead holds block it.
+pub async fn expire_reservations(
+    store: &Store,
+    tenant: &str,
+    ids: &[String],
+    retention: Duration,
+) -> ApiResult<Expired> {
+    let keys = TenantKeys::new(tenant);
+    let mut call = Expire {
+        expiry_index: keys.expiry_index(),
+        events: keys.events(),
+        quarantine: keys.quarantine(),
+        listing_index: keys.listing_index(),
+        record_ttl_ms: record_ttl(retention).as_millis().to_string(),
+        ..Default::default()
+    };
+    for id in ids {
+        match ReservationId::parse(id).filter(|r| r.tenant == tenant) {
+            Some(rid) => {
+                call.reservation_keys.extend([keys.reservation(&rid.token), keys.reservation_metadata(&rid.token)]);
+                call.reservation_keys.extend(rid.budget_codes.iter().map(|c| keys.budget_by_code(c)));
+                call.reservations.extend([id.clone(), rid.budget_codes.len().to_string()]);
+            }
+            // Not one of ours: the script finds no record under it and drops the entry.
+            None => {
+                call.reservation_keys.extend([keys.reservation("-"), keys.reservation_metadata("-")]);
+                call.reservations.extend([id.clone(), "0".to_string()]);
+            }
+        }
+    }
+    Ok(store.run(call).await?.value)
+}
+
+/// Sets a tenant's due time from its expiry index: `reset` after its due work was swept,
+/// `ensure` to keep any earlier time.
+pub async fn schedule(store: &Store, tenant: &str, mode: &str) -> ApiResult<()> {
+    let keys = TenantKeys::new(tenant);
+    let call = Schedule {
+        due_index: keys.due_index(),
+        expiry_index: keys.expiry_index(),
+        tenant: tenant.to_string(),
+        mode: mode.to_string(),
+    };
+    store.run(call).await.map(|_| ())
+}

@@ -1,0 +1,191 @@
+//! The typed seam between Rust and Lua. Each script (`lua/<name>.lua`) has one call type here:
+//! a struct whose fields are its keys and arguments by name, in the order the script receives
+//! them, and the reply type its answer decodes into (in one place, `store::Reply::decode`).
+//! The script body sees the same names (`K.tenant`, `A.digest`). Modules group the scripts by
+//! the stored objects they change; each stored object has one record type. The HTTP handlers
+//! (`api`) and the scheduled jobs (`jobs`) call these, and nothing below them.
+
+pub mod auth;
+pub mod events;
+pub mod ledgers;
+pub mod listing;
+pub mod maintenance;
+pub mod records;
+pub mod reservations;
+pub mod tenants;
+pub mod webhooks;
+
+use std::sync::LazyLock;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::store::{Call, Library, Script};
+
+/// Declares one script's call: the struct (keys, then arguments, each a `String`; a name after
+/// `;` takes the rest as a list), its reply type, and whether it only reads (`read_only`,
+/// registered `no-writes`).
+macro_rules! script {
+    (
+        $(#[$doc:meta])*
+        $vis:vis struct $name:ident = $file:ident $($ro:ident)? -> $reply:ty {
+            keys: [$($key:ident),* $(; $keys:ident)?],
+            args: [$($arg:ident),* $(; $args:ident)?] $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default)]
+        $vis struct $name {
+            $(pub $key: String,)*
+            $(pub $keys: Vec<String>,)?
+            $(pub $arg: String,)*
+            $(pub $args: Vec<String>,)?
+        }
+
+        impl $crate::store::Call for $name {
+            const SCRIPT: $crate::store::Script = $crate::store::Script {
+                name: stringify!($file),
+                body: include_str!(concat!("../../../lua/", stringify!($file), ".lua")),
+                keys: &[$(stringify!($key),)* $(concat!(stringify!($keys), ".."))?],
+                args: &[$(stringify!($arg),)* $(concat!(stringify!($args), ".."))?],
+                read_only: script!(@read_only $($ro)?),
+            };
+            type Reply = $reply;
+
+            fn library() -> &'static $crate::store::Library {
+                &$crate::ops::LIBRARY
+            }
+
+            fn into_parts(self) -> (Vec<String>, Vec<String>) {
+                #[allow(unused_mut)]
+                let mut keys = vec![$(self.$key),*];
+                $(keys.extend(self.$keys);)?
+                #[allow(unused_mut)]
+                let mut args = vec![$(self.$arg),*];
+                $(args.extend(self.$args);)?
+                (keys, args)
+            }
+        }
+    };
+    (@read_only read_only) => { true };
+    (@read_only) => { false };
+}
+pub(crate) use script;
+
+/// Every script, for the library.
+const SCRIPTS: &[Script] = &[
+    reservations::Reserve::SCRIPT,
+    reservations::Commit::SCRIPT,
+    reservations::Release::SCRIPT,
+    reservations::Extend::SCRIPT,
+    reservations::GetReservation::SCRIPT,
+    reservations::Evaluate::SCRIPT,
+    reservations::Charge::SCRIPT,
+    listing::List::SCRIPT,
+    listing::ReadRecords::SCRIPT,
+    listing::ReadMetadata::SCRIPT,
+    listing::Backfill::SCRIPT,
+    ledgers::ListLedgers::SCRIPT,
+    ledgers::ReadLedgers::SCRIPT,
+    ledgers::CreateBudget::SCRIPT,
+    ledgers::UpdateBudget::SCRIPT,
+    ledgers::FundBudget::SCRIPT,
+    auth::Authenticate::SCRIPT,
+    auth::CreateApiKey::SCRIPT,
+    auth::UpdateApiKey::SCRIPT,
+    tenants::CreateTenant::SCRIPT,
+    tenants::UpdateTenant::SCRIPT,
+    tenants::CascadeStep::SCRIPT,
+    webhooks::WriteSubscription::SCRIPT,
+    webhooks::Enqueue::SCRIPT,
+    webhooks::Claim::SCRIPT,
+    webhooks::RecordAttempt::SCRIPT,
+    webhooks::SystemEvent::SCRIPT,
+    maintenance::Expire::SCRIPT,
+    maintenance::Trim::SCRIPT,
+    maintenance::Schedule::SCRIPT,
+    maintenance::Health::SCRIPT,
+    records::ReadHashes::SCRIPT,
+];
+
+/// The header of the library: the rules and messages the Rust side owns.
+fn library_header() -> String {
+    format!("{}{}", crate::domain::rules::lua_table(), crate::domain::messages::lua_table())
+}
+
+/// The shared helpers of every script: the header, then `lua/lib.lua`.
+pub fn helpers() -> String {
+    format!("{}{}", library_header(), include_str!("../../../lua/lib.lua"))
+}
+
+/// The Cycles script library: the helpers and every script.
+pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| Library::new("cycles", helpers(), SCRIPTS));
+
+/// A list in a script's answer. Lua's JSON encoder writes an empty table as `{}`, so an empty
+/// list may come as an empty object.
+pub(crate) fn lua_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum List<T> {
+        Items(Vec<T>),
+        Empty {},
+    }
+    Ok(match List::deserialize(d)? {
+        List::Items(items) => items,
+        List::Empty {} => Vec::new(),
+    })
+}
+
+/// An answer that carries nothing but its status.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Nothing {}
+
+/// A ledger's amounts as answers carry them (`balances` in `lua/lib.lua`): allocated,
+/// remaining, reserved, spent, debt, overdraft limit, and "1" when over the limit.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LedgerState(pub String, pub String, pub String, pub String, pub String, pub String, pub String);
+
+impl LedgerState {
+    fn int(s: &str) -> crate::error::ApiResult<i64> {
+        s.parse().map_err(|_| crate::error::ApiError::fault(format!("malformed amount {s:?} in a ledger")))
+    }
+    pub fn allocated(&self) -> crate::error::ApiResult<i64> {
+        Self::int(&self.0)
+    }
+    pub fn remaining(&self) -> crate::error::ApiResult<i64> {
+        Self::int(&self.1)
+    }
+    pub fn reserved(&self) -> crate::error::ApiResult<i64> {
+        Self::int(&self.2)
+    }
+    pub fn spent(&self) -> crate::error::ApiResult<i64> {
+        Self::int(&self.3)
+    }
+    pub fn debt(&self) -> crate::error::ApiResult<i64> {
+        Self::int(&self.4)
+    }
+    pub fn overdraft_limit(&self) -> crate::error::ApiResult<i64> {
+        Self::int(&self.5)
+    }
+    pub fn over_limit(&self) -> bool {
+        self.6 == "1"
+    }
+
+    /// The wire `Balance` of this ledger at `scope` in `unit` (debt and overdraft limit only
+    /// when not zero, the over-limit flag only when set).
+    pub fn balance(&self, scope: &str, unit: crate::model::Unit) -> crate::error::ApiResult<crate::model::Balance> {
+        use crate::model::{Amount, Balance};
+        let amount = |amount| Amount { unit, amount };
+        let optional = |n: i64| (n != 0).then_some(amount(n));
+        Ok(Balance {
+            scope: crate::domain::leaf_segment(scope).to_string(),
+            scope_path: scope.to_string(),
+            remaining: amount(self.remaining()?),
+            reserved: Some(amount(self.reserved()?)),
+            spent: Some(amount(self.spent()?)),
+            allocated: Some(amount(self.allocated()?)),
+            debt: optional(self.debt()?),
+            overdraft_limit: optional(self.overdraft_limit()?),
+            is_over_limit: self.over_limit().then_some(true),
+        })
+    }
+}

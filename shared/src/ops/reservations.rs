@@ -1,0 +1,316 @@
+//! Reservations: reserve, commit, release, extend, read, evaluate (dry_run and decide), and the
+//! direct charge (createEvent's post-only debit); the reservation record.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{lua_list, script, LedgerState};
+use crate::domain::derive_scopes;
+use crate::error::{ApiError, ApiResult};
+use crate::ids::ReservationId;
+use crate::keys::{budget_code, TenantKeys};
+use crate::model::{Subject, Unit};
+
+/// The keys every call on one reservation names alike (commit, release, extend).
+pub struct Target<'a> {
+    pub keys: &'a TenantKeys,
+    /// The reservation id as given, and parsed.
+    pub raw: &'a str,
+    pub id: &'a ReservationId,
+    /// The key record the script checks (for admin-key calls, the tenant record: unchecked).
+    pub auth_key: String,
+}
+
+impl Target<'_> {
+    fn budget_keys(&self) -> Vec<String> {
+        self.id.budget_codes.iter().map(|c| self.keys.budget_by_code(c)).collect()
+    }
+}
+
+/// `<scope>|<ledger code>` of each derived scope, in canonical order: the scripts read the
+/// scope's budget under the code's key and check the scope stored there.
+pub fn scope_args(scopes: &[String], unit: Unit) -> Vec<String> {
+    scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))).collect()
+}
+
+script! {
+    /// Live reservation (`lua/reserve.lua`).
+    pub struct Reserve = reserve -> Reserved {
+        keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_index, due_index,
+            listing_index, meta; budgets],
+        args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
+            idempotency_key, subject, action, metadata, reclaimed; scopes],
+    }
+}
+
+impl Reserve {
+    /// The keys of a reserve of `token` by `key_id` over the derived `scopes` in `unit`.
+    pub fn keys(
+        mut self,
+        keys: &TenantKeys,
+        key_id: &str,
+        token: &str,
+        idempotency_key: &str,
+        scopes: &[String],
+        unit: Unit,
+    ) -> Reserve {
+        self.tenant = keys.tenant();
+        self.api_key = keys.api_key(key_id);
+        self.reservation = keys.reservation(token);
+        self.dry_run_record = keys.idempotency("reserve-dry-run", &[idempotency_key]);
+        self.scope_units = keys.scope_units();
+        self.expiry_index = keys.expiry_index();
+        self.created_index = keys.created_index();
+        self.due_index = keys.due_index();
+        self.listing_index = keys.listing_index();
+        self.meta = keys.reservation_metadata(token);
+        self.budgets = scopes.iter().map(|s| keys.budget(s, unit)).collect();
+        self.scopes = scope_args(scopes, unit);
+        self
+    }
+}
+
+/// A reserve's answer: the hold, or (status RECLAIM) the overdue reservations to expire first.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Reserved {
+    Reclaim { reclaim: Vec<String> },
+    Held(Hold),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Hold {
+    pub reservation_id: String,
+    pub decision: String,
+    pub expires_at_ms: String,
+    #[serde(default)]
+    pub caps: Option<String>,
+    #[serde(deserialize_with = "lua_list")]
+    pub balances: Vec<LedgerState>,
+}
+
+script! {
+    /// Commit (`lua/commit.lua`).
+    pub struct Commit = commit -> Settled {
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta; budgets],
+        args: [digest, accepted, reservation_id, idempotency_key, payload_hash, unit, amount, metrics, metadata,
+            record_ttl_ms, context],
+    }
+}
+
+impl Commit {
+    pub fn target(mut self, t: &Target) -> Commit {
+        self.tenant = t.keys.tenant();
+        self.api_key = t.auth_key.clone();
+        self.reservation = t.keys.reservation(&t.id.token);
+        self.expiry_index = t.keys.expiry_index();
+        self.events = t.keys.events();
+        self.listing_index = t.keys.listing_index();
+        self.meta = t.keys.reservation_metadata(&t.id.token);
+        self.budgets = t.budget_keys();
+        self
+    }
+}
+
+script! {
+    /// Release (`lua/release.lua`).
+    pub struct Release = release -> Settled {
+        keys: [tenant, api_key, reservation, expiry_index, audit_log, events, listing_index, meta; budgets],
+        args: [digest, accepted, reservation_id, idempotency_key, payload_hash, reason, record_ttl_ms, audit],
+    }
+}
+
+impl Release {
+    pub fn target(mut self, t: &Target) -> Release {
+        self.tenant = t.keys.tenant();
+        self.api_key = t.auth_key.clone();
+        self.reservation = t.keys.reservation(&t.id.token);
+        self.expiry_index = t.keys.expiry_index();
+        self.audit_log = t.keys.audit_log();
+        self.events = t.keys.events();
+        self.listing_index = t.keys.listing_index();
+        self.meta = t.keys.reservation_metadata(&t.id.token);
+        self.budgets = t.budget_keys();
+        self
+    }
+}
+
+/// The answer of a commit or a release, with the reservation's subject and unit.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settled {
+    #[serde(default)]
+    pub charged: Option<String>,
+    #[serde(default)]
+    pub released: Option<String>,
+    #[serde(deserialize_with = "lua_list")]
+    pub balances: Vec<LedgerState>,
+    pub subject: String,
+    pub unit: String,
+}
+
+impl Settled {
+    pub fn subject(&self) -> ApiResult<Subject> {
+        serde_json::from_str(&self.subject).map_err(|_| ApiError::fault("malformed subject in a reservation record"))
+    }
+    pub fn unit(&self) -> ApiResult<Unit> {
+        Unit::parse(&self.unit).ok_or_else(|| ApiError::fault("malformed unit in a reservation record"))
+    }
+}
+
+script! {
+    /// Extend (`lua/extend.lua`).
+    pub struct Extend = extend -> Extended {
+        keys: [tenant, api_key, reservation, expiry_index, extend_record, events, listing_index, meta; budgets],
+        args: [digest, accepted, reservation_id, payload_hash, extend_by_ms, record_ttl_ms],
+    }
+}
+
+impl Extend {
+    pub fn target(mut self, t: &Target, idempotency_key: &str) -> Extend {
+        self.tenant = t.keys.tenant();
+        self.api_key = t.auth_key.clone();
+        self.reservation = t.keys.reservation(&t.id.token);
+        self.expiry_index = t.keys.expiry_index();
+        self.extend_record = t.keys.idempotency("extend", &[t.raw, idempotency_key]);
+        self.events = t.keys.events();
+        self.listing_index = t.keys.listing_index();
+        self.meta = t.keys.reservation_metadata(&t.id.token);
+        self.budgets = t.budget_keys();
+        self
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Extended {
+    pub expires_at_ms: String,
+}
+
+script! {
+    /// Read one reservation (`lua/get_reservation.lua`); status OVERDUE when it is past its
+    /// expiry and grace (nothing else in the answer then).
+    pub struct GetReservation = get_reservation read_only -> Stored {
+        keys: [auth, reservation, meta],
+        args: [digest, accepted, reservation_id],
+    }
+}
+
+/// A reservation record as stored, with its scope path and metadata.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Stored {
+    #[serde(default)]
+    pub record: Option<String>,
+    #[serde(default)]
+    pub scope: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<String>,
+    #[serde(default)]
+    pub committed_metadata: Option<String>,
+}
+
+script! {
+    /// Evaluation without a reservation: dry_run and decide (`lua/evaluate.lua`).
+    pub struct Evaluate = evaluate -> Evaluated {
+        keys: [tenant, api_key, record, live, scope_units, events; budgets],
+        args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action;
+            scopes],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Evaluated {
+    pub decision: String,
+    #[serde(default)]
+    pub reason_code: Option<String>,
+    #[serde(default)]
+    pub caps: Option<String>,
+    #[serde(default)]
+    pub codes: String,
+    #[serde(default, deserialize_with = "lua_list")]
+    pub balances: Vec<LedgerState>,
+}
+
+script! {
+    /// Direct charge, createEvent's post-only debit (`lua/charge.lua`).
+    pub struct Charge = charge -> Charged {
+        keys: [tenant, api_key, record, scope_units, events; budgets],
+        args: [digest, accepted, payload_hash, event_id, unit, amount, overage_policy, record_ttl_ms, context, body;
+            scopes],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Charged {
+    pub event_id: String,
+    /// Present only when the policy capped the charge below the actual amount.
+    #[serde(default)]
+    pub charged: Option<String>,
+    pub codes: String,
+    #[serde(deserialize_with = "lua_list")]
+    pub balances: Vec<LedgerState>,
+}
+
+/// A reservation record, decoded in this one place (the stored JSON; see `read_reservation` in
+/// `lua/lib.lua` for every field). Listing and getReservation read it alike.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReservationRecord {
+    pub codes: String,
+    pub status: String,
+    #[serde(default)]
+    pub ik: String,
+    pub unit: String,
+    pub estimate: String,
+    pub subject: String,
+    pub action: String,
+    pub created: String,
+    pub expires: String,
+    #[serde(default)]
+    pub finalized: Option<String>,
+    #[serde(default)]
+    pub charged: Option<String>,
+    /// The scope path (absent in records written before 2026-12-03: derived from the subject).
+    #[serde(default)]
+    pub scope: Option<String>,
+}
+
+impl ReservationRecord {
+    pub fn parse(raw: &str) -> Option<ReservationRecord> {
+        serde_json::from_str(raw).ok()
+    }
+
+    fn int(s: &str) -> Option<i64> {
+        s.parse().ok()
+    }
+
+    pub fn subject(&self) -> Option<Subject> {
+        serde_json::from_str(&self.subject).ok()
+    }
+
+    /// The reservation as the API shows it (`ReservationDetail`, which listing rows share).
+    pub fn detail(&self, tenant: &str, token: &str) -> Option<crate::model::ReservationDetail> {
+        use crate::model::{Amount, ReservationDetail};
+        let unit = Unit::parse(&self.unit)?;
+        let subject: Value = serde_json::from_str(&self.subject).ok()?;
+        let scopes = derive_scopes(&self.subject()?);
+        let finished = self.status == "COMMITTED" || self.status == "RELEASED";
+        Some(ReservationDetail {
+            reservation_id: format!("{tenant}.{token}.{}", self.codes),
+            status: self.status.clone(),
+            idempotency_key: self.ik.clone(),
+            subject,
+            action: serde_json::from_str(&self.action).ok()?,
+            reserved: Amount { unit, amount: Self::int(&self.estimate)? },
+            committed: if self.status == "COMMITTED" {
+                self.charged.as_deref().and_then(Self::int).map(|amount| Amount { unit, amount })
+            } else {
+                None
+            },
+            created_at_ms: Self::int(&self.created)?,
+            expires_at_ms: Self::int(&self.expires)?,
+            finalized_at_ms: if finished { self.finalized.as_deref().and_then(Self::int) } else { None },
+            scope_path: self.scope.clone().or_else(|| scopes.last().cloned())?,
+            affected_scopes: scopes,
+            metadata: None,
+            committed_metadata: None,
+        })
+    }
+}

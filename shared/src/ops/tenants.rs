@@ -1,0 +1,176 @@
+//! Tenants: create, update (the status machine), and the close cascade.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use super::maintenance::{record_ttl, register_tenant};
+use super::records::{csv_list, Record, RecordAnswer};
+use super::{script, Nothing};
+use crate::domain::now_ms;
+use crate::error::ApiResult;
+use crate::ids::ReservationId;
+use crate::keys::TenantKeys;
+use crate::model::Unit;
+use crate::store::Store;
+
+script! {
+    /// createTenant (`lua/tenant_create.lua`): `fields` is the record (JSON). Status CREATED,
+    /// or EXISTING for a retry with the same id and name.
+    pub struct CreateTenant = tenant_create -> RecordAnswer {
+        keys: [tenant, events, audit_log],
+        args: [context, fields],
+    }
+}
+
+script! {
+    /// updateTenant (`lua/tenant_update.lua`): `patch` is a JSON object of strings.
+    pub struct UpdateTenant = tenant_update -> RecordAnswer {
+        keys: [tenant, events, audit_log],
+        args: [context, patch],
+    }
+}
+
+script! {
+    /// One bounded step of a closed tenant's cascade (`lua/tenant_cascade.lua`): status DONE or
+    /// MORE. `children` holds the batch's reservations (record, metadata), then `budgets`
+    /// ledgers, `api_keys` keys and the tenant's subscriptions.
+    pub struct CascadeStep = tenant_cascade -> Nothing {
+        keys: [tenant, events, audit_log, expiry_index, listing_index; children],
+        args: [context, reservations, budgets, record_ttl_ms, api_keys; reservation_ids],
+    }
+}
+
+/// Global sorted set of tenants whose close cascade has not finished (the durable close
+/// intent, scored by when it was written: before the CLOSED flip, removed once the cascade
+/// is done).
+pub const CLOSING: &str = "cy:closing";
+
+/// Creates a tenant from its record's fields (a JSON object of strings). Returns the record
+/// and whether it was new.
+pub async fn create(store: &Store, context: &str, tenant_id: &str, fields: String) -> ApiResult<(Record, bool)> {
+    // The registry first: a listed id whose record never got written is simply skipped.
+    register_tenant(store, tenant_id).await?;
+    let keys = TenantKeys::new(tenant_id);
+    let call = CreateTenant {
+        tenant: keys.tenant(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: context.to_string(),
+        fields,
+    };
+    let reply = store.run(call).await?;
+    let created = reply.status == "CREATED";
+    if created {
+        // A new tenant has no reservations from before the listing index to backfill.
+        let _: () = store.conn().set_nx(keys.listing_backfill(), "done").await?;
+    }
+    Ok((reply.value.0, created))
+}
+
+/// Updates a tenant (`patch`: a JSON object of strings, `status` optional). A change to CLOSED
+/// writes the durable close intent first and drives the cascade to its end. Returns the record.
+pub async fn update(
+    store: &Store,
+    retention: Duration,
+    tenant_id: &str,
+    context: &str,
+    patch: String,
+    closing: bool,
+) -> ApiResult<Record> {
+    let keys = TenantKeys::new(tenant_id);
+    if closing {
+        // The durable close intent comes first, so an interrupted cascade is always re-driven.
+        let _: () = store.conn().zadd(CLOSING, tenant_id, now_ms()).await?;
+    }
+    let call = UpdateTenant {
+        tenant: keys.tenant(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: context.to_string(),
+        patch,
+    };
+    let reply = match store.run(call).await {
+        Ok(r) => r,
+        Err(e) if e.code == crate::error::ErrorCode::TenantNotFound && closing => {
+            let _: () = store.conn().zrem(CLOSING, tenant_id).await?;
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    if reply.status != "CLOSED" {
+        return Ok(reply.value.0);
+    }
+    close_cascade(store, retention, tenant_id, context).await?;
+    Ok(store.conn().hgetall(keys.tenant()).await?)
+}
+
+/// Drives a CLOSED tenant's cascade to completion in bounded steps (idempotent; also run by
+/// the maintenance sweep for closes a crash interrupted), then clears the close intent.
+pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, context: &str) -> ApiResult<()> {
+    let keys = TenantKeys::new(tenant_id);
+    loop {
+        let mut conn = store.conn();
+        let rids: Vec<String> = conn.zrange(keys.expiry_index(), 0, 199).await?;
+        let scopes: std::collections::HashMap<String, String> = conn.hgetall(keys.scope_units()).await?;
+        let key_ids: Vec<String> = conn.smembers(keys.api_key_index()).await?;
+        let subscriptions: Vec<String> = conn.smembers(keys.webhook_index()).await?;
+        let mut step = CascadeStep {
+            tenant: keys.tenant(),
+            events: keys.events(),
+            audit_log: keys.audit_log(),
+            expiry_index: keys.expiry_index(),
+            listing_index: keys.listing_index(),
+            context: context.to_string(),
+            reservations: rids.len().to_string(),
+            record_ttl_ms: record_ttl(retention).as_millis().to_string(),
+            api_keys: key_ids.len().to_string(),
+            reservation_ids: rids.clone(),
+            ..Default::default()
+        };
+        for rid in &rids {
+            // Unparseable ids cannot be finalized here; the sweep quarantines them.
+            let token = ReservationId::parse(rid).map(|r| r.token).unwrap_or_else(|| rid.clone());
+            step.children.extend([keys.reservation(&token), keys.reservation_metadata(&token)]);
+        }
+        let budgets: Vec<String> = scopes
+            .iter()
+            .flat_map(|(scope, units)| {
+                csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(|u| (scope.clone(), u))
+            })
+            .map(|(scope, unit)| keys.budget(&scope, unit))
+            .collect();
+        step.budgets = budgets.len().to_string();
+        step.children.extend(budgets);
+        step.children.extend(key_ids.iter().map(|k| keys.api_key(k)));
+        step.children.extend(subscriptions.iter().map(|w| keys.webhook(w)));
+        if store.run(step).await?.status == "DONE" {
+            break;
+        }
+    }
+    let _: () = store.conn().zrem(CLOSING, tenant_id).await?;
+    Ok(())
+}
+
+/// Re-drives every close whose cascade has not finished (maintenance).
+pub async fn redrive_closes(store: &Store, retention: Duration) -> ApiResult<u64> {
+    let pending: Vec<(String, i64)> = store.conn().zrange_withscores(CLOSING, 0, 99).await?;
+    let mut done = 0;
+    for (id, since) in pending {
+        let status: Option<String> = store.conn().hget(TenantKeys::new(&id).tenant(), "status").await?;
+        if status.as_deref() != Some("CLOSED") {
+            // An intent whose flip never happened (the update failed); a young one may still
+            // be in flight, so only stale intents are dropped.
+            if now_ms() - since > 300_000 {
+                let _: () = store.conn().zrem(CLOSING, &id).await?;
+            }
+            continue;
+        }
+        let context = serde_json::json!({"request_id": crate::ids::new_request_id(), "trace_id": "", "actor": "system",
+            "correlation_id": format!("tenant_close_cascade:{id}:redrive")})
+        .to_string();
+        close_cascade(store, retention, &id, &context).await?;
+        done += 1;
+    }
+    Ok(done)
+}
