@@ -16,8 +16,8 @@ use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::{self, TenantKeys};
 use crate::model::parse_json;
-use crate::ops::webhooks::WriteSubscription;
-use crate::webhooks::{self, check_invariants, check_url, encrypt, RetryPolicy, Subscription};
+use crate::ops::webhooks::{check_invariants, delivery_json, RetryPolicy, Subscription, WriteSubscription};
+use crate::webhooks::{self, check_url, encrypt};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -430,7 +430,7 @@ async fn deliveries_for(app: &App, tenant: Option<&str>, id: &str, req: &ApiRequ
             (
                 sort_int(int_field(&r, "attempted_at_ms").unwrap_or(0)),
                 field(&r, "delivery_id").unwrap_or_default().to_string(),
-                webhooks::delivery_json(&r),
+                delivery_json(&r),
             )
         })
         .collect();

@@ -17,9 +17,11 @@ use crate::error::ApiResult;
 use crate::keys::{self, TenantKeys};
 use crate::ops::events::SYSTEM_TENANT;
 use crate::ops::records::{field, int_field, read_hashes, Record};
-use crate::ops::webhooks::{enqueue, subscriptions, Claim, RecordAttempt, SystemEvent};
+use crate::ops::webhooks::{
+    enqueue, live_delivery_id, subscriptions, Claim, RecordAttempt, Subscription, SystemEvent, MAX_DELIVERY_AGE_MS,
+};
 use crate::store::Store;
-use crate::webhooks::{live_delivery_id, Attempt, Sender, Subscription, MAX_DELIVERY_AGE_MS};
+use crate::webhooks::{Attempt, Sender};
 
 /// What one dispatcher pass did.
 #[derive(Debug, Default, Clone, Copy, Serialize)]

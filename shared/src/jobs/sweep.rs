@@ -272,7 +272,7 @@ async fn backfill_listing(store: &Store, tenant: &str) -> ApiResult<()> {
 async fn trim_deliveries(store: &Store, owner: &str, report: &mut SweepReport) -> ApiResult<()> {
     let keys = TenantKeys::new(owner);
     let subscriptions: Vec<String> = store.conn().smembers(keys.webhook_index()).await?;
-    let horizon = now_ms() - crate::webhooks::DELIVERY_RETENTION.as_millis() as i64;
+    let horizon = now_ms() - crate::ops::webhooks::DELIVERY_RETENTION.as_millis() as i64;
     for id in subscriptions {
         let n: u64 = store.conn().zrembyscore(keys.subscription_deliveries(&id), "-inf", horizon).await?;
         report.trimmed_index += n;

@@ -1,17 +1,21 @@
-//! Webhook subscriptions and deliveries: writing a subscription, queueing deliveries, claiming
-//! them, recording attempts, and the system events the dispatcher writes.
+//! Webhook subscriptions and deliveries: the subscription record and its invariants, writing a
+//! subscription, queueing deliveries, claiming them, recording attempts, and the system events
+//! the dispatcher writes.
+
+use std::time::Duration;
 
 use redis::AsyncCommands;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
-use super::records::{read_records, Record, RecordAnswer};
+use super::events::{category_of, SYSTEM_TENANT, TENANT_CATEGORIES};
+use super::records::{field, int_field, json_field, read_records, time_field, Record, RecordAnswer};
 use super::{lua_list, script, Nothing};
 use crate::domain::now_ms;
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::keys::TenantKeys;
 use crate::store::Store;
-use crate::webhooks::{Subscription, DELIVERY_RETENTION};
 
 script! {
     /// Create, update (compare-and-set; status CHANGED when it lost) or delete a subscription
@@ -136,4 +140,215 @@ pub async fn enqueue(
 pub async fn read_deliveries(store: &Store, owner: &str, ids: &[String]) -> ApiResult<Vec<Record>> {
     let keys = TenantKeys::new(owner);
     read_records(store, &ids.iter().map(|id| keys.delivery(id)).collect::<Vec<_>>()).await
+}
+
+/// How long delivery rows are kept.
+pub const DELIVERY_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+/// A delivery older than this at pickup fails instead of arriving days late.
+pub const MAX_DELIVERY_AGE_MS: i64 = 86_400_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    #[serde(default = "RetryPolicy::default_max_retries")]
+    pub max_retries: i64,
+    #[serde(default = "RetryPolicy::default_initial_delay")]
+    pub initial_delay_ms: i64,
+    #[serde(default = "RetryPolicy::default_multiplier")]
+    pub backoff_multiplier: f64,
+    #[serde(default = "RetryPolicy::default_max_delay")]
+    pub max_delay_ms: i64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { max_retries: 5, initial_delay_ms: 1000, backoff_multiplier: 2.0, max_delay_ms: 60_000 }
+    }
+}
+
+impl RetryPolicy {
+    fn default_max_retries() -> i64 {
+        5
+    }
+    fn default_initial_delay() -> i64 {
+        1000
+    }
+    fn default_multiplier() -> f64 {
+        2.0
+    }
+    fn default_max_delay() -> i64 {
+        60_000
+    }
+
+    pub fn validate(&self) -> ApiResult<()> {
+        let bad = |m: &str| Err(ApiError::invalid(format!("retry_policy.{m}")));
+        if !(0..=10).contains(&self.max_retries) {
+            return bad("max_retries must be from 0 to 10");
+        }
+        if !(100..=60_000).contains(&self.initial_delay_ms) {
+            return bad("initial_delay_ms must be from 100 to 60000");
+        }
+        if !(1.0..=10.0).contains(&self.backoff_multiplier) {
+            return bad("backoff_multiplier must be from 1.0 to 10.0");
+        }
+        if !(1000..=3_600_000).contains(&self.max_delay_ms) {
+            return bad("max_delay_ms must be from 1000 to 3600000");
+        }
+        Ok(())
+    }
+
+    /// The wait before the retry that follows attempt number `attempts` (1-based).
+    pub fn delay_ms(&self, attempts: i64) -> i64 {
+        let d = self.initial_delay_ms as f64 * self.backoff_multiplier.powi((attempts - 1).max(0) as i32);
+        (d.min(self.max_delay_ms as f64)) as i64
+    }
+}
+
+/// INVARIANT 1 (a selector exists) and INVARIANT 2 (a tenant-owned subscription selects only
+/// tenant-accessible events), checked on the resulting state of every write.
+pub fn check_invariants(owner: &str, event_types: &[String], categories: &[String]) -> ApiResult<()> {
+    if event_types.is_empty() && categories.is_empty() {
+        return Err(ApiError::invalid("a subscription needs a non-empty event_types or event_categories"));
+    }
+    if owner != SYSTEM_TENANT {
+        let bad = event_types
+            .iter()
+            .find(|t| !TENANT_CATEGORIES.contains(&category_of(t)))
+            .or_else(|| categories.iter().find(|c| !TENANT_CATEGORIES.contains(&c.as_str())));
+        if let Some(bad) = bad {
+            return Err(ApiError::invalid(format!(
+                "{bad} is not accessible to a tenant-owned subscription (budget, reservation and tenant events only)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A stored subscription, decoded.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub record: Record,
+    pub id: String,
+    pub owner: String,
+    pub url: String,
+    pub status: String,
+    pub event_types: Vec<String>,
+    pub event_categories: Vec<String>,
+    pub scope_filter: Option<String>,
+    /// The scope filter of the tenant key that wrote the subscription, if it had one: only
+    /// events of admitted scopes are delivered.
+    pub key_scope_filter: Vec<String>,
+    pub retry: RetryPolicy,
+    pub disable_after: i64,
+    pub created_at_ms: i64,
+}
+
+impl Subscription {
+    pub fn from_record(record: Record) -> Subscription {
+        let list = |name: &str| -> Vec<String> {
+            json_field(&record, name).and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
+        };
+        Subscription {
+            id: field(&record, "subscription_id").unwrap_or_default().to_string(),
+            owner: field(&record, "tenant_id").unwrap_or(SYSTEM_TENANT).to_string(),
+            url: field(&record, "url").unwrap_or_default().to_string(),
+            status: field(&record, "status").unwrap_or("ACTIVE").to_string(),
+            event_types: list("event_types"),
+            event_categories: list("event_categories"),
+            scope_filter: field(&record, "scope_filter").map(String::from),
+            key_scope_filter: list("key_scope_filter"),
+            retry: json_field(&record, "retry_policy").and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
+            disable_after: int_field(&record, "disable_after_failures").unwrap_or(10),
+            created_at_ms: int_field(&record, "created_at_ms").unwrap_or(0),
+            record,
+        }
+    }
+
+    /// The subscription's own selector, scope filter and ownership boundary (not its status).
+    pub fn selects(&self, event: &Value) -> bool {
+        let event_type = event["event_type"].as_str().unwrap_or_default();
+        let category = event["category"].as_str().unwrap_or_default();
+        let selected =
+            self.event_types.iter().any(|t| t == event_type) || self.event_categories.iter().any(|c| c == category);
+        let scope = event["scope"].as_str();
+        let scoped = match self.scope_filter.as_deref().map(str::trim).filter(|f| !f.is_empty()) {
+            None => true,
+            Some("*") => scope.is_some(),
+            Some(f) => match (f.strip_suffix('*'), scope) {
+                (Some(prefix), Some(s)) => s.starts_with(prefix) && s.len() > prefix.len(),
+                (None, Some(s)) => s == f,
+                (_, None) => false,
+            },
+        };
+        let admitted = self.key_scope_filter.is_empty()
+            || scope.is_some_and(|s| crate::domain::scope_admitted(&self.key_scope_filter, s));
+        selected && scoped && admitted && self.may_receive(event)
+    }
+
+    /// INVARIANT 2 at dispatch and replay: a tenant-owned subscription never receives an
+    /// admin-only event.
+    pub fn may_receive(&self, event: &Value) -> bool {
+        let category = event["category"].as_str().unwrap_or_default();
+        let type_category = category_of(event["event_type"].as_str().unwrap_or_default());
+        self.owner == SYSTEM_TENANT
+            || (TENANT_CATEGORIES.contains(&category) && TENANT_CATEGORIES.contains(&type_category))
+    }
+}
+
+/// `del_` + 16 hex of sha256(event_id|subscription_id).
+pub fn live_delivery_id(event_id: &str, subscription_id: &str) -> String {
+    let h = Sha256::digest(format!("{event_id}|{subscription_id}"));
+    format!("del_{}", &hex::encode(h)[..16])
+}
+
+/// The wire `WebhookDelivery` of a stored row.
+pub fn delivery_json(r: &Record) -> Value {
+    let mut d = json!({
+        "delivery_id": field(r, "delivery_id").unwrap_or_default(),
+        "subscription_id": field(r, "subscription_id").unwrap_or_default(),
+        "event_id": field(r, "event_id").unwrap_or_default(),
+        "status": field(r, "status").unwrap_or("PENDING"),
+        "attempted_at": time_field(r, "attempted_at").unwrap_or_else(|| crate::domain::format_rfc3339_ms(0)),
+        "attempts": int_field(r, "attempts").unwrap_or(0),
+    });
+    if let Some(v) = field(r, "traceparent_inbound_valid") {
+        d["traceparent_inbound_valid"] = json!(v == "true");
+    }
+    for name in ["event_type", "error_message", "trace_id", "trace_flags"] {
+        if let Some(v) = field(r, name) {
+            d[name] = json!(v);
+        }
+    }
+    for name in ["response_status", "response_time_ms"] {
+        if let Some(v) = int_field(r, name) {
+            d[name] = json!(v);
+        }
+    }
+    for name in ["completed_at", "next_retry_at"] {
+        if let Some(v) = time_field(r, name) {
+            d[name] = json!(v);
+        }
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy::default();
+        assert_eq!([1, 2, 3, 4, 5, 20].map(|a| p.delay_ms(a)), [1000, 2000, 4000, 8000, 16000, 60000]);
+    }
+
+    #[test]
+    fn invariants() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert!(check_invariants("acme", &[], &[]).is_err());
+        assert!(check_invariants("acme", &s(&["budget.funded"]), &[]).is_ok());
+        assert!(check_invariants("acme", &s(&["api_key.created"]), &[]).is_err());
+        assert!(check_invariants("acme", &[], &s(&["webhook"])).is_err());
+        assert!(check_invariants(SYSTEM_TENANT, &s(&["api_key.created"]), &[]).is_ok());
+    }
 }
