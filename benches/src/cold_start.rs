@@ -89,7 +89,7 @@ pub async fn measure(dir: &Path, redis_url: &str) -> Value {
         let bin = entry.path().join("bootstrap");
         let Ok(meta) = std::fs::metadata(&bin) else { continue };
         let size_mb = meta.len() as f64 / 1_048_576.0;
-        let route = cycles_shared::api::ROUTES.iter().find(|r| r.op.function_name() == name);
+        let route = cycles_shared::api::route_of(&name);
         let Some(route) = route else {
             // the scheduled functions (no HTTP event to time); cycles-local is not a function
             if name != "cycles-local" {

@@ -1,4 +1,4 @@
-//! AWS Lambda front end: every function's `main` is `cycles_shared::lambda::run(op)`.
+//! AWS Lambda front end: every HTTP function's `main` is `cycles_shared::lambda::run(<function name>)`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 pub use lambda_http::Error;
 use lambda_http::{service_fn, Body, Request, RequestExt, Response};
 
-use crate::api::{self, match_template, ApiRequest, App, Operation, Params, ROUTES};
+use crate::api::{self, match_template, route_of, ApiRequest, App, Params, Route};
 
 /// Runs a function's main future on a single-threaded runtime. A Lambda container handles one
 /// invocation at a time, so worker threads would only add cross-thread wake-ups (a parked
@@ -15,14 +15,16 @@ pub fn start(main: impl std::future::Future<Output = Result<(), Error>>) -> Resu
     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(main)
 }
 
-/// Starts a Lambda function serving one operation. The Redis connection is made once, at init.
-pub async fn run(op: Operation) -> Result<(), lambda_http::Error> {
+/// Starts the Lambda function serving one route, named as in the route table. The Redis
+/// connection is made once, at init.
+pub async fn run(function: &str) -> Result<(), lambda_http::Error> {
     crate::init_tracing(true);
     crate::metrics::enable();
+    let route = route_of(function).ok_or_else(|| format!("no route is served by a function named {function:?}"))?;
     let app = Arc::new(App::from_env().await?);
     lambda_http::run(service_fn(move |event: Request| {
         let app = app.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle_event(&app, op, event).await) }
+        async move { Ok::<_, std::convert::Infallible>(handle_event(&app, route, event).await) }
     }))
     .await
 }
@@ -102,8 +104,8 @@ fn deadline_of(context: &lambda_http::lambda_runtime::Context) -> std::time::Ins
 
 /// Path parameters come from API Gateway when it provides them; otherwise (e.g. under
 /// `cargo lambda watch`) the route template is matched against the raw path.
-pub fn path_params(op: Operation, event: &Request) -> Option<Params> {
-    let template = ROUTES.iter().find(|r| r.op == op).map(|r| r.template)?;
+pub fn path_params(route: &Route, event: &Request) -> Option<Params> {
+    let template = route.template;
     let given = event.path_parameters();
     if given.iter().next().is_some() {
         return Some(given.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
@@ -112,8 +114,8 @@ pub fn path_params(op: Operation, event: &Request) -> Option<Params> {
         .or_else(|| match_template(template, event.uri().path(), false))
 }
 
-pub async fn handle_event(app: &App, op: Operation, event: Request) -> Response<Body> {
-    let params = path_params(op, &event);
+pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<Body> {
+    let params = path_params(route, &event);
     let (parts, body) = event.into_parts();
     let req = ApiRequest {
         method: parts.method,
@@ -126,9 +128,10 @@ pub async fn handle_event(app: &App, op: Operation, event: Request) -> Response<
             Body::Binary(b) => b.into(),
             _ => Default::default(),
         },
+        params: Params::new(),
     };
     let res = match params {
-        Some(params) => api::handle(app, op, req, params).await,
+        Some(params) => api::handle(app, route, ApiRequest { params, ..req }).await,
         None => api::not_found(&req),
     };
     let mut builder = Response::builder().status(res.status);

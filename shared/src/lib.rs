@@ -21,7 +21,7 @@ pub mod provision;
 pub mod store;
 pub mod webhooks;
 
-pub use api::{ApiRequest, ApiResponse, App, Operation};
+pub use api::{ApiRequest, ApiResponse, App};
 
 /// Logs: JSON lines (for CloudWatch) or compact text (local), filtered by `RUST_LOG`.
 pub fn init_tracing(json: bool) {

@@ -57,6 +57,7 @@ async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<F
         query: parts.uri.query().unwrap_or_default().to_string(),
         headers: parts.headers,
         body: Bytes::new(),
+        params: Default::default(),
     };
     match body {
         Ok(b) => api_req.body = b,
@@ -73,7 +74,7 @@ async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<F
         return res;
     }
     let res = match api::route(plane, &api_req.method, &api_req.path) {
-        Some((op, params)) => api::handle(app, op, api_req, params).await,
+        Some((route, params)) => api::handle(app, route, ApiRequest { params, ..api_req }).await,
         None => api::no_route(plane, &api_req),
     };
     to_hyper(res)

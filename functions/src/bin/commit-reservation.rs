@@ -1,5 +1,5 @@
 //! Lambda function: CommitReservation.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::CommitReservation))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("commit-reservation"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: CreateApiKey.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::CreateApiKey))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("create-api-key"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: CreateEvent.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::CreateEvent))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("create-event"))
 }

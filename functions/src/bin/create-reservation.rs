@@ -1,5 +1,5 @@
 //! Lambda function: CreateReservation.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::CreateReservation))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("create-reservation"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: CreateTenant.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::CreateTenant))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("create-tenant"))
 }

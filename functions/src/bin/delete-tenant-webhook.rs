@@ -1,5 +1,5 @@
 //! Lambda function: DeleteTenantWebhook.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::DeleteTenantWebhook))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("delete-tenant-webhook"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: DeleteWebhook.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::DeleteWebhook))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("delete-webhook"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: FreezeBudget.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::FreezeBudget))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("freeze-budget"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: FundBudget.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::FundBudget))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("fund-budget"))
 }

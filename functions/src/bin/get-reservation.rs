@@ -1,5 +1,5 @@
 //! Lambda function: GetReservation.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::GetReservation))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("get-reservation"))
 }

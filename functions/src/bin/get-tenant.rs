@@ -1,5 +1,5 @@
 //! Lambda function: GetTenant.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::GetTenant))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("get-tenant"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: GetWebhook.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::GetWebhook))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("get-webhook"))
 }

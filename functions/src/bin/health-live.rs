@@ -1,5 +1,5 @@
 //! Lambda function: Liveness (/health/live).
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::Liveness))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("health-live"))
 }

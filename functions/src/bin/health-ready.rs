@@ -1,5 +1,5 @@
 //! Lambda function: Readiness (/health/ready).
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::Readiness))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("health-ready"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: IntrospectAuth.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::IntrospectAuth))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("introspect-auth"))
 }

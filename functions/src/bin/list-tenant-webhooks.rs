@@ -1,5 +1,5 @@
 //! Lambda function: ListTenantWebhooks.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::ListTenantWebhooks))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("list-tenant-webhooks"))
 }

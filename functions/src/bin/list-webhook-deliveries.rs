@@ -1,5 +1,5 @@
 //! Lambda function: ListWebhookDeliveries.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::ListWebhookDeliveries))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("list-webhook-deliveries"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: LookupBudget.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::LookupBudget))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("lookup-budget"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: RevokeApiKey.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::RevokeApiKey))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("revoke-api-key"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: TestTenantWebhook.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::TestTenantWebhook))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("test-tenant-webhook"))
 }

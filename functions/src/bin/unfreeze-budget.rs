@@ -1,5 +1,5 @@
 //! Lambda function: UnfreezeBudget.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::UnfreezeBudget))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("unfreeze-budget"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: UpdateApiKey.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::UpdateApiKey))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("update-api-key"))
 }

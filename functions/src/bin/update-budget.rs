@@ -1,5 +1,5 @@
 //! Lambda function: UpdateBudget.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::UpdateBudget))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("update-budget"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: UpdateTenantWebhook.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::UpdateTenantWebhook))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("update-tenant-webhook"))
 }

@@ -1,5 +1,5 @@
 //! Lambda function: UpdateTenant.
 
 fn main() -> Result<(), cycles_shared::lambda::Error> {
-    cycles_shared::lambda::start(cycles_shared::lambda::run(cycles_shared::Operation::UpdateTenant))
+    cycles_shared::lambda::start(cycles_shared::lambda::run("update-tenant"))
 }

@@ -283,13 +283,7 @@ mod tests {
     use super::*;
 
     fn query(q: &str) -> ListQuery {
-        let req = ApiRequest {
-            method: http::Method::GET,
-            path: "/".into(),
-            query: q.into(),
-            headers: Default::default(),
-            body: Default::default(),
-        };
+        let req = ApiRequest { query: q.into(), ..Default::default() };
         ListQuery::parse(&req, &["created_at", "name"]).unwrap()
     }
 
@@ -312,13 +306,8 @@ mod tests {
     #[test]
     fn cursors_are_bound_to_their_sort() {
         let (_, next) = query("limit=1").page(vec![("a".into(), "1".into(), 1), ("b".into(), "2".into(), 2)]);
-        let req = ApiRequest {
-            method: http::Method::GET,
-            path: "/".into(),
-            query: format!("limit=1&sort_by=name&cursor={}", next.unwrap()),
-            headers: Default::default(),
-            body: Default::default(),
-        };
+        let query = format!("limit=1&sort_by=name&cursor={}", next.unwrap());
+        let req = ApiRequest { query, ..Default::default() };
         assert!(ListQuery::parse(&req, &["created_at", "name"]).is_err());
     }
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::auth::key_digest;
-use super::{Answer, ApiRequest, App, Ctx, Params};
+use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, messages, now_ms, parse_rfc3339_ms, DEFAULT_PERMISSIONS};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{self, TenantKeys};
@@ -232,7 +232,7 @@ async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String)
     Ok(Answer::json(200, &api_key_json(&record)))
 }
 
-pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let (r, _) = parse_json::<ApiKeyUpdateRequest>(&req.body)?;
     check_texts(r.name.as_deref(), r.description.as_deref())?;
@@ -252,17 +252,17 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
     if let Some(m) = &r.metadata {
         patch.insert("metadata".into(), json!(Value::Object(m.clone()).to_string()));
     }
-    mutate(app, ctx, &params["key_id"], "update", Value::Object(patch).to_string()).await
+    mutate(app, ctx, req.param("key_id"), "update", Value::Object(patch).to_string()).await
 }
 
-pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let q = super::parse_query(&req.query)?;
     let reason = q.get("reason").cloned().unwrap_or_default();
     if reason.chars().count() > 512 {
         return Err(ApiError::invalid("reason must be at most 512 characters"));
     }
-    mutate(app, ctx, &params["key_id"], "revoke", reason).await
+    mutate(app, ctx, req.param("key_id"), "revoke", reason).await
 }
 
 pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {

@@ -6,7 +6,7 @@ use redis::AsyncCommands;
 use serde_json::Value;
 
 use super::admin::*;
-use super::{Answer, ApiRequest, App, Ctx, Params};
+use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{parse_rfc3339_ms, scope_admitted};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys;
@@ -107,9 +107,9 @@ pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     Ok(page(&q, events))
 }
 
-pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    match load_event(&app.store, &params["event_id"]).await? {
+    match load_event(&app.store, req.param("event_id")).await? {
         Some(e) => Ok(Answer::json(200, &e)),
         None => Err(ApiError::new(ErrorCode::EventNotFound, "Event not found")),
     }

@@ -13,6 +13,8 @@ pub mod tenants;
 pub mod webhooks;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -45,13 +47,22 @@ impl App {
 }
 
 /// A request as every front end hands it over.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ApiRequest {
     pub method: Method,
     pub path: String,
     pub query: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// Path parameters of the matched route template.
+    pub params: Params,
+}
+
+impl ApiRequest {
+    /// A path parameter of the route template (empty when the template has none of that name).
+    pub fn param(&self, name: &str) -> &str {
+        self.params.get(name).map(String::as_str).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -61,184 +72,104 @@ pub struct ApiResponse {
     pub body: Vec<u8>,
 }
 
-/// The operations this service exposes; each is one Lambda function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    Liveness,
-    Readiness,
-    GetBalances,
-    ListReservations,
-    Decide,
-    CreateEvent,
-    CreateReservation,
-    CommitReservation,
-    ReleaseReservation,
-    ExtendReservation,
-    GetReservation,
-    CreateTenant,
-    ListTenants,
-    GetTenant,
-    UpdateTenant,
-    CreateApiKey,
-    ListApiKeys,
-    UpdateApiKey,
-    RevokeApiKey,
-    CreateBudget,
-    ListBudgets,
-    LookupBudget,
-    UpdateBudget,
-    FreezeBudget,
-    UnfreezeBudget,
-    FundBudget,
-    IntrospectAuth,
-    GetAdminBalances,
-    ListEvents,
-    GetEvent,
-    ListTenantEvents,
-    CreateWebhook,
-    ListWebhooks,
-    GetWebhook,
-    UpdateWebhook,
-    DeleteWebhook,
-    TestWebhook,
-    ListWebhookDeliveries,
-    ReplayEvents,
-    CreateTenantWebhook,
-    ListTenantWebhooks,
-    GetTenantWebhook,
-    UpdateTenantWebhook,
-    DeleteTenantWebhook,
-    TestTenantWebhook,
-    ListTenantWebhookDeliveries,
-}
-
-impl Operation {
-    /// The Lambda function (binary) serving this operation.
-    pub fn function_name(self) -> &'static str {
-        match self {
-            Self::Liveness => "health-live",
-            Self::Readiness => "health-ready",
-            Self::GetBalances => "get-balances",
-            Self::ListReservations => "list-reservations",
-            Self::Decide => "decide",
-            Self::CreateEvent => "create-event",
-            Self::CreateReservation => "create-reservation",
-            Self::CommitReservation => "commit-reservation",
-            Self::ReleaseReservation => "release-reservation",
-            Self::ExtendReservation => "extend-reservation",
-            Self::GetReservation => "get-reservation",
-            Self::CreateTenant => "create-tenant",
-            Self::ListTenants => "list-tenants",
-            Self::GetTenant => "get-tenant",
-            Self::UpdateTenant => "update-tenant",
-            Self::CreateApiKey => "create-api-key",
-            Self::ListApiKeys => "list-api-keys",
-            Self::UpdateApiKey => "update-api-key",
-            Self::RevokeApiKey => "revoke-api-key",
-            Self::CreateBudget => "create-budget",
-            Self::ListBudgets => "list-budgets",
-            Self::LookupBudget => "lookup-budget",
-            Self::UpdateBudget => "update-budget",
-            Self::FreezeBudget => "freeze-budget",
-            Self::UnfreezeBudget => "unfreeze-budget",
-            Self::FundBudget => "fund-budget",
-            Self::IntrospectAuth => "introspect-auth",
-            Self::GetAdminBalances => "get-admin-balances",
-            Self::ListEvents => "list-events",
-            Self::GetEvent => "get-event",
-            Self::ListTenantEvents => "list-tenant-events",
-            Self::CreateWebhook => "create-webhook",
-            Self::ListWebhooks => "list-webhooks",
-            Self::GetWebhook => "get-webhook",
-            Self::UpdateWebhook => "update-webhook",
-            Self::DeleteWebhook => "delete-webhook",
-            Self::TestWebhook => "test-webhook",
-            Self::ListWebhookDeliveries => "list-webhook-deliveries",
-            Self::ReplayEvents => "replay-events",
-            Self::CreateTenantWebhook => "create-tenant-webhook",
-            Self::ListTenantWebhooks => "list-tenant-webhooks",
-            Self::GetTenantWebhook => "get-tenant-webhook",
-            Self::UpdateTenantWebhook => "update-tenant-webhook",
-            Self::DeleteTenantWebhook => "delete-tenant-webhook",
-            Self::TestTenantWebhook => "test-tenant-webhook",
-            Self::ListTenantWebhookDeliveries => "list-tenant-webhook-deliveries",
-        }
-    }
-}
-
-/// The two API hosts: `GET /v1/balances` has a different contract on each
-/// (admin-and-events.md §3.7), so they are served on separate ports / API Gateway APIs.
+/// The two API hosts: `GET /v1/balances` has a different contract on each (the runtime's
+/// tenant balances, the operator's cross-tenant view), so they are served on separate ports /
+/// API Gateway APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Plane {
     Runtime,
     Admin,
 }
 
+/// What a handler returns: its answer, produced asynchronously.
+pub type Handled<'a> = Pin<Box<dyn Future<Output = ApiResult<Answer>> + Send + 'a>>;
+
+/// Every handler has this shape: authenticate, parse, call one op, answer.
+pub type Handler = for<'a> fn(&'a App, &'a mut Ctx, &'a ApiRequest) -> Handled<'a>;
+
+/// One endpoint: where it is served, the Lambda function (binary) that serves it, and its handler.
 pub struct Route {
     pub plane: Plane,
     pub method: Method,
     pub template: &'static str,
-    pub op: Operation,
+    pub function: &'static str,
+    pub handler: Handler,
 }
 
-const fn runtime(method: Method, template: &'static str, op: Operation) -> Route {
-    Route { plane: Plane::Runtime, method, template, op }
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} ({})", self.method, self.template, self.function)
+    }
 }
 
-const fn admin(method: Method, template: &'static str, op: Operation) -> Route {
-    Route { plane: Plane::Admin, method, template, op }
+macro_rules! routes {
+    ($($plane:ident $method:ident $template:literal => $function:literal, $handler:path;)*) => {
+        /// The single source of truth for plane + method + path -> function and handler. Adding an
+        /// endpoint is one line here, its handler and the op it calls.
+        pub static ROUTES: &[Route] = &[$(Route {
+            plane: Plane::$plane,
+            method: Method::$method,
+            template: $template,
+            function: $function,
+            handler: |app, ctx, req| Box::pin($handler(app, ctx, req)),
+        }),*];
+    };
 }
 
-/// The single source of truth for plane + method + path -> operation.
-pub static ROUTES: [Route; 46] = [
+routes! {
     // Operational routes (outside /v1: not part of the protocol).
-    runtime(Method::GET, "/health/live", Operation::Liveness),
-    runtime(Method::GET, "/health/ready", Operation::Readiness),
-    runtime(Method::GET, "/v1/reservations", Operation::ListReservations),
-    runtime(Method::GET, "/v1/balances", Operation::GetBalances),
-    runtime(Method::POST, "/v1/decide", Operation::Decide),
-    runtime(Method::POST, "/v1/events", Operation::CreateEvent),
-    runtime(Method::POST, "/v1/reservations", Operation::CreateReservation),
-    runtime(Method::GET, "/v1/reservations/{reservation_id}", Operation::GetReservation),
-    runtime(Method::POST, "/v1/reservations/{reservation_id}/commit", Operation::CommitReservation),
-    runtime(Method::POST, "/v1/reservations/{reservation_id}/release", Operation::ReleaseReservation),
-    runtime(Method::POST, "/v1/reservations/{reservation_id}/extend", Operation::ExtendReservation),
-    admin(Method::POST, "/v1/admin/tenants", Operation::CreateTenant),
-    admin(Method::GET, "/v1/admin/tenants", Operation::ListTenants),
-    admin(Method::GET, "/v1/admin/tenants/{tenant_id}", Operation::GetTenant),
-    admin(Method::PATCH, "/v1/admin/tenants/{tenant_id}", Operation::UpdateTenant),
-    admin(Method::POST, "/v1/admin/api-keys", Operation::CreateApiKey),
-    admin(Method::GET, "/v1/admin/api-keys", Operation::ListApiKeys),
-    admin(Method::PATCH, "/v1/admin/api-keys/{key_id}", Operation::UpdateApiKey),
-    admin(Method::DELETE, "/v1/admin/api-keys/{key_id}", Operation::RevokeApiKey),
-    admin(Method::POST, "/v1/admin/budgets", Operation::CreateBudget),
-    admin(Method::GET, "/v1/admin/budgets", Operation::ListBudgets),
-    admin(Method::GET, "/v1/admin/budgets/lookup", Operation::LookupBudget),
-    admin(Method::PATCH, "/v1/admin/budgets", Operation::UpdateBudget),
-    admin(Method::POST, "/v1/admin/budgets/freeze", Operation::FreezeBudget),
-    admin(Method::POST, "/v1/admin/budgets/unfreeze", Operation::UnfreezeBudget),
-    admin(Method::POST, "/v1/admin/budgets/fund", Operation::FundBudget),
-    admin(Method::GET, "/v1/auth/introspect", Operation::IntrospectAuth),
-    admin(Method::GET, "/v1/balances", Operation::GetAdminBalances),
-    admin(Method::GET, "/v1/admin/events", Operation::ListEvents),
-    admin(Method::GET, "/v1/admin/events/{event_id}", Operation::GetEvent),
-    admin(Method::GET, "/v1/events", Operation::ListTenantEvents),
-    admin(Method::POST, "/v1/admin/webhooks", Operation::CreateWebhook),
-    admin(Method::GET, "/v1/admin/webhooks", Operation::ListWebhooks),
-    admin(Method::GET, "/v1/admin/webhooks/{subscription_id}", Operation::GetWebhook),
-    admin(Method::PATCH, "/v1/admin/webhooks/{subscription_id}", Operation::UpdateWebhook),
-    admin(Method::DELETE, "/v1/admin/webhooks/{subscription_id}", Operation::DeleteWebhook),
-    admin(Method::POST, "/v1/admin/webhooks/{subscription_id}/test", Operation::TestWebhook),
-    admin(Method::GET, "/v1/admin/webhooks/{subscription_id}/deliveries", Operation::ListWebhookDeliveries),
-    admin(Method::POST, "/v1/admin/webhooks/{subscription_id}/replay", Operation::ReplayEvents),
-    admin(Method::POST, "/v1/webhooks", Operation::CreateTenantWebhook),
-    admin(Method::GET, "/v1/webhooks", Operation::ListTenantWebhooks),
-    admin(Method::GET, "/v1/webhooks/{subscription_id}", Operation::GetTenantWebhook),
-    admin(Method::PATCH, "/v1/webhooks/{subscription_id}", Operation::UpdateTenantWebhook),
-    admin(Method::DELETE, "/v1/webhooks/{subscription_id}", Operation::DeleteTenantWebhook),
-    admin(Method::POST, "/v1/webhooks/{subscription_id}/test", Operation::TestTenantWebhook),
-    admin(Method::GET, "/v1/webhooks/{subscription_id}/deliveries", Operation::ListTenantWebhookDeliveries),
-];
+    Runtime GET "/health/live" => "health-live", liveness;
+    Runtime GET "/health/ready" => "health-ready", readiness;
+    Runtime GET "/v1/reservations" => "list-reservations", list::list;
+    Runtime GET "/v1/balances" => "get-balances", balances::get;
+    Runtime POST "/v1/decide" => "decide", reservations::decide;
+    Runtime POST "/v1/events" => "create-event", reservations::create_event;
+    Runtime POST "/v1/reservations" => "create-reservation", reservations::create;
+    Runtime GET "/v1/reservations/{reservation_id}" => "get-reservation", reservations::get;
+    Runtime POST "/v1/reservations/{reservation_id}/commit" => "commit-reservation", reservations::commit;
+    Runtime POST "/v1/reservations/{reservation_id}/release" => "release-reservation", reservations::release;
+    Runtime POST "/v1/reservations/{reservation_id}/extend" => "extend-reservation", reservations::extend;
+    Admin POST "/v1/admin/tenants" => "create-tenant", tenants::create;
+    Admin GET "/v1/admin/tenants" => "list-tenants", tenants::list;
+    Admin GET "/v1/admin/tenants/{tenant_id}" => "get-tenant", tenants::get;
+    Admin PATCH "/v1/admin/tenants/{tenant_id}" => "update-tenant", tenants::update;
+    Admin POST "/v1/admin/api-keys" => "create-api-key", api_keys::create;
+    Admin GET "/v1/admin/api-keys" => "list-api-keys", api_keys::list;
+    Admin PATCH "/v1/admin/api-keys/{key_id}" => "update-api-key", api_keys::update;
+    Admin DELETE "/v1/admin/api-keys/{key_id}" => "revoke-api-key", api_keys::revoke;
+    Admin POST "/v1/admin/budgets" => "create-budget", budgets::create;
+    Admin GET "/v1/admin/budgets" => "list-budgets", budgets::list;
+    Admin GET "/v1/admin/budgets/lookup" => "lookup-budget", budgets::lookup;
+    Admin PATCH "/v1/admin/budgets" => "update-budget", budgets::update;
+    Admin POST "/v1/admin/budgets/freeze" => "freeze-budget", budgets::freeze;
+    Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget", budgets::unfreeze;
+    Admin POST "/v1/admin/budgets/fund" => "fund-budget", budgets::fund;
+    Admin GET "/v1/auth/introspect" => "introspect-auth", admin::introspect;
+    Admin GET "/v1/balances" => "get-admin-balances", budgets::balances;
+    Admin GET "/v1/admin/events" => "list-events", events::admin_list;
+    Admin GET "/v1/admin/events/{event_id}" => "get-event", events::admin_get;
+    Admin GET "/v1/events" => "list-tenant-events", events::tenant_list;
+    Admin POST "/v1/admin/webhooks" => "create-webhook", webhooks::admin_create;
+    Admin GET "/v1/admin/webhooks" => "list-webhooks", webhooks::admin_list;
+    Admin GET "/v1/admin/webhooks/{subscription_id}" => "get-webhook", webhooks::admin_get;
+    Admin PATCH "/v1/admin/webhooks/{subscription_id}" => "update-webhook", webhooks::admin_update;
+    Admin DELETE "/v1/admin/webhooks/{subscription_id}" => "delete-webhook", webhooks::admin_delete;
+    Admin POST "/v1/admin/webhooks/{subscription_id}/test" => "test-webhook", webhooks::admin_test;
+    Admin GET "/v1/admin/webhooks/{subscription_id}/deliveries" => "list-webhook-deliveries", webhooks::admin_deliveries;
+    Admin POST "/v1/admin/webhooks/{subscription_id}/replay" => "replay-events", webhooks::admin_replay;
+    Admin POST "/v1/webhooks" => "create-tenant-webhook", webhooks::tenant_create;
+    Admin GET "/v1/webhooks" => "list-tenant-webhooks", webhooks::tenant_list;
+    Admin GET "/v1/webhooks/{subscription_id}" => "get-tenant-webhook", webhooks::tenant_get;
+    Admin PATCH "/v1/webhooks/{subscription_id}" => "update-tenant-webhook", webhooks::tenant_update;
+    Admin DELETE "/v1/webhooks/{subscription_id}" => "delete-tenant-webhook", webhooks::tenant_delete;
+    Admin POST "/v1/webhooks/{subscription_id}/test" => "test-tenant-webhook", webhooks::tenant_test;
+    Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries", webhooks::tenant_deliveries;
+}
+
+/// The route a Lambda function serves, by function (binary) name.
+pub fn route_of(function: &str) -> Option<&'static Route> {
+    ROUTES.iter().find(|r| r.function == function)
+}
 
 pub type Params = HashMap<String, String>;
 
@@ -318,11 +249,11 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// Finds the route for a request path on one plane (exact match, as the local gateway serves it).
-pub fn route(plane: Plane, method: &Method, path: &str) -> Option<(Operation, Params)> {
+pub fn route(plane: Plane, method: &Method, path: &str) -> Option<(&'static Route, Params)> {
     ROUTES
         .iter()
         .filter(|r| r.plane == plane && r.method == *method)
-        .find_map(|r| match_template(r.template, path, true).map(|p| (r.op, p)))
+        .find_map(|r| match_template(r.template, path, true).map(|p| (r, p)))
 }
 
 /// Per-request context: correlation ids and, once known, the effective tenant.
@@ -344,67 +275,24 @@ impl Answer {
     }
 }
 
-/// Runs one operation and turns its outcome into a response with the correlation headers.
-pub async fn handle(app: &App, op: Operation, req: ApiRequest, params: Params) -> ApiResponse {
+/// Runs one route's handler and turns its outcome into a response with the correlation headers.
+pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let started = std::time::Instant::now();
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
-    let outcome = match op {
-        Operation::Liveness => Ok(Answer::json(200, &serde_json::json!({"status": "ok"}))),
-        Operation::Readiness => readiness(app).await,
-        Operation::GetBalances => balances::get(app, &mut ctx, &req).await,
-        Operation::ListReservations => list::list(app, &mut ctx, &req).await,
-        Operation::Decide => reservations::decide(app, &mut ctx, &req).await,
-        Operation::CreateEvent => reservations::create_event(app, &mut ctx, &req).await,
-        Operation::CreateReservation => reservations::create(app, &mut ctx, &req).await,
-        Operation::CommitReservation => reservations::commit(app, &mut ctx, &req, &params).await,
-        Operation::ReleaseReservation => reservations::release(app, &mut ctx, &req, &params).await,
-        Operation::ExtendReservation => reservations::extend(app, &mut ctx, &req, &params).await,
-        Operation::GetReservation => reservations::get(app, &mut ctx, &req, &params).await,
-        Operation::CreateTenant => tenants::create(app, &mut ctx, &req).await,
-        Operation::ListTenants => tenants::list(app, &mut ctx, &req).await,
-        Operation::GetTenant => tenants::get(app, &mut ctx, &req, &params).await,
-        Operation::UpdateTenant => tenants::update(app, &mut ctx, &req, &params).await,
-        Operation::CreateApiKey => api_keys::create(app, &mut ctx, &req).await,
-        Operation::ListApiKeys => api_keys::list(app, &mut ctx, &req).await,
-        Operation::UpdateApiKey => api_keys::update(app, &mut ctx, &req, &params).await,
-        Operation::RevokeApiKey => api_keys::revoke(app, &mut ctx, &req, &params).await,
-        Operation::CreateBudget => budgets::create(app, &mut ctx, &req).await,
-        Operation::ListBudgets => budgets::list(app, &mut ctx, &req).await,
-        Operation::LookupBudget => budgets::lookup(app, &mut ctx, &req).await,
-        Operation::UpdateBudget => budgets::update(app, &mut ctx, &req).await,
-        Operation::FreezeBudget => budgets::freeze(app, &mut ctx, &req).await,
-        Operation::UnfreezeBudget => budgets::unfreeze(app, &mut ctx, &req).await,
-        Operation::FundBudget => budgets::fund(app, &mut ctx, &req).await,
-        Operation::IntrospectAuth => admin::introspect(app, &mut ctx, &req).await,
-        Operation::GetAdminBalances => budgets::balances(app, &mut ctx, &req).await,
-        Operation::ListEvents => events::admin_list(app, &mut ctx, &req).await,
-        Operation::GetEvent => events::admin_get(app, &mut ctx, &req, &params).await,
-        Operation::ListTenantEvents => events::tenant_list(app, &mut ctx, &req).await,
-        Operation::CreateWebhook => webhooks::admin_create(app, &mut ctx, &req).await,
-        Operation::ListWebhooks => webhooks::admin_list(app, &mut ctx, &req).await,
-        Operation::GetWebhook => webhooks::admin_get(app, &mut ctx, &req, &params).await,
-        Operation::UpdateWebhook => webhooks::admin_update(app, &mut ctx, &req, &params).await,
-        Operation::DeleteWebhook => webhooks::admin_delete(app, &mut ctx, &req, &params).await,
-        Operation::TestWebhook => webhooks::admin_test(app, &mut ctx, &req, &params).await,
-        Operation::ListWebhookDeliveries => webhooks::admin_deliveries(app, &mut ctx, &req, &params).await,
-        Operation::ReplayEvents => webhooks::admin_replay(app, &mut ctx, &req, &params).await,
-        Operation::CreateTenantWebhook => webhooks::tenant_create(app, &mut ctx, &req).await,
-        Operation::ListTenantWebhooks => webhooks::tenant_list(app, &mut ctx, &req).await,
-        Operation::GetTenantWebhook => webhooks::tenant_get(app, &mut ctx, &req, &params).await,
-        Operation::UpdateTenantWebhook => webhooks::tenant_update(app, &mut ctx, &req, &params).await,
-        Operation::DeleteTenantWebhook => webhooks::tenant_delete(app, &mut ctx, &req, &params).await,
-        Operation::TestTenantWebhook => webhooks::tenant_test(app, &mut ctx, &req, &params).await,
-        Operation::ListTenantWebhookDeliveries => webhooks::tenant_deliveries(app, &mut ctx, &req, &params).await,
-    };
+    let outcome = (route.handler)(app, &mut ctx, &req).await;
     let res = respond(&ctx, outcome);
-    crate::metrics::request(op.function_name(), res.status, started.elapsed().as_secs_f64() * 1000.0, &res.body);
+    crate::metrics::request(route.function, res.status, started.elapsed().as_secs_f64() * 1000.0, &res.body);
     res
+}
+
+async fn liveness(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
+    Ok(Answer::json(200, &serde_json::json!({"status": "ok"})))
 }
 
 /// Readiness: Redis accepts a write through the script path every operation takes (200), else
 /// 503 saying whether the store is unreachable or refuses writes (out of memory under
 /// `noeviction`, a read-only replica, a failed save: reads still work then, writes do not).
-async fn readiness(app: &App) -> ApiResult<Answer> {
+async fn readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
     use crate::ops::maintenance::Health;
     use crate::store::Call;
     let probe = app.store.call(Health::library(), &Health::SCRIPT, &["cy:{health}:probe".to_string()], &[]).await;
@@ -482,16 +370,16 @@ mod tests {
 
     #[test]
     fn routes_match_exactly_and_by_suffix() {
-        let (op, p) = route(Plane::Runtime, &Method::POST, "/v1/reservations/abc/commit").unwrap();
-        assert_eq!(op, Operation::CommitReservation);
+        let (r, p) = route(Plane::Runtime, &Method::POST, "/v1/reservations/abc/commit").unwrap();
+        assert_eq!(r.function, "commit-reservation");
         assert_eq!(p["reservation_id"], "abc");
         assert!(route(Plane::Runtime, &Method::GET, "/v1/reservations/abc/commit").is_none());
         assert!(route(Plane::Runtime, &Method::POST, "/x/v1/reservations").is_none());
-        assert_eq!(route(Plane::Admin, &Method::GET, "/v1/balances").unwrap().0, Operation::GetAdminBalances);
-        assert_eq!(route(Plane::Runtime, &Method::GET, "/v1/balances").unwrap().0, Operation::GetBalances);
+        assert_eq!(route(Plane::Admin, &Method::GET, "/v1/balances").unwrap().0.function, "get-admin-balances");
+        assert_eq!(route(Plane::Runtime, &Method::GET, "/v1/balances").unwrap().0.function, "get-balances");
         assert!(route(Plane::Runtime, &Method::POST, "/v1/admin/tenants").is_none());
-        let (op, p) = route(Plane::Admin, &Method::GET, "/v1/admin/budgets/lookup").unwrap();
-        assert_eq!((op, p.len()), (Operation::LookupBudget, 0));
+        let (r, p) = route(Plane::Admin, &Method::GET, "/v1/admin/budgets/lookup").unwrap();
+        assert_eq!((r.function, p.len()), ("lookup-budget", 0));
         let p = match_template(
             "/v1/reservations/{reservation_id}/extend",
             "/lambda-url/extend-reservation/v1/reservations/r%2E1/extend",

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::auth::{unauthorized, Caller, TenantKey};
-use super::{Answer, ApiRequest, App, Ctx, Params};
+use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ids::ReservationId;
@@ -358,8 +358,8 @@ impl Addressed {
 
 /// Resolves the path's reservation: 400 for a bad id, 404 when it cannot exist, and for a
 /// reservation of another tenant 403 (after checking the caller's key) or 404.
-async fn address(app: &App, caller: Caller, params: &Params, permission: Permission) -> ApiResult<Addressed> {
-    let raw = params.get("reservation_id").cloned().unwrap_or_default();
+async fn address(app: &App, caller: Caller, req: &ApiRequest, permission: Permission) -> ApiResult<Addressed> {
+    let raw = req.param("reservation_id").to_string();
     let n = raw.chars().count();
     if n == 0 || n > 128 {
         return Err(ApiError::invalid(format!("reservation_id must be 1 to 128 characters (got {n})")));
@@ -420,10 +420,10 @@ fn settled_balances(s: &Settled, id: &ReservationId) -> ApiResult<(Unit, Vec<Bal
     Ok((unit, balances(&budgeted, unit, &s.balances)?))
 }
 
-pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<CommitRequest>(req)?;
-    let a = address(app, caller, params, Permission::ReservationsCommit).await?;
+    let a = address(app, caller, req, Permission::ReservationsCommit).await?;
     let call = Commit {
         digest: a.digest.clone(),
         accepted: Permission::ReservationsCommit.accepted().to_string(),
@@ -453,10 +453,10 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
     ))
 }
 
-pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, true).await?;
     let (r, raw) = parse::<ReleaseRequest>(req)?;
-    let a = address(app, caller, params, Permission::ReservationsRelease).await?;
+    let a = address(app, caller, req, Permission::ReservationsRelease).await?;
     let audit = if a.caller.is_none() {
         json!({
             "tenant_id": a.id.tenant,
@@ -499,10 +499,10 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params
     ))
 }
 
-pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<ReservationExtendRequest>(req)?;
-    let a = address(app, caller, params, Permission::ReservationsExtend).await?;
+    let a = address(app, caller, req, Permission::ReservationsExtend).await?;
     let call = Extend {
         digest: a.digest.clone(),
         accepted: Permission::ReservationsExtend.accepted().to_string(),
@@ -526,9 +526,9 @@ pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params)
     ))
 }
 
-pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, true).await?;
-    let a = address(app, caller, params, Permission::ReservationsList).await?;
+    let a = address(app, caller, req, Permission::ReservationsList).await?;
     let record_key = a.keys.reservation(&a.id.token);
     let call = GetReservation {
         auth: if a.caller.is_none() { record_key.clone() } else { a.auth_key.clone() },

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::admin::*;
-use super::{Answer, ApiRequest, App, Ctx, Params};
+use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{rules, validate_tenant_id};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{self, TenantKeys};
@@ -196,10 +196,10 @@ async fn load(app: &App, tenant_id: &str) -> ApiResult<Record> {
     Ok(record)
 }
 
-pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    let id = &params["tenant_id"];
-    ctx.tenant = Some(id.clone());
+    let id = req.param("tenant_id");
+    ctx.tenant = Some(id.to_string());
     Ok(Answer::json(200, &tenant_json(&load(app, id).await?)))
 }
 
@@ -247,9 +247,9 @@ pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
     Ok(Answer::json(200, &list_body("tenants", items, next)))
 }
 
-pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    let id = params["tenant_id"].clone();
+    let id = req.param("tenant_id").to_string();
     ctx.tenant = Some(id.clone());
     let (r, _) = parse_json::<TenantUpdateRequest>(&req.body)?;
     let mut patch = Map::new();

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::events::{tenant_events, CATEGORIES, EVENT_TYPES, SYSTEM_TENANT};
-use super::{Answer, ApiRequest, App, Ctx, Params};
+use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::validate_tenant_id;
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms};
 use crate::error::{ApiError, ApiResult, ErrorCode};
@@ -502,34 +502,34 @@ pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     list_for(app, owners, req).await
 }
 
-pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    let (_, record) = resolve(app, &params["subscription_id"], None).await?;
+    let (_, record) = resolve(app, req.param("subscription_id"), None).await?;
     Ok(Answer::json(200, &subscription_json(&record)))
 }
 
-pub async fn admin_update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    update_for(app, ctx, &Caller::Admin, None, &params["subscription_id"], req).await
+    update_for(app, ctx, &Caller::Admin, None, req.param("subscription_id"), req).await
 }
 
-pub async fn admin_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    delete_for(app, ctx, &Caller::Admin, None, &params["subscription_id"]).await
+    delete_for(app, ctx, &Caller::Admin, None, req.param("subscription_id")).await
 }
 
-pub async fn admin_test(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_test(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    test_for(app, ctx, None, &params["subscription_id"]).await
+    test_for(app, ctx, None, req.param("subscription_id")).await
 }
 
-pub async fn admin_deliveries(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_deliveries(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    deliveries_for(app, None, &params["subscription_id"], req).await
+    deliveries_for(app, None, req.param("subscription_id"), req).await
 }
 
 /// Replay: every deliverable event of the window becomes a new delivery, or 400 and nothing.
-pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid("a JSON body is required ({} replays everything the subscription selects)"));
@@ -549,7 +549,7 @@ pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest, params: &
     let (from, to) = (time("from", &r.from)?, time("to", &r.to)?);
     let types = r.event_types.clone().unwrap_or_default();
     check_lists(&types, &[])?;
-    let id = params["subscription_id"].clone();
+    let id = req.param("subscription_id").to_string();
     let (owner, record) = resolve(app, &id, None).await?;
     if owner != SYSTEM_TENANT {
         let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
@@ -678,38 +678,38 @@ pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     list_for(app, vec![tenant], req).await
 }
 
-pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksRead).await?;
     let scope = if matches!(caller, Caller::Admin) { None } else { tenant.as_deref() };
-    let (owner, record) = resolve(app, &params["subscription_id"], scope).await?;
+    let (owner, record) = resolve(app, req.param("subscription_id"), scope).await?;
     if owner == SYSTEM_TENANT {
         return Err(not_found());
     }
     Ok(Answer::json(200, &subscription_json(&record)))
 }
 
-pub async fn tenant_update(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn tenant_update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksWrite).await?;
-    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
-    update_for(app, ctx, &caller, Some(&scope), &params["subscription_id"], req).await
+    let scope = own_scope(app, &caller, tenant.as_deref(), req.param("subscription_id")).await?;
+    update_for(app, ctx, &caller, Some(&scope), req.param("subscription_id"), req).await
 }
 
-pub async fn tenant_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn tenant_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksWrite).await?;
-    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
-    delete_for(app, ctx, &caller, Some(&scope), &params["subscription_id"]).await
+    let scope = own_scope(app, &caller, tenant.as_deref(), req.param("subscription_id")).await?;
+    delete_for(app, ctx, &caller, Some(&scope), req.param("subscription_id")).await
 }
 
-pub async fn tenant_test(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn tenant_test(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksWrite).await?;
-    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
-    test_for(app, ctx, Some(&scope), &params["subscription_id"]).await
+    let scope = own_scope(app, &caller, tenant.as_deref(), req.param("subscription_id")).await?;
+    test_for(app, ctx, Some(&scope), req.param("subscription_id")).await
 }
 
-pub async fn tenant_deliveries(app: &App, ctx: &mut Ctx, req: &ApiRequest, params: &Params) -> ApiResult<Answer> {
+pub async fn tenant_deliveries(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksRead).await?;
-    let scope = own_scope(app, &caller, tenant.as_deref(), &params["subscription_id"]).await?;
-    deliveries_for(app, Some(&scope), &params["subscription_id"], req).await
+    let scope = own_scope(app, &caller, tenant.as_deref(), req.param("subscription_id")).await?;
+    deliveries_for(app, Some(&scope), req.param("subscription_id"), req).await
 }
 
 /// The tenant a self-service call may touch: the key's own; under the admin key, the
