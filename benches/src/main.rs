@@ -1,4 +1,4 @@
-//! `cycles-bench`: the benchmark suite of `../shared/docs/benchmarks.md` against the local
+//! `cycles-bench`: the benchmark suite (method and results in `BENCHMARKS.md`) against the local
 //! gateway and a fresh Redis, with the machine's floors measured in the same run.
 //!
 //!   cargo run --release -p cycles-benches -- [--iterations N] [--warmup N] [--json FILE]
@@ -58,7 +58,7 @@ struct Stats {
 }
 
 impl Stats {
-    /// Percentile as benchmarks.md defines it: index min(ceil(x/100*N) - 1, N - 1).
+    /// Nearest-rank percentile: index min(ceil(x/100*N) - 1, N - 1).
     fn pct(&self, x: f64) -> f64 {
         let mut s = self.samples.clone();
         s.sort_by(|a, b| a.partial_cmp(b).unwrap());

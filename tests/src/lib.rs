@@ -115,13 +115,13 @@ impl Resp {
     pub fn error(&self) -> &str {
         self.body["error"].as_str().unwrap_or("")
     }
-    /// Asserts an error answer: status, code, and the ErrorResponse shape (P-8, P-9).
+    /// Asserts an error answer: status, code, and the ErrorResponse shape.
     #[track_caller]
     pub fn assert_error(&self, status: u16, code: &str) {
         assert_eq!((self.status, self.error()), (status, code), "unexpected answer: {}", self.raw);
         assert_error_shape(self);
     }
-    /// Asserts a 200 whose body carries no `null` (P-12: optional properties are omitted).
+    /// Asserts a 200 whose body carries no `null` (optional properties are omitted).
     #[track_caller]
     pub fn assert_ok(&self) -> &Value {
         assert_eq!(self.status, 200, "unexpected answer: {}", self.raw);
@@ -130,7 +130,7 @@ impl Resp {
     }
 }
 
-/// P-12: no property of a response is `null` (client-supplied free-form maps excepted).
+/// No property of a response is `null` (client-supplied free-form maps excepted).
 #[track_caller]
 pub fn assert_no_nulls(v: &Value, raw: &str) {
     match v {
@@ -144,7 +144,7 @@ pub fn assert_no_nulls(v: &Value, raw: &str) {
     }
 }
 
-/// P-8/P-9: only the allowed properties, ids equal to the headers.
+/// Only the allowed properties, ids equal to the headers.
 #[track_caller]
 pub fn assert_error_shape(r: &Resp) {
     let obj = r.body.as_object().expect("error body is an object");

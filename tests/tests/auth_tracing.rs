@@ -1,5 +1,4 @@
-//! Authentication, tenancy, correlation headers, error shape and the closed-tenant guard:
-//! P-1..P-12, P-14, P-16, P-17, P-20, P-25, P-28, P-29, P-138..P-144.
+//! Authentication, tenancy, correlation headers, error shape and the closed-tenant guard.
 
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
@@ -14,7 +13,7 @@ async fn every_answer_carries_request_and_trace_ids() {
     let unauth = h.send("POST", "/v1/reservations", &[], Some("{}")).await;
     let unknown = h.send("GET", "/v1/nope", &[], None).await;
     let mut seen = std::collections::HashSet::new();
-    // P-1, P-2, P-7
+    // Every answer, success or error, carries a unique request id and a W3C trace id.
     for r in [&ok, &unauth, &unknown] {
         let rid = r.headers.get("x-request-id").expect("x-request-id");
         assert!(seen.insert(rid.clone()), "request ids are unique");
@@ -26,7 +25,7 @@ async fn every_answer_carries_request_and_trace_ids() {
     unknown.assert_error(404, "NOT_FOUND");
     // X-Cycles-Tenant on tenant-key answers.
     assert_eq!(ok.headers.get("x-cycles-tenant"), Some(&t.id));
-    // A client-supplied X-Request-Id is ignored (A-20).
+    // A client-supplied X-Request-Id is ignored.
     let r = h.send("GET", "/v1/nope", &[("x-request-id", "mine")], None).await;
     assert_ne!(r.headers["x-request-id"], "mine");
 }
@@ -37,14 +36,14 @@ async fn trace_id_precedence() {
     let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let mine = "1234567890abcdef1234567890abcdef";
     let trace = |r: &Resp| r.headers["x-cycles-trace-id"].clone();
-    // P-3, P-5
+    // A valid traceparent wins over X-Cycles-Trace-Id and is echoed in the body.
     let r = h.send("GET", "/v1/x", &[("traceparent", tp), ("x-cycles-trace-id", mine)], None).await;
     assert_eq!(trace(&r), "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(r.body["trace_id"], "0af7651916cd43dd8448eb211c80319c");
-    // P-4
+    // Without a traceparent, a valid X-Cycles-Trace-Id is kept.
     let r = h.send("GET", "/v1/x", &[("x-cycles-trace-id", mine)], None).await;
     assert_eq!(trace(&r), mine);
-    // P-6: malformed values fall through and are never rejected
+    // Malformed values fall through and are never rejected
     let bad_tp = "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01";
     let r = h.send("GET", "/v1/x", &[("traceparent", bad_tp), ("x-cycles-trace-id", mine)], None).await;
     assert_eq!(trace(&r), mine);
@@ -74,7 +73,7 @@ async fn missing_unknown_revoked_and_expired_keys_are_401() {
         "estimate": {"unit": "TOKENS", "amount": 1}});
     let forged = format!("cyc_live_{}_not-the-secret", t.key_id);
     let unknown = "cyc_live_zzzzzzzzzzzzzzzz_whatever";
-    // P-16 / P-17: every failure has the same 401 body (apart from ids).
+    // Every failure has the same 401 body (apart from ids).
     let mut messages = std::collections::HashSet::new();
     for key in [None, Some("garbage"), Some(unknown), Some(forged.as_str())] {
         let headers: Vec<(&str, &str)> = key.map(|k| vec![("x-cycles-api-key", k)]).unwrap_or_default();
@@ -129,7 +128,7 @@ async fn other_tenants_reservations_are_403_and_unknown_ones_404() {
     let a = h.funded(100).await;
     let b = h.funded(100).await;
     let rid = h.reserve_ok(&a, 10, json!({})).await;
-    // P-20 on every reservation route.
+    // On every reservation route.
     h.get(&b.key, &format!("/v1/reservations/{rid}")).await.assert_error(403, "FORBIDDEN");
     h.commit(&b, &rid, 1).await.assert_error(403, "FORBIDDEN");
     h.release(&b, &rid).await.assert_error(403, "FORBIDDEN");
@@ -151,11 +150,11 @@ async fn admin_key_works_only_on_get_and_release() {
     let t = h.funded(100).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
     let admin = [("x-admin-api-key", ADMIN_KEY)];
-    // P-28
+    // The admin key may read a reservation of any tenant (no tenant header: it acts for none).
     let r = h.send("GET", &format!("/v1/reservations/{rid}"), &admin, None).await;
     assert_eq!(r.assert_ok()["reservation_id"], rid.as_str());
     assert!(!r.headers.contains_key("x-cycles-tenant"));
-    // P-25: ignored on commit/extend/reserve -> 401 without a tenant key.
+    // Ignored on commit/extend/reserve -> 401 without a tenant key.
     let c = json!({"idempotency_key": "c", "actual": {"unit": "TOKENS", "amount": 1}}).to_string();
     h.send("POST", &format!("/v1/reservations/{rid}/commit"), &admin, Some(&c)).await.assert_error(401, "UNAUTHORIZED");
     h.send("POST", "/v1/reservations", &admin, Some("{}")).await.assert_error(401, "UNAUTHORIZED");
@@ -169,7 +168,7 @@ async fn admin_key_works_only_on_get_and_release() {
         )
         .await;
     r.assert_error(401, "UNAUTHORIZED");
-    // P-28 / P-29: admin release writes an audit entry atomically.
+    // Admin release writes an audit entry atomically.
     let body = json!({"idempotency_key": "admin-r", "reason": "[INCIDENT_FORCE_RELEASE] stuck"}).to_string();
     let r = h.send("POST", &format!("/v1/reservations/{rid}/release"), &admin, Some(&body)).await;
     r.assert_ok();
@@ -202,7 +201,7 @@ async fn closed_tenant_guard() {
         "estimate": {"unit": "TOKENS", "amount": 1}});
     let decided = h.post(&t.key, "/v1/decide", &pre_decide).await;
     h.set_tenant(&t.id, &[("status", "CLOSED")]).await;
-    // P-138: fresh mutations -> 409 TENANT_CLOSED.
+    // Fresh mutations -> 409 TENANT_CLOSED.
     h.reserve(&t, 1, json!({})).await.assert_error(409, "TENANT_CLOSED");
     h.commit(&t, &open, 1).await.assert_error(409, "TENANT_CLOSED");
     h.release(&t, &open).await.assert_error(409, "TENANT_CLOSED");
@@ -212,17 +211,17 @@ async fn closed_tenant_guard() {
     h.send("POST", &format!("/v1/reservations/{open}/release"), &admin, Some(&body))
         .await
         .assert_error(409, "TENANT_CLOSED");
-    // P-139: precedence over RESERVATION_FINALIZED.
+    // Precedence over RESERVATION_FINALIZED.
     h.commit(&t, &committed, 1).await.assert_error(409, "TENANT_CLOSED");
-    // P-140: replays of pre-close successes still answer.
+    // Replays of pre-close successes still answer.
     let replay = h.post(&t.key, &format!("/v1/reservations/{committed}/commit"), &c).await;
     assert_eq!(replay.raw, before.raw);
     h.reserve(&t, 1, replay_reserve).await.assert_ok();
     assert_eq!(h.post(&t.key, "/v1/decide", &pre_decide).await.raw, decided.raw);
-    // P-141: evaluations DENY, never 409.
+    // Evaluations DENY, never 409.
     let r = h.reserve(&t, 1, json!({"dry_run": true})).await;
     assert_eq!((r.body["decision"].as_str(), r.body["reason_code"].as_str()), (Some("DENY"), Some("TENANT_CLOSED")));
-    // P-144: reads keep working.
+    // Reads keep working.
     h.get(&t.key, &format!("/v1/reservations/{open}")).await.assert_ok();
     let l = h.root(&t).await;
     assert_eq!((l.reserved, l.spent), (11, 5));
@@ -233,7 +232,7 @@ async fn malformed_tenant_records_fail_closed_and_missing_ones_are_unguarded() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
-    // P-142: unknown status (even lower-case) -> 500 on both surfaces.
+    // Unknown status (even lower-case) -> 500 on both surfaces.
     for status in ["closed", "WEIRD"] {
         h.set_tenant(&t.id, &[("status", status)]).await;
         h.reserve(&t, 1, json!({})).await.assert_error(500, "INTERNAL_ERROR");
@@ -242,7 +241,7 @@ async fn malformed_tenant_records_fail_closed_and_missing_ones_are_unguarded() {
     }
     let _: () = h.store.conn().hdel(TenantKeys::new(&t.id).tenant(), "status").await.unwrap();
     h.reserve(&t, 1, json!({})).await.assert_error(500, "INTERNAL_ERROR");
-    // P-143: no tenant record at all -> not guarded.
+    // No tenant record at all -> not guarded.
     let _: () = h.store.conn().del(TenantKeys::new(&t.id).tenant()).await.unwrap();
     h.reserve(&t, 1, json!({})).await.assert_ok();
     assert_eq!(h.ledger(&t.id, &format!("tenant:{}", t.id), Unit::Tokens).await.reserved, 11);
@@ -254,7 +253,7 @@ async fn suspended_tenants_settle_but_do_not_start_new_work() {
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
     h.set_tenant(&t.id, &[("status", "SUSPENDED")]).await;
-    // D2: new reservations refused, evaluations DENY, existing work settles.
+    // A suspended tenant: new reservations refused, evaluations DENY, existing work settles.
     h.reserve(&t, 1, json!({})).await.assert_error(403, "FORBIDDEN");
     assert_eq!(h.reserve(&t, 1, json!({"dry_run": true})).await.body["reason_code"], "TENANT_SUSPENDED");
     h.commit(&t, &rid, 10).await.assert_ok();
@@ -266,7 +265,7 @@ async fn unknown_query_parameters_and_bodies_on_gets_are_ignored() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     let rid = h.reserve_ok(&t, 1, json!({})).await;
-    // P-14
+    // Unknown query parameters are ignored.
     h.get(&t.key, &format!("/v1/reservations/{rid}?whatever=1&x")).await.assert_ok();
 }
 

@@ -1,4 +1,4 @@
-//! `GET /v1/balances`: P-115..P-119, P-21, P-23.
+//! `GET /v1/balances` on the runtime plane: filters, tenancy, paging and the ledger fields.
 
 use cycles_shared::model::Unit;
 use cycles_tests::*;
@@ -14,7 +14,7 @@ async fn balances_match_segments_and_reflect_every_call() {
     h.budget(&t.id, &format!("{root}/workspace:prod/agent:bot"), Unit::Tokens, 100).await;
     h.budget(&t.id, &format!("{root}/workspace:dev"), Unit::Tokens, 50).await;
     let rid = h.reserve_ok(&t, 40, json!({"subject": {"tenant": t.id, "workspace": "prod", "agent": "bot"}})).await;
-    // P-117: effects are visible right away.
+    // Effects are visible right away.
     let r = h.get(&t.key, "/v1/balances?workspace=PROD");
     let body = r.await.assert_ok().clone();
     let rows = body["balances"].as_array().unwrap();
@@ -25,7 +25,7 @@ async fn balances_match_segments_and_reflect_every_call() {
     assert_eq!(rows[1]["remaining"]["amount"], 60);
     assert_eq!(body["has_more"], false);
     assert!(body.get("next_cursor").is_none());
-    // P-116: invariant on every row, one unit per row.
+    // Invariant on every row, one unit per row.
     let all = h.get(&t.key, &format!("/v1/balances?tenant={}", t.id)).await;
     let rows = all.assert_ok()["balances"].as_array().unwrap().clone();
     assert_eq!(rows.len(), 5);
@@ -48,12 +48,12 @@ async fn balances_require_a_filter_and_stay_in_the_tenant() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     let other = h.funded(100).await;
-    // P-115
+    // A tenant key must name a filter.
     h.get(&t.key, "/v1/balances").await.assert_error(400, "INVALID_REQUEST");
     h.get(&t.key, "/v1/balances?tenant=&limit=10").await.assert_error(400, "INVALID_REQUEST");
-    // P-21
+    // Another tenant's ledgers are forbidden.
     h.get(&t.key, &format!("/v1/balances?tenant={}", other.id)).await.assert_error(403, "FORBIDDEN");
-    // P-23: a segment filter never reaches another tenant's ledgers.
+    // A segment filter never reaches another tenant's ledgers.
     let r = h.get(&t.key, "/v1/balances?workspace=x&unknown=1").await;
     assert_eq!(r.assert_ok()["balances"], json!([]));
     let r = h.get(&t.key, &format!("/v1/balances?tenant={}", t.id)).await;
@@ -82,7 +82,7 @@ async fn balances_over_limit_and_debt_are_reported() {
         &[("debt", "30"), ("remaining", "70"), ("overdraft_limit", "10"), ("is_over_limit", "true")],
     )
     .await;
-    // P-118
+    // Over-limit state, debt and the overdraft limit are reported.
     let r = h.get(&t.key, &format!("/v1/balances?tenant={}", t.id)).await;
     let b = &r.assert_ok()["balances"][0];
     assert_eq!(b["is_over_limit"], true);
@@ -99,7 +99,7 @@ async fn balances_paginate_with_cursors() {
     for i in 0..7 {
         h.budget(&t.id, &format!("{root}/agent:a{i}"), Unit::Tokens, 10).await;
     }
-    // P-119: has_more only with next_cursor; every row exactly once.
+    // `has_more` only with next_cursor; every row exactly once.
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {

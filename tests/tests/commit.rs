@@ -1,4 +1,4 @@
-//! commitReservation: protocol.md §1.8 and §3.4, P-68..P-84.
+//! commitReservation: charging, overage policies, debt and the lifecycle.
 
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
@@ -13,14 +13,14 @@ async fn commit_below_estimate_releases_the_rest() {
     let rid = h.reserve_ok(&t, 100, json!({})).await;
     let r = h.commit(&t, &rid, 80).await;
     let b = r.assert_ok();
-    // P-68
+    // A commit below the estimate charges the actual and releases the rest.
     assert_eq!(b["status"], "COMMITTED");
     assert_eq!(b["charged"], json!({"unit": "TOKENS", "amount": 80}));
     assert_eq!(b["released"], json!({"unit": "TOKENS", "amount": 20}));
     assert_eq!(b["balances"][0]["spent"]["amount"], 80);
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.reserved, l.spent, l.debt), (920, 0, 80, 0));
-    // P-70
+    // The reservation then reads as COMMITTED with the charged amount and a finalization time.
     let d = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
     let d = d.assert_ok();
     assert_eq!(d["status"], "COMMITTED");
@@ -34,7 +34,7 @@ async fn commit_equal_to_estimate_has_no_released_field() {
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 100, json!({})).await;
     let b = h.commit(&t, &rid, 100).await;
-    // P-69
+    // Nothing left over: no released field.
     assert!(b.assert_ok().get("released").is_none());
     assert_eq!(h.root(&t).await.spent, 100);
 }
@@ -46,7 +46,7 @@ async fn commit_unit_mismatch_is_400_with_details() {
     let rid = h.reserve_ok(&t, 100, json!({})).await;
     let body = json!({"idempotency_key": "c", "actual": {"unit": "CREDITS", "amount": 1}});
     let r = h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &body).await;
-    // P-71
+    // A commit in another unit than the reservation's is a 400 naming both units; the hold stays.
     r.assert_error(400, "UNIT_MISMATCH");
     assert_eq!(r.body["details"]["expected_units"], json!(["TOKENS"]));
     assert_eq!(r.body["details"]["requested_unit"], "CREDITS");
@@ -58,7 +58,7 @@ async fn reject_policy_refuses_any_overage_and_keeps_the_reservation() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 100, json!({"overage_policy": "REJECT"})).await;
-    // P-72
+    // REJECT refuses any actual above the estimate; the reservation stays active.
     h.commit(&t, &rid, 101).await.assert_error(409, "BUDGET_EXCEEDED");
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.reserved, l.spent), (900, 100, 0));
@@ -70,12 +70,12 @@ async fn reject_policy_refuses_any_overage_and_keeps_the_reservation() {
 async fn allow_if_available_covers_or_caps_the_overage() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
-    // P-73: coverable overage.
+    // Coverable overage.
     let rid = h.reserve_ok(&t, 100, json!({})).await;
     assert_eq!(h.commit(&t, &rid, 150).await.assert_ok()["charged"]["amount"], 150);
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.spent, l.reserved), (850, 150, 0));
-    // P-74: uncoverable overage is capped at what remains, never debt, flag set.
+    // Uncoverable overage is capped at what remains, never debt, flag set.
     let rid = h.reserve_ok(&t, 800, json!({})).await; // remaining 50
     let r = h.commit(&t, &rid, 900).await;
     let b = r.assert_ok();
@@ -83,7 +83,7 @@ async fn allow_if_available_covers_or_caps_the_overage() {
     assert!(b.get("released").is_none());
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.spent, l.debt, l.is_over_limit), (0, 1000, 0, true));
-    // P-75: the flagged scope blocks new reservations.
+    // The flagged scope blocks new reservations.
     h.budget(&t.id, &format!("tenant:{}/agent:x", t.id), Unit::Credits, 1).await;
     h.reserve(&t, 0, json!({})).await.assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
 }
@@ -113,14 +113,14 @@ async fn overdraft_within_limit_accrues_only_the_shortfall_as_debt() {
     h.overdraft_budget(&t.id, &root, 1000, 500).await;
     let rid = h.reserve_ok(&t, 900, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await; // remaining 100
     let second = h.reserve_ok(&t, 0, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await;
-    // P-76: overage 300, remaining 100 -> 100 funded, 200 debt.
+    // Overage 300, remaining 100 -> 100 funded, 200 debt.
     let r = h.commit(&t, &rid, 1200).await;
     assert_eq!(r.assert_ok()["charged"]["amount"], 1200);
     assert!(r.body["balances"][0]["debt"]["amount"] == 200);
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.spent, l.debt, l.reserved, l.is_over_limit), (-200, 1000, 200, 0, false));
     let rid = second;
-    // P-77: debt + shortfall beyond the limit -> 409, no change.
+    // Debt + shortfall beyond the limit -> 409, no change.
     h.commit(&t, &rid, 301).await.assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
     assert_eq!(h.root(&t).await.debt, 200);
     // exactly at the limit is fine
@@ -134,7 +134,7 @@ async fn overdraft_with_zero_limit_behaves_like_allow_if_available() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     let rid = h.reserve_ok(&t, 80, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await;
-    // P-78: capped at remaining (20), flagged, no debt, no 409.
+    // Capped at remaining (20), flagged, no debt, no 409.
     let r = h.commit(&t, &rid, 200).await;
     assert_eq!(r.assert_ok()["charged"]["amount"], 100);
     let l = h.root(&t).await;
@@ -164,7 +164,7 @@ async fn policy_is_the_one_recorded_at_reserve_time() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 10, json!({"overage_policy": "REJECT"})).await;
-    // P-79: later ledger/tenant changes do not alter a recorded policy.
+    // Later ledger/tenant changes do not alter a recorded policy.
     h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("commit_overage_policy", "ALLOW_IF_AVAILABLE")])
         .await;
     h.commit(&t, &rid, 11).await.assert_error(409, "BUDGET_EXCEEDED");
@@ -176,16 +176,16 @@ async fn commit_on_finalized_expired_and_unknown_reservations() {
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
     h.commit(&t, &rid, 5).await.assert_ok();
-    // P-81: new key on a COMMITTED reservation.
+    // New key on a COMMITTED reservation.
     h.commit(&t, &rid, 5).await.assert_error(409, "RESERVATION_FINALIZED");
     let rid2 = h.reserve_ok(&t, 10, json!({})).await;
     h.release(&t, &rid2).await.assert_ok();
     h.commit(&t, &rid2, 5).await.assert_error(409, "RESERVATION_FINALIZED");
-    // P-83: never existed (well-formed id of this tenant, and garbage ids).
+    // Never existed (well-formed id of this tenant, and garbage ids).
     let forged = format!("{}.AAAAAAAAAAAAAA.AAAAAAAA", t.id);
     h.commit(&t, &forged, 1).await.assert_error(404, "NOT_FOUND");
     h.commit(&t, "no-such-reservation", 1).await.assert_error(404, "NOT_FOUND");
-    // P-99 / path bound: over 128 characters is a 400.
+    // The path bound: an id over 128 characters is a 400.
     h.commit(&t, &"x".repeat(129), 1).await.assert_error(400, "INVALID_REQUEST");
     assert_eq!(h.root(&t).await.spent, 5);
 }
@@ -197,10 +197,10 @@ async fn commit_window_includes_grace_and_ends_after_it() {
     let inside = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 3000})).await;
     let after = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
-    // P-80 / P-86: inside grace -> accepted; past expires_at + grace -> 410 and the hold returns.
+    // Inside grace -> accepted; past expires_at + grace -> 410 and the hold returns.
     h.commit(&t, &inside, 7).await.assert_ok();
     h.commit(&t, &after, 7).await.assert_error(410, "RESERVATION_EXPIRED");
-    // P-82: again on the now EXPIRED reservation.
+    // Again on the now EXPIRED reservation.
     h.commit(&t, &after, 7).await.assert_error(410, "RESERVATION_EXPIRED");
     let l = h.root(&t).await;
     assert_eq!((l.reserved, l.spent, l.remaining), (0, 7, 993));
@@ -213,7 +213,7 @@ async fn over_limit_scopes_still_settle_existing_reservations() {
     let a = h.reserve_ok(&t, 10, json!({})).await;
     let b = h.reserve_ok(&t, 10, json!({})).await;
     h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("is_over_limit", "true")]).await;
-    // P-84
+    // An over-limit scope blocks new reservations, never the settlement of existing ones.
     h.commit(&t, &a, 10).await.assert_ok();
     h.release(&t, &b).await.assert_ok();
     let l = h.root(&t).await;
@@ -226,7 +226,7 @@ async fn frozen_budget_blocks_commit_but_not_release() {
     let t = h.funded(1000).await;
     let a = h.reserve_ok(&t, 10, json!({})).await;
     h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("status", "FROZEN")]).await;
-    // D9: a commit on a FROZEN ledger is refused; release still returns the hold.
+    // A commit on a FROZEN ledger is refused; release still returns the hold.
     h.commit(&t, &a, 10).await.assert_error(409, "BUDGET_FROZEN");
     h.release(&t, &a).await.assert_ok();
     assert_eq!(h.root(&t).await.reserved, 0);
@@ -242,7 +242,7 @@ async fn commit_records_metrics_and_metadata() {
         "metadata": {"note": "done"}});
     h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &body).await.assert_ok();
     let d = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
-    // P-100
+    // The reservation's metadata and the commit's metadata are kept apart.
     assert_eq!(d.body["metadata"], json!({"run": 7}));
     assert_eq!(d.body["committed_metadata"], json!({"note": "done"}));
     let bad =

@@ -1,4 +1,4 @@
-//! dry_run and decide: protocol.md §3.2, §3.3, P-57..P-67, P-133, P-134, P-141.
+//! `dry_run` and decide: evaluation without effect.
 
 use cycles_shared::model::Unit;
 use cycles_shared::provision::NewBudget;
@@ -17,7 +17,7 @@ async fn dry_run_allows_without_touching_anything() {
     let t = h.funded(100).await;
     let r = h.reserve(&t, 60, json!({"dry_run": true})).await;
     let b = r.assert_ok();
-    // P-57, P-58, P-59, P-63
+    // A dry run answers the decision and the would-be effect, without ids, and moves nothing.
     assert_eq!(b["decision"], "ALLOW");
     for f in ["reservation_id", "expires_at_ms", "remaining_ttl_ms", "reason_code", "caps"] {
         assert!(b.get(f).is_none(), "{f} present");
@@ -34,14 +34,14 @@ async fn dry_run_and_decide_deny_with_reason_codes() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     let root = format!("tenant:{}", t.id);
-    // P-60 / P-65
+    // Insufficient budget is a DENY with a reason, never a 409, for dry_run and decide alike.
     let r = h.reserve(&t, 101, json!({"dry_run": true})).await;
     let b = r.assert_ok();
     assert_eq!((b["decision"].as_str(), b["reason_code"].as_str()), (Some("DENY"), Some("BUDGET_EXCEEDED")));
     assert!(b.get("balances").is_none() && b.get("reserved").is_none());
     assert!(b["affected_scopes"].is_array());
     assert_eq!(decide(&h, &t, 101, json!({})).await.assert_ok()["reason_code"], "BUDGET_EXCEEDED");
-    // P-61
+    // Each blocking ledger state gives its own reason code.
     let states: [(&[(&str, &str)], &str); 4] = [
         (&[("debt", "1"), ("remaining", "99")], "DEBT_OUTSTANDING"),
         (&[("is_over_limit", "true")], "OVERDRAFT_LIMIT_EXCEEDED"),
@@ -58,7 +58,7 @@ async fn dry_run_and_decide_deny_with_reason_codes() {
             (200, Some("DENY"), Some(reason))
         );
     }
-    // P-62 / P-66: no budget anywhere -> DENY; only another unit -> 400.
+    // No budget anywhere -> DENY; only another unit -> 400.
     let r = h.reserve(&t, 1, json!({"dry_run": true, "subject": {"workspace": "none"}})).await;
     assert_eq!(r.assert_ok()["reason_code"], "BUDGET_NOT_FOUND");
     let r = decide(&h, &t, 1, json!({"estimate": {"unit": "CREDITS", "amount": 1}})).await;
@@ -77,7 +77,7 @@ async fn decide_shape_and_caps() {
     h.budget_with(b).await;
     let r = decide(&h, &t, 1, json!({"subject": {"tenant": t.id, "agent": "c"}})).await;
     let body = r.assert_ok();
-    // P-64, P-67
+    // decide answers caps and affected scopes only, and holds nothing.
     assert_eq!(body["decision"], "ALLOW_WITH_CAPS");
     assert_eq!(body["caps"], json!({"max_steps_remaining": 3}));
     assert_eq!(body["affected_scopes"].as_array().unwrap().len(), 2);
@@ -99,14 +99,14 @@ async fn evaluation_replays_reflect_the_original_decision() {
     let first = decide(&h, &t, 50, body.clone()).await;
     assert_eq!(first.assert_ok()["decision"], "ALLOW");
     h.set_budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, &[("status", "FROZEN")]).await;
-    // P-133: the replay returns the original ALLOW, byte for byte.
+    // The replay returns the original ALLOW, byte for byte.
     let again = decide(&h, &t, 50, body.clone()).await;
     assert_eq!(again.raw, first.raw);
     decide(&h, &t, 51, body).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
     let dry = h.reserve(&t, 5, json!({"idempotency_key": "dry-1", "dry_run": true})).await;
     assert_eq!(dry.assert_ok()["reason_code"], "BUDGET_FROZEN");
     assert_eq!(h.reserve(&t, 5, json!({"idempotency_key": "dry-1", "dry_run": true})).await.raw, dry.raw);
-    // P-134: the same key live -> mismatch (shared namespace)
+    // The same key live -> mismatch (shared namespace)
     h.reserve(&t, 5, json!({"idempotency_key": "dry-1"})).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
 }
 

@@ -1,5 +1,4 @@
-//! createEvent (post-only accounting) and the budget events every charge can cause:
-//! protocol.md §1.9, §3.10, P-120..P-127, P-148.
+//! createEvent (post-only accounting) and the budget events every charge can cause.
 
 use cycles_shared::model::Unit;
 use cycles_tests::*;
@@ -20,7 +19,7 @@ async fn an_event_debits_every_budgeted_scope() {
     h.budget(&t.id, &root, Unit::Tokens, 1000).await;
     h.budget(&t.id, &agent, Unit::Tokens, 100).await;
     let r = event(&h, &t, 60, json!({"subject": {"tenant": t.id, "agent": "a"}, "client_time_ms": 5})).await;
-    // P-120 / P-121
+    // An event debits every scope at once and answers 201 APPLIED with the balances after.
     assert_eq!(r.status, 201, "{}", r.raw);
     assert_eq!(r.body["status"], "APPLIED");
     assert!(r.body["event_id"].as_str().unwrap().starts_with("evt_"));
@@ -35,20 +34,20 @@ async fn an_event_debits_every_budgeted_scope() {
 async fn overage_policies_on_events() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
-    // P-122: REJECT with actual > remaining -> 409, nothing changes.
+    // REJECT with actual > remaining -> 409, nothing changes.
     event(&h, &t, 101, json!({"overage_policy": "REJECT"})).await.assert_error(409, "BUDGET_EXCEEDED");
     assert_eq!(h.root(&t).await.spent, 0);
     event(&h, &t, 100, json!({"overage_policy": "REJECT"})).await;
-    // P-123: ALLOW_IF_AVAILABLE caps, flags, no debt.
+    // ALLOW_IF_AVAILABLE caps, flags, no debt.
     let t = h.funded(100).await;
     let r = event(&h, &t, 150, json!({})).await;
     assert_eq!(r.status, 201);
     assert_eq!(r.body["charged"], json!({"unit": "TOKENS", "amount": 100}));
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.spent, l.debt, l.is_over_limit), (0, 100, 0, true));
-    // P-125: over-limit does not block an event.
+    // Over-limit does not block an event.
     assert_eq!(event(&h, &t, 0, json!({})).await.status, 201);
-    // P-124: ALLOW_WITH_OVERDRAFT accrues debt within the limit, 409 beyond it.
+    // ALLOW_WITH_OVERDRAFT accrues debt within the limit, 409 beyond it.
     let t = h.tenant().await;
     h.overdraft_budget(&t.id, &format!("tenant:{}", t.id), 100, 50).await;
     let r = event(&h, &t, 130, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await;
@@ -59,7 +58,7 @@ async fn overage_policies_on_events() {
     event(&h, &t, 21, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"}))
         .await
         .assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
-    // P-125: existing debt within the limit does not block either.
+    // Existing debt within the limit does not block either.
     assert_eq!(event(&h, &t, 20, json!({"overage_policy": "ALLOW_WITH_OVERDRAFT"})).await.status, 201);
     assert_eq!(h.root(&t).await.debt, 50);
 }
@@ -68,7 +67,7 @@ async fn overage_policies_on_events() {
 async fn event_errors() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
-    // P-127
+    // Unit, scope, tenant, amount and body errors, and frozen or closed budgets, refuse the event.
     event(&h, &t, 1, json!({"actual": {"unit": "CREDITS", "amount": 1}})).await.assert_error(400, "UNIT_MISMATCH");
     event(&h, &t, 1, json!({"subject": {"workspace": "none"}})).await.assert_error(404, "NOT_FOUND");
     event(&h, &t, 1, json!({"subject": {"tenant": "other-tenant"}})).await.assert_error(403, "FORBIDDEN");
@@ -88,7 +87,7 @@ async fn event_idempotency() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     let first = event(&h, &t, 10, json!({"idempotency_key": "e1", "client_time_ms": 1})).await;
-    // P-129 / P-126: a retry differing only in client_time_ms replays.
+    // A retry differing only in client_time_ms replays.
     let again = event(&h, &t, 10, json!({"idempotency_key": "e1", "client_time_ms": 999})).await;
     assert_eq!((again.status, &again.raw), (201, &first.raw));
     event(&h, &t, 11, json!({"idempotency_key": "e1"})).await.assert_error(409, "IDEMPOTENCY_MISMATCH");

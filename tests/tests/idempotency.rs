@@ -1,4 +1,4 @@
-//! Idempotency: protocol.md §4, P-128..P-137.
+//! Idempotency: replays, mismatches and key scopes.
 
 use cycles_tests::*;
 
@@ -8,7 +8,7 @@ async fn header_key_must_equal_body_key() {
     let t = h.funded(100).await;
     let body = json!({"idempotency_key": "a", "subject": {"tenant": t.id},
         "action": {"kind": "k", "name": "n"}, "estimate": {"unit": "TOKENS", "amount": 1}});
-    // P-128
+    // A header key that differs from the body's key is refused.
     let r = h
         .send(
             "POST",
@@ -38,11 +38,11 @@ async fn reserve_replay_is_identical_except_remaining_ttl() {
     let first = h.reserve(&t, 40, extra.clone()).await;
     first.assert_ok();
     tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-    // Exhaust the budget so a fresh evaluation would fail: the replay must still succeed (§4.7).
+    // Exhaust the budget so a fresh evaluation would fail: the replay must still succeed.
     h.set_budget(&t.id, &format!("tenant:{}", t.id), cycles_shared::model::Unit::Tokens, &[("is_over_limit", "true")])
         .await;
     let again = h.reserve(&t, 40, extra).await;
-    // P-129 / P-132
+    // A retry answers the original response with a fresh remaining_ttl_ms and no second effect.
     let (mut a, mut b) = (first.body.clone(), again.assert_ok().clone());
     let (ta, tb) = (a["remaining_ttl_ms"].as_i64().unwrap(), b["remaining_ttl_ms"].as_i64().unwrap());
     assert!(tb < ta && tb > 0, "{ta} {tb}");
@@ -59,7 +59,7 @@ async fn reserve_replay_is_identical_except_remaining_ttl() {
     );
     let r = h.send("POST", "/v1/reservations", &[("x-cycles-api-key", &t.key)], Some(&body)).await;
     assert_eq!(r.assert_ok()["reservation_id"], rid);
-    // P-132: once the reservation is finalized a replay reports remaining_ttl_ms 0.
+    // Once the reservation is finalized a replay reports remaining_ttl_ms 0.
     h.release(&t, rid).await.assert_ok();
     let r = h.send("POST", "/v1/reservations", &[("x-cycles-api-key", &t.key)], Some(&body)).await;
     assert_eq!(r.assert_ok()["remaining_ttl_ms"], 0);
@@ -69,10 +69,10 @@ async fn reserve_replay_is_identical_except_remaining_ttl() {
 async fn same_key_different_payload_is_a_mismatch_everywhere() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
-    // P-130 on reserve
+    // On reserve
     h.reserve(&t, 1, json!({"idempotency_key": "k"})).await.assert_ok();
     h.reserve(&t, 2, json!({"idempotency_key": "k"})).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
-    // P-134: flipping dry_run under the same key
+    // Flipping dry_run under the same key
     h.reserve(&t, 1, json!({"idempotency_key": "k", "dry_run": true})).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
     // commit / release / extend
     let rid = h.reserve_ok(&t, 10, json!({})).await;
@@ -84,7 +84,7 @@ async fn same_key_different_payload_is_a_mismatch_everywhere() {
     h.post(&t.key, &path("extend"), &e1).await.assert_ok();
     h.post(&t.key, &path("extend"), &e2).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
     h.post(&t.key, &path("commit"), &c1).await.assert_ok();
-    // §4.6: mismatch is detected before state errors.
+    // A mismatch is detected before state errors.
     h.post(&t.key, &path("commit"), &c2).await.assert_error(409, "IDEMPOTENCY_MISMATCH");
     let rid2 = h.reserve_ok(&t, 10, json!({})).await;
     let p2 = format!("/v1/reservations/{rid2}/release");
@@ -104,7 +104,7 @@ async fn finalize_replays_return_the_original_200() {
     let c = json!({"idempotency_key": "c", "actual": {"unit": "TOKENS", "amount": 4}});
     let path = format!("/v1/reservations/{rid}/commit");
     let first = h.post(&t.key, &path, &c).await;
-    // P-135: byte-identical replay, no second effect.
+    // Byte-identical replay, no second effect.
     let again = h.post(&t.key, &path, &c).await;
     assert_eq!((again.status, &again.raw), (200, &first.raw));
     assert_eq!(h.root(&t).await.spent, 4);
@@ -131,7 +131,7 @@ async fn finalize_replays_return_the_original_200() {
 async fn failed_requests_are_not_cached() {
     let h = Harness::start().await;
     let t = h.funded(10).await;
-    // P-136: a 409 retried with the same key after funding is evaluated afresh.
+    // A 409 retried with the same key after funding is evaluated afresh.
     h.reserve(&t, 20, json!({"idempotency_key": "retry"})).await.assert_error(409, "BUDGET_EXCEEDED");
     h.set_budget(
         &t.id,
@@ -157,7 +157,7 @@ async fn keys_are_scoped_per_tenant_and_per_reservation() {
     let h = Harness::start().await;
     let a = h.funded(100).await;
     let b = h.funded(100).await;
-    // P-131
+    // Idempotency keys are per tenant and per reservation.
     let ra = h.reserve(&a, 5, json!({"idempotency_key": "shared", "subject": {"tenant": a.id}})).await;
     let rb = h.reserve(&b, 7, json!({"idempotency_key": "shared", "subject": {"tenant": b.id}})).await;
     assert_ne!(ra.assert_ok()["reservation_id"], rb.assert_ok()["reservation_id"]);
@@ -175,7 +175,7 @@ async fn keys_are_scoped_per_tenant_and_per_reservation() {
 async fn concurrent_same_key_requests_apply_once() {
     let h = std::sync::Arc::new(Harness::start().await);
     let t = h.funded(1000).await;
-    // P-137
+    // Concurrent first attempts with one key create exactly one reservation.
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (h, t) = (h.clone(), t.clone());

@@ -4,7 +4,7 @@
 //! - the balance identity holds on every scope (checked by `Harness::ledger`);
 //! - `reserved` equals the sum of the ACTIVE holds on that scope;
 //! - `spent` equals the sum of the charges attributed to that scope (plus `debt`: a shortfall
-//!   under ALLOW_WITH_OVERDRAFT goes to debt instead of spent, protocol.md §1.9);
+//!   under ALLOW_WITH_OVERDRAFT goes to debt instead of spent);
 //! - REJECT and ALLOW_IF_AVAILABLE never leave debt or a negative remaining;
 //!   ALLOW_WITH_OVERDRAFT never exceeds `overdraft_limit`;
 //! - no reservation is finalized twice.

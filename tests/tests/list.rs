@@ -1,4 +1,4 @@
-//! `GET /v1/reservations`: P-101..P-114, P-22, P-24, P-26, P-27, P-97.
+//! `GET /v1/reservations`: filters, sort keys, windows, cursors and tenancy.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -14,7 +14,7 @@ fn ids(r: &Resp) -> Vec<String> {
         .collect()
 }
 
-/// Follows cursors from `first` and returns every id visited, asserting P-102 on each page.
+/// Follows cursors from `first` and returns every id visited, asserting on each page that no row repeats.
 async fn walk(h: &Harness, key: &str, first: &str) -> Vec<String> {
     let mut seen = Vec::new();
     let mut path = first.to_string();
@@ -55,12 +55,12 @@ async fn listing_filters_and_orders() {
     h.post(&t.key, &format!("/v1/reservations/{}/commit", created[2]), &body).await.assert_ok();
     h.release(&t, &created[1]).await.assert_ok();
 
-    // P-24 / P-110: only this tenant, newest first by default.
+    // Only this tenant, newest first by default.
     let r = h.get(&t.key, "/v1/reservations").await;
     let mut newest_first = created.clone();
     newest_first.reverse();
     assert_eq!(ids(&r), newest_first);
-    // P-114: committed shows without include; P-112: heavy fields only with include.
+    // Committed shows without include; heavy fields only with include.
     let rows = r.body["reservations"].as_array().unwrap();
     let c0 = rows.iter().find(|x| x["reservation_id"] == created[0].as_str()).unwrap();
     assert_eq!(c0["committed"]["amount"], 5);
@@ -78,14 +78,14 @@ async fn listing_filters_and_orders() {
         .clone();
     assert_eq!(c2["metadata"], json!({"i": 2}));
     assert_eq!(c2["committed_metadata"], json!({"done": true}));
-    // P-103, P-105, P-104
+    // Filters: status, subject fields, idempotency key.
     assert_eq!(ids(&h.get(&t.key, "/v1/reservations?status=ACTIVE&sort_dir=asc").await), created[3..].to_vec());
     assert_eq!(ids(&h.get(&t.key, "/v1/reservations?status=RELEASED").await), vec![created[1].clone()]);
     let odd = ids(&h.get(&t.key, "/v1/reservations?agent=ODD&sort_dir=asc").await);
     assert_eq!(odd, vec![created[1].clone(), created[3].clone(), created[5].clone()]);
     assert_eq!(ids(&h.get(&t.key, "/v1/reservations?idempotency_key=list-4").await), vec![created[4].clone()]);
     assert!(ids(&h.get(&t.key, "/v1/reservations?workspace=none").await).is_empty());
-    // P-110: other sort keys, both directions.
+    // Other sort keys, both directions.
     let by_amount = ids(&h.get(&t.key, "/v1/reservations?sort_by=reserved&sort_dir=asc").await);
     assert_eq!(by_amount, created);
     let by_id = ids(&h.get(&t.key, "/v1/reservations?sort_by=RESERVATION_ID&sort_dir=asc").await);
@@ -112,7 +112,7 @@ async fn listing_time_windows() {
     let iso = cycles_shared::domain::format_rfc3339_ms;
     let ca = da["created_at_ms"].as_i64().unwrap();
     let cb = db["created_at_ms"].as_i64().unwrap();
-    // P-106: inclusive bounds on created_at_ms.
+    // Inclusive bounds on created_at_ms.
     let r = h.get(&t.key, &format!("/v1/reservations?from={}&to={}", iso(ca), iso(ca))).await;
     assert_eq!(ids(&r), vec![a.clone()]);
     let r = h.get(&t.key, &format!("/v1/reservations?from={}", iso(cb))).await;
@@ -120,11 +120,11 @@ async fn listing_time_windows() {
     let ea = da["expires_at_ms"].as_i64().unwrap();
     let r = h.get(&t.key, &format!("/v1/reservations?expires_to={}", iso(ea))).await;
     assert_eq!(ids(&r), vec![a.clone()]);
-    // P-107: finalized bounds exclude ACTIVE rows.
+    // Finalized bounds exclude ACTIVE rows.
     h.commit(&t, &a, 1).await.assert_ok();
     let r = h.get(&t.key, "/v1/reservations?finalized_from=2000-01-01T00:00:00Z").await;
     assert_eq!(ids(&r), vec![a.clone()]);
-    // P-108: inverted windows; P-109: blank bounds are absent; bad dates are 400.
+    // Inverted windows; blank bounds are absent; bad dates are 400.
     h.get(&t.key, &format!("/v1/reservations?from={}&to={}", iso(cb), iso(ca)))
         .await
         .assert_error(400, "INVALID_REQUEST");
@@ -145,12 +145,12 @@ async fn listing_pagination_and_cursor_binding() {
     for _ in 0..23 {
         all.insert(h.reserve_ok(&t, 1, json!({})).await);
     }
-    // P-101: default 50, bounds 1..200.
+    // Default 50, bounds 1..200.
     assert_eq!(ids(&h.get(&t.key, "/v1/reservations").await).len(), 23);
     for bad in ["0", "201", "x", "-1"] {
         h.get(&t.key, &format!("/v1/reservations?limit={bad}")).await.assert_error(400, "INVALID_REQUEST");
     }
-    // P-102: every row exactly once across pages, in both modes.
+    // Every row exactly once across pages, in both modes.
     for first in [
         "/v1/reservations?limit=5",
         "/v1/reservations?limit=4&sort_dir=asc",
@@ -165,8 +165,8 @@ async fn listing_pagination_and_cursor_binding() {
     let c = page.body["next_cursor"].as_str().unwrap().to_string();
     h.reserve_ok(&t, 1, json!({})).await;
     let next = ids(&h.get(&t.key, &format!("/v1/reservations?limit=10&cursor={c}&include=metadata")).await);
-    assert!(next.iter().all(|id| !ids(&page).contains(id)), "P-113: include does not break the cursor");
-    // P-111 / A-23: other windows, filters or sort with a cursor -> 400; a garbage cursor -> 400.
+    assert!(next.iter().all(|id| !ids(&page).contains(id)), "include does not break the cursor");
+    // Other windows, filters or sort with a cursor -> 400; a garbage cursor -> 400.
     for changed in ["from=2000-01-01T00:00:00Z", "status=ACTIVE", "sort_by=reserved", "sort_dir=asc", "agent=x"] {
         h.get(&t.key, &format!("/v1/reservations?limit=10&cursor={c}&{changed}"))
             .await
@@ -176,7 +176,7 @@ async fn listing_pagination_and_cursor_binding() {
     h.get(&t.key, "/v1/reservations?sort_by=bogus").await.assert_error(400, "INVALID_REQUEST");
     h.get(&t.key, "/v1/reservations?sort_dir=up").await.assert_error(400, "INVALID_REQUEST");
     h.get(&t.key, "/v1/reservations?status=DONE").await.assert_error(400, "INVALID_REQUEST");
-    // Blank enum and integer values are invalid values, not absent ones (only date bounds, P-109).
+    // Blank enum and integer values are invalid values, not absent ones (only date bounds).
     for blank in ["status=", "sort_by=", "sort_dir=", "limit=", "idempotency_key="] {
         h.get(&t.key, &format!("/v1/reservations?{blank}")).await.assert_error(400, "INVALID_REQUEST");
     }
@@ -189,10 +189,10 @@ async fn listing_tenancy_and_admin() {
     let other = h.funded(1000).await;
     let mine = h.reserve_ok(&t, 1, json!({})).await;
     let theirs = h.reserve_ok(&other, 1, json!({})).await;
-    // P-22
+    // A tenant key lists only its own tenant; naming another tenant is forbidden.
     h.get(&t.key, &format!("/v1/reservations?tenant={}", other.id)).await.assert_error(403, "FORBIDDEN");
     assert_eq!(ids(&h.get(&t.key, &format!("/v1/reservations?tenant={}", t.id)).await), vec![mine.clone()]);
-    // P-26 / P-27
+    // The admin key must name the tenant and then sees only that tenant.
     let admin = [("x-admin-api-key", ADMIN_KEY)];
     let r = h.send("GET", "/v1/reservations", &admin, None).await;
     r.assert_error(400, "INVALID_REQUEST");
@@ -213,7 +213,7 @@ async fn expired_reservations_are_listed_with_their_status() {
     let rid = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_error(410, "RESERVATION_EXPIRED");
-    // P-97: the list still shows it, as EXPIRED.
+    // The list still shows it, as EXPIRED.
     let r = h.get(&t.key, "/v1/reservations?status=EXPIRED").await;
     assert_eq!(ids(&r), vec![rid]);
     assert!(r.body["reservations"][0].get("finalized_at_ms").is_none());
@@ -272,7 +272,7 @@ async fn listing_work_is_bounded_by_the_page_for_every_sort_key() {
 
 /// Every sort order is total and stable across pages: the walk of each key in both directions
 /// equals sorting the whole set by (key, reservation_id ascending), with rows whose subject has
-/// no tenant last ascending and first descending (protocol.md §6.4).
+/// No tenant last ascending and first descending.
 #[tokio::test]
 async fn every_sort_order_matches_a_full_sort_with_ascending_ties() {
     let h = Harness::start().await;

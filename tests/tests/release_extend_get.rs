@@ -1,4 +1,4 @@
-//! releaseReservation, extendReservation, getReservation and expiry: P-85..P-100.
+//! releaseReservation, extendReservation, getReservation and expiry.
 
 use std::time::Duration;
 
@@ -14,18 +14,18 @@ async fn release_returns_the_whole_hold() {
     let body = json!({"idempotency_key": "r1", "reason": "not needed"});
     let r = h.post(&t.key, &format!("/v1/reservations/{rid}/release"), &body).await;
     let b = r.assert_ok();
-    // P-85
+    // Release returns the whole hold.
     assert_eq!(b["status"], "RELEASED");
     assert_eq!(b["released"], json!({"unit": "TOKENS", "amount": 300}));
     let l = h.root(&t).await;
     assert_eq!((l.remaining, l.reserved, l.spent), (1000, 0, 0));
-    // P-87: releasing again under another key, releasing a committed one, unknown ids.
+    // Releasing again under another key, releasing a committed one, unknown ids.
     h.release(&t, &rid).await.assert_error(409, "RESERVATION_FINALIZED");
     let committed = h.reserve_ok(&t, 5, json!({})).await;
     h.commit(&t, &committed, 5).await.assert_ok();
     h.release(&t, &committed).await.assert_error(409, "RESERVATION_FINALIZED");
     h.release(&t, &format!("{}.AAAAAAAAAAAAAA.AAAAAAAA", t.id)).await.assert_error(404, "NOT_FOUND");
-    // P-88: reason longer than 256.
+    // Reason longer than 256.
     let long = json!({"idempotency_key": "r2", "reason": "x".repeat(257)});
     let rid = h.reserve_ok(&t, 5, json!({})).await;
     h.post(&t.key, &format!("/v1/reservations/{rid}/release"), &long).await.assert_error(400, "INVALID_REQUEST");
@@ -40,7 +40,7 @@ async fn release_window_includes_grace() {
     let inside = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 3000})).await;
     let after = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    // P-86
+    // Release works inside the grace period and is 410 after it.
     h.release(&t, &inside).await.assert_ok();
     h.release(&t, &after).await.assert_error(410, "RESERVATION_EXPIRED");
     assert_eq!(h.root(&t).await.reserved, 0);
@@ -56,19 +56,19 @@ async fn extend_moves_expiry_relative_to_the_current_one() {
     let before = h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok().clone();
     let e = h.extend(&t, rid, 5000).await;
     let b = e.assert_ok();
-    // P-89, P-95
+    // Extend moves the expiry from the current one and keeps the reservation active.
     assert_eq!(b["status"], "ACTIVE");
     let expires = b["expires_at_ms"].as_i64().unwrap();
     assert_eq!(expires, created["expires_at_ms"].as_i64().unwrap() + 5000);
     let ttl = b["remaining_ttl_ms"].as_i64().unwrap();
     assert!(ttl > 60_000 && ttl <= 65_000, "{ttl}");
-    // P-90: nothing else changes.
+    // Nothing else changes.
     let after = h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok().clone();
     assert_eq!(after["expires_at_ms"].as_i64(), Some(expires));
     for f in ["reserved", "subject", "action", "scope_path", "affected_scopes", "created_at_ms", "status"] {
         assert_eq!(after[f], before[f], "{f} changed");
     }
-    // P-37: dimensions are echoed unchanged.
+    // Dimensions are echoed unchanged.
     assert_eq!(after["subject"]["dimensions"], json!({"team": "x"}));
     assert_eq!(h.root(&t).await.reserved, 10);
 }
@@ -79,13 +79,13 @@ async fn extend_has_no_grace_and_refuses_finalized_reservations() {
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 5000})).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    // P-91: past expires_at but inside grace -> 410; the reservation can still be committed.
+    // Past expires_at but inside grace -> 410; the reservation can still be committed.
     h.extend(&t, &rid, 1000).await.assert_error(410, "RESERVATION_EXPIRED");
     h.commit(&t, &rid, 10).await.assert_ok();
-    // P-92
+    // A finalized reservation cannot be extended; an unknown one is 404.
     h.extend(&t, &rid, 1000).await.assert_error(409, "RESERVATION_FINALIZED");
     h.extend(&t, &format!("{}.AAAAAAAAAAAAAA.AAAAAAAA", t.id), 1000).await.assert_error(404, "NOT_FOUND");
-    // P-93
+    // extend_by_ms must be 1 to 86,400,000.
     let rid = h.reserve_ok(&t, 1, json!({})).await;
     for by in [0, 86_400_001, -5] {
         let body = json!({"idempotency_key": unique("e"), "extend_by_ms": by});
@@ -100,7 +100,7 @@ async fn extension_count_is_limited() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     let rid = h.reserve_ok(&t, 1, json!({})).await;
-    // P-94: ten extensions pass, the eleventh is refused.
+    // Ten extensions pass, the eleventh is refused.
     for _ in 0..10 {
         h.extend(&t, &rid, 1).await.assert_ok();
     }
@@ -128,7 +128,7 @@ async fn get_returns_the_detail_and_410_once_expired() {
     let rid = r.assert_ok()["reservation_id"].as_str().unwrap().to_string();
     let d = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
     let d = d.assert_ok();
-    // P-99 / P-100: required fields, optional ones absent on ACTIVE.
+    // Required fields, optional ones absent on ACTIVE.
     for f in [
         "reservation_id",
         "status",
@@ -149,7 +149,7 @@ async fn get_returns_the_detail_and_410_once_expired() {
         assert!(d.get(f).is_none(), "unexpected {f}");
     }
     assert_eq!(d["expires_at_ms"].as_i64().unwrap() - d["created_at_ms"].as_i64().unwrap(), 1000);
-    // P-96 / P-97: once past expires_at + grace the reservation is EXPIRED (410) and its hold is back.
+    // Once past expires_at + grace the reservation is EXPIRED (410) and its hold is back.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_error(410, "RESERVATION_EXPIRED");
     let l = h.root(&t).await;

@@ -1,4 +1,4 @@
-//! createReservation (live): protocol.md §3.1, P-31..P-56.
+//! createReservation (live).
 
 use cycles_shared::model::{OveragePolicy, Unit};
 use cycles_shared::provision::{NewBudget, NewTenant};
@@ -15,14 +15,14 @@ async fn reserve_holds_the_estimate_on_every_budgeted_scope() {
     h.budget(&t.id, &agent, Unit::Tokens, 300).await;
     let r = h.reserve(&t, 120, json!({"subject": {"tenant": t.id, "workspace": "prod", "agent": "Bot"}})).await;
     let b = r.assert_ok();
-    // P-41, P-31, P-33: decision, ids, canonical scopes including the unbudgeted workspace.
+    // Decision, ids, canonical scopes including the unbudgeted workspace.
     assert_eq!(b["decision"], "ALLOW");
     assert_eq!(b["reserved"], json!({"unit": "TOKENS", "amount": 120}));
     assert_eq!(b["affected_scopes"], json!([root, ws, agent]));
     assert_eq!(b["scope_path"], json!(agent));
     assert!(b["reservation_id"].as_str().unwrap().len() <= 128);
     assert!(b.get("caps").is_none() && b.get("reason_code").is_none());
-    // P-55: remaining_ttl_ms on a fresh create equals the effective TTL (default 60 s).
+    // `remaining_ttl_ms` on a fresh create equals the effective TTL (default 60 s).
     assert_eq!(b["remaining_ttl_ms"], 60000);
     // balances: the two budgeted scopes only, post-reservation, scope = leaf segment.
     let balances = b["balances"].as_array().unwrap();
@@ -31,7 +31,7 @@ async fn reserve_holds_the_estimate_on_every_budgeted_scope() {
     assert_eq!(balances[1]["scope_path"], json!(agent));
     assert_eq!(balances[1]["remaining"]["amount"], 180);
     assert_eq!(balances[0]["reserved"]["amount"], 120);
-    // P-43 / P-38: ledgers after.
+    // Ledgers after.
     let l = h.ledger(&t.id, &root, Unit::Tokens).await;
     assert_eq!((l.remaining, l.reserved, l.spent), (880, 120, 0));
     let l = h.ledger(&t.id, &agent, Unit::Tokens).await;
@@ -57,12 +57,12 @@ async fn insufficient_budget_is_409_and_changes_nothing() {
     let agent = format!("{root}/agent:a");
     h.budget(&t.id, &root, Unit::Tokens, 1000).await;
     h.budget(&t.id, &agent, Unit::Tokens, 50).await;
-    // P-44: the deeper scope is short, so neither scope changes.
+    // The deeper scope is short, so neither scope changes.
     let r = h.reserve(&t, 51, json!({"subject": {"tenant": t.id, "agent": "a"}})).await;
     r.assert_error(409, "BUDGET_EXCEEDED");
     assert_eq!(h.ledger(&t.id, &root, Unit::Tokens).await.remaining, 1000);
     assert_eq!(h.ledger(&t.id, &agent, Unit::Tokens).await.reserved, 0);
-    // P-45: remaining == estimate succeeds.
+    // Remaining == estimate succeeds.
     h.reserve(&t, 50, json!({"subject": {"tenant": t.id, "agent": "a"}})).await.assert_ok();
     assert_eq!(h.ledger(&t.id, &agent, Unit::Tokens).await.remaining, 0);
 }
@@ -76,19 +76,19 @@ async fn over_limit_debt_frozen_closed_in_precedence_order() {
     h.budget(&t.id, &root, Unit::Tokens, 10).await;
     h.budget(&t.id, &agent, Unit::Tokens, 1000).await;
     let sub = json!({"subject": {"tenant": t.id, "agent": "a"}});
-    // P-46: over-limit blocks even though remaining suffices, and outranks the ancestor's shortfall.
+    // Over-limit blocks even though remaining suffices, and outranks the ancestor's shortfall.
     h.set_budget(&t.id, &agent, Unit::Tokens, &[("is_over_limit", "true")]).await;
     h.reserve(&t, 50, sub.clone()).await.assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
-    // P-47: over-limit plus debt -> OVERDRAFT_LIMIT_EXCEEDED.
+    // Over-limit plus debt -> OVERDRAFT_LIMIT_EXCEEDED.
     h.set_budget(&t.id, &agent, Unit::Tokens, &[("debt", "5"), ("remaining", "995")]).await;
     h.reserve(&t, 1, sub.clone()).await.assert_error(409, "OVERDRAFT_LIMIT_EXCEEDED");
-    // P-48: debt with a zero limit -> DEBT_OUTSTANDING.
+    // Debt with a zero limit -> DEBT_OUTSTANDING.
     h.set_budget(&t.id, &agent, Unit::Tokens, &[("is_over_limit", "false")]).await;
     h.reserve(&t, 1, sub.clone()).await.assert_error(409, "DEBT_OUTSTANDING");
-    // P-49: debt within a positive limit does not block.
+    // Debt within a positive limit does not block.
     h.set_budget(&t.id, &agent, Unit::Tokens, &[("overdraft_limit", "100")]).await;
     h.reserve(&t, 1, sub.clone()).await.assert_ok();
-    // P-50: FROZEN and CLOSED; frozen outranks over-limit elsewhere.
+    // FROZEN and CLOSED; frozen outranks over-limit elsewhere.
     h.set_budget(&t.id, &agent, Unit::Tokens, &[("is_over_limit", "true")]).await;
     h.set_budget(&t.id, &root, Unit::Tokens, &[("status", "FROZEN")]).await;
     h.reserve(&t, 1, sub.clone()).await.assert_error(409, "BUDGET_FROZEN");
@@ -105,7 +105,7 @@ async fn unit_mismatch_and_missing_budget() {
     let root = format!("tenant:{}", t.id);
     h.budget(&t.id, &root, Unit::UsdMicrocents, 1000).await;
     h.budget(&t.id, &root, Unit::Credits, 1000).await;
-    // P-40: only other units budgeted -> 400 UNIT_MISMATCH with details.
+    // Only other units budgeted -> 400 UNIT_MISMATCH with details.
     let r = h.reserve(&t, 1, json!({})).await;
     r.assert_error(400, "UNIT_MISMATCH");
     assert_eq!(r.body["details"]["scope"], json!(root));
@@ -113,7 +113,7 @@ async fn unit_mismatch_and_missing_budget() {
     let mut units: Vec<String> = serde_json::from_value(r.body["details"]["expected_units"].clone()).unwrap();
     units.sort();
     assert_eq!(units, vec!["CREDITS", "USD_MICROCENTS"]);
-    // P-39: no budget in any unit -> 404 naming the deepest scope.
+    // No budget in any unit -> 404 naming the deepest scope.
     let r = h.reserve(&t, 1, json!({"subject": {"workspace": "nobody"}})).await;
     r.assert_error(404, "NOT_FOUND");
     assert_eq!(r.body["message"], "Budget not found for provided scope: workspace:nobody");
@@ -169,12 +169,12 @@ async fn validation_errors_name_the_field() {
         r.assert_error(400, "INVALID_REQUEST");
         assert!(r.body["message"].as_str().unwrap().contains(field), "{extra} -> {}", r.raw);
     }
-    // P-11: malformed JSON and non-object bodies.
+    // Malformed JSON and non-object bodies.
     for body in ["{", "[]", "", "null"] {
         let r = h.send("POST", "/v1/reservations", &[("x-cycles-api-key", &t.key)], Some(body)).await;
         r.assert_error(400, "INVALID_REQUEST");
     }
-    // P-35: more than 16 dimensions, or a dimension value longer than 256.
+    // More than 16 dimensions, or a dimension value longer than 256.
     let dims: serde_json::Map<String, serde_json::Value> = (0..17).map(|i| (format!("d{i}"), json!("v"))).collect();
     h.reserve(&t, 1, json!({"subject": {"tenant": t.id, "dimensions": dims}}))
         .await
@@ -191,9 +191,9 @@ async fn zero_estimate_and_amounts_above_2_pow_53_are_exact() {
     let t = h.tenant().await;
     let big: i64 = 9_007_199_254_740_993; // 2^53 + 1
     h.budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, i64::MAX).await;
-    // P-52: zero is accepted.
+    // Zero is accepted.
     h.reserve(&t, 0, json!({})).await.assert_ok();
-    // P-13: amounts round-trip exactly.
+    // Amounts round-trip exactly.
     let r = h.reserve(&t, big, json!({})).await;
     let b = r.assert_ok();
     assert_eq!(b["reserved"]["amount"].as_i64(), Some(big));
@@ -209,7 +209,7 @@ async fn zero_estimate_and_amounts_above_2_pow_53_are_exact() {
 #[tokio::test]
 async fn ttl_defaults_and_caps_come_from_the_tenant() {
     let h = Harness::start().await;
-    // P-53/P-54: default TTL 60 s; requested TTL capped at 1 h without a tenant setting.
+    // Default TTL 60 s; requested TTL capped at 1 h without a tenant setting.
     let t = h.funded(100).await;
     let r = h.reserve(&t, 1, json!({"ttl_ms": 86400000})).await;
     assert_eq!(r.assert_ok()["remaining_ttl_ms"], 3_600_000);
@@ -235,7 +235,7 @@ async fn caps_from_the_deepest_scope_give_allow_with_caps() {
     let mut b = NewBudget::new(&t.id, &format!("tenant:{}/agent:capped", t.id), Unit::Tokens, 100);
     b.caps = Some(json!({"max_tokens": 50, "tool_denylist": ["shell"]}));
     h.budget_with(b).await;
-    // P-56: caps present iff ALLOW_WITH_CAPS.
+    // Caps present iff ALLOW_WITH_CAPS.
     let r = h.reserve(&t, 10, json!({"subject": {"tenant": t.id, "agent": "capped"}})).await;
     let body = r.assert_ok();
     assert_eq!(body["decision"], "ALLOW_WITH_CAPS");
@@ -257,7 +257,7 @@ async fn overage_policy_defaults_from_ledger_then_tenant() {
     h.budget(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, 100).await;
     let rid = h.reserve_ok(&t, 10, json!({})).await;
     h.commit(&t, &rid, 11).await.assert_error(409, "BUDGET_EXCEEDED");
-    // A ledger-level policy outranks the tenant default (D10).
+    // A ledger-level policy outranks the tenant default.
     let mut b = NewBudget::new(&t.id, &format!("tenant:{}/agent:x", t.id), Unit::Tokens, 100);
     b.commit_overage_policy = Some(OveragePolicy::AllowIfAvailable);
     h.budget_with(b).await;
@@ -274,10 +274,10 @@ async fn tenancy_rules() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     let other = h.funded(100).await;
-    // P-18: subject.tenant must equal the key's tenant (exact, case-sensitive).
+    // `subject.tenant` must equal the key's tenant (exact, case-sensitive).
     h.reserve(&t, 1, json!({"subject": {"tenant": other.id}})).await.assert_error(403, "FORBIDDEN");
     h.reserve(&t, 1, json!({"subject": {"tenant": t.id.to_uppercase()}})).await.assert_error(403, "FORBIDDEN");
-    // P-19: a subject without tenant is owned by the key's tenant (and derives no tenant scope).
+    // A subject without tenant is owned by the key's tenant (and derives no tenant scope).
     let mut b = NewBudget::new(&t.id, &format!("tenant:{}", t.id), Unit::Credits, 5);
     b.scope = format!("tenant:{}", t.id);
     h.budget_with(b).await;

@@ -96,7 +96,7 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
     v.to_string()
 }
 
-/// `GET /v1/auth/introspect`: who the credential is and what it may do (admin-and-events.md §3.8).
+/// `GET /v1/auth/introspect`: who the credential is and what it may do.
 pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<super::Answer> {
     const VIEWS: [&str; 8] = [
         "view_overview",

@@ -1,4 +1,4 @@
-//! `GET /v1/reservations`: every filter of protocol.md §6, sorted with opaque cursors bound to
+//! `GET /v1/reservations`: every filter of the spec's listReservations, sorted with opaque cursors bound to
 //! the filters. Every sort order is a walk of an index from the cursor (created_at: the created
 //! index; the others: ranges of the listing index, see `lua/lib.lua`), so a page costs the same
 //! at 1,000 or 1,000,000 reservations and never more than `SCAN_BUDGET` index entries: a
@@ -89,7 +89,7 @@ fn window(q: &HashMap<String, String>, from: &str, to: &str) -> ApiResult<(Optio
 
 impl Query {
     fn parse(q: &HashMap<String, String>, tenant: &str) -> ApiResult<Query> {
-        // Blank subject filters and date bounds mean "absent" (P-109); a blank status, sort,
+        // Blank subject filters and date bounds mean "absent"; a blank status, sort,
         // limit or idempotency_key is an invalid value of its type.
         let given = |name: &str| q.get(name).map(|v| v.as_str()).filter(|v| !v.is_empty());
         let status = match q.get("status").map(String::as_str) {

@@ -70,7 +70,7 @@ pub const EVENT_TYPES: [&str; 51] = [
 
 pub const CATEGORIES: [&str; 7] = ["budget", "tenant", "api_key", "policy", "reservation", "system", "webhook"];
 
-/// Categories a tenant may see and subscribe to (INVARIANT 2).
+/// Categories a tenant may see and subscribe to (invariant 2).
 pub const TENANT_CATEGORIES: [&str; 3] = ["budget", "reservation", "tenant"];
 
 pub fn category_of(event_type: &str) -> &str {

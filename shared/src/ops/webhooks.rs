@@ -204,7 +204,7 @@ impl RetryPolicy {
     }
 }
 
-/// INVARIANT 1 (a selector exists) and INVARIANT 2 (a tenant-owned subscription selects only
+/// Invariant 1 (a selector exists) and invariant 2 (a tenant-owned subscription selects only
 /// tenant-accessible events), checked on the resulting state of every write.
 pub fn check_invariants(owner: &str, event_types: &[String], categories: &[String]) -> ApiResult<()> {
     if event_types.is_empty() && categories.is_empty() {
@@ -285,7 +285,7 @@ impl Subscription {
         selected && scoped && admitted && self.may_receive(event)
     }
 
-    /// INVARIANT 2 at dispatch and replay: a tenant-owned subscription never receives an
+    /// Invariant 2 at dispatch and replay: a tenant-owned subscription never receives an
     /// admin-only event.
     pub fn may_receive(&self, event: &Value) -> bool {
         let category = event["category"].as_str().unwrap_or_default();
