@@ -352,9 +352,10 @@ end
 -- keeps a finished reservation, replay records included, well under 1 KB. Fields:
 --   codes (the budget codes of its id) status ik (reserve idempotency key) ph (its payload
 --   hash) result (reserve replay) unit estimate subject scope (its scope path; absent in records
---   written before 2026-12-03) action created expires grace policy ext max_ext
---   (grace, ext and max_ext are omitted at their defaults 5000, 0 and 10) m ('1' when metadata
---   or commit metadata is stored beside the record; older records hold `metadata` and `cmeta`)
+--   written before 2026-12-03) action created expires grace policy ext max_ext (grace, ext and
+--   max_ext are omitted at their defaults: RULES.DEFAULT_GRACE_MS, 0, RULES.MAX_EXTENSIONS)
+--   m ('1' when metadata or commit metadata is stored beside the record; older records hold
+--   `metadata` and `cmeta`)
 --   on commit: ck ch cr (key, payload hash, replay) charged metrics finalized
 --   on release: rk rh rr reason finalized;  on expiry: expired
 local function load_record(key)
@@ -438,7 +439,7 @@ local function admits(filter, scope)
   return false
 end
 
--- The filter must admit the scope an operation targets, else 403 (decision D7). Callers skip
+-- The filter must admit the scope an operation targets, else 403. Callers skip
 -- it when the key has no filter: `denied = filter and scope_guard(filter, scope)`.
 local function scope_guard(raw, scope)
   local filter = scope_filter(raw)
@@ -456,8 +457,8 @@ local function read_reservation(key, rid)
   -- The id names the ledgers whose keys the caller declared: it must be this record's id.
   if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
   local r = { rec = rec, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
-    expires_at = tonumber(rec.expires), grace = tonumber(rec.grace or '5000'), policy = rec.policy,
-    extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext or '10'),
+    expires_at = tonumber(rec.expires), grace = tonumber(rec.grace) or RULES.DEFAULT_GRACE_MS, policy = rec.policy,
+    extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext) or RULES.MAX_EXTENSIONS,
     created_at = tonumber(rec.created) }
   -- Records keep their scope path since 2026-12-03; older ones derive it from the subject.
   r.scope_path = rec.scope

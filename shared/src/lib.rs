@@ -1,6 +1,16 @@
 //! Cycles budget authority: the library every Lambda function and the local gateway link.
 //!
-//! Dependency direction: `api` -> `domain`/`model` (pure) and `api` -> `store` -> `lua/`.
+//! Layers, top down; a module uses its own layer and the ones below, never one above:
+//! - front ends: `lambda` (one function per route, plus the scheduled jobs), `local` and
+//!   `local_cli` (the `cycles-local` gateway), `provision` (demo and benchmark data);
+//! - `api` (route table, HTTP handlers: authenticate, parse, call one op, answer) and `jobs`
+//!   (the expiry/retention sweep and the webhook dispatcher);
+//! - `webhooks`: secrets at rest, signing and sending to an endpoint;
+//! - `ops`: the typed seam, one call type per Lua script (`lua/`) and one record type per
+//!   stored object;
+//! - `domain` (pure rules, defaults and messages), `keys` (the key schema), `ids`, `metrics`;
+//! - `model` (wire types), `store` (Redis, the script library), `config`;
+//! - leaves: `json`, `error`, `egress`.
 
 pub mod api;
 pub mod config;

@@ -46,24 +46,41 @@ pub fn emit(dimensions: &[(&str, &str)], metrics: &[(&str, f64)]) {
     }
 }
 
-/// Per request: count, errors and latency by operation; decisions by decision and reason code.
-pub fn request(op: &str, status: u16, latency_ms: f64, body: &[u8]) {
-    if !ENABLED.load(Ordering::Relaxed) {
-        return;
+/// Per request: count, errors, replays and latency by operation; decisions by decision and
+/// reason code.
+pub fn request(op: &str, status: u16, latency_ms: f64, body: &[u8], replayed: bool) {
+    if ENABLED.load(Ordering::Relaxed) {
+        for r in request_records(op, status, latency_ms, body, replayed, crate::domain::now_ms()) {
+            println!("{r}");
+        }
     }
+}
+
+/// The EMF records of one request.
+pub fn request_records(op: &str, status: u16, latency_ms: f64, body: &[u8], replayed: bool, now_ms: i64) -> Vec<Value> {
     let server_error = f64::from(u8::from(status >= 500));
     let client_error = f64::from(u8::from((400..500).contains(&status)));
-    emit(
+    let mut out = vec![record(
         &[("Operation", op)],
-        &[("Requests", 1.0), ("Errors", server_error), ("ClientErrors", client_error), ("LatencyMs", latency_ms)],
-    );
-    if status == 200 && matches!(op, "create-reservation" | "decide") {
+        &[
+            ("Requests", 1.0),
+            ("Errors", server_error),
+            ("ClientErrors", client_error),
+            ("Replays", f64::from(u8::from(replayed))),
+            ("LatencyMs", latency_ms),
+        ],
+        now_ms,
+    )];
+    // A replay repeats an earlier decision; it is not a new one.
+    if status == 200 && !replayed && matches!(op, "create-reservation" | "decide") {
         if let Ok(v) = serde_json::from_slice::<Value>(body) {
             let decision = v["decision"].as_str().unwrap_or("ALLOW");
             let reason = v["reason_code"].as_str().unwrap_or("NONE");
-            emit(&[("Operation", op), ("Decision", decision), ("ReasonCode", reason)], &[("Decisions", 1.0)]);
+            let dimensions = [("Operation", op), ("Decision", decision), ("ReasonCode", reason)];
+            out.push(record(&dimensions, &[("Decisions", 1.0)], now_ms));
         }
     }
+    out
 }
 
 #[cfg(test)]
@@ -79,5 +96,21 @@ mod tests {
         assert_eq!(m["Dimensions"], json!([["Operation"]]));
         assert_eq!(m["Metrics"][1], json!({"Name": "LatencyMs", "Unit": "Milliseconds"}));
         assert_eq!((r["Operation"].clone(), r["Requests"].clone()), (json!("commit-reservation"), json!(1.0)));
+    }
+
+    #[test]
+    fn replays_are_counted_apart_from_decisions() {
+        let body = br#"{"decision":"DENY","reason_code":"BUDGET_EXCEEDED"}"#;
+        let fresh = request_records("decide", 200, 1.0, body, false, 7);
+        assert_eq!(fresh.len(), 2);
+        assert_eq!(
+            (fresh[0]["Replays"].clone(), fresh[1]["ReasonCode"].clone()),
+            (json!(0.0), json!("BUDGET_EXCEEDED"))
+        );
+        let replay = request_records("decide", 200, 1.0, body, true, 7);
+        assert_eq!(replay.len(), 1, "a replay is no new decision");
+        assert_eq!(replay[0]["Replays"], json!(1.0));
+        let failed = request_records("commit-reservation", 503, 1.0, b"{}", false, 7);
+        assert_eq!((failed[0]["Errors"].clone(), failed[0]["ClientErrors"].clone()), (json!(1.0), json!(0.0)));
     }
 }

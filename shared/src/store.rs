@@ -482,4 +482,44 @@ mod tests {
             "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
         );
     }
+
+    fn parts(p: &[&str]) -> Vec<String> {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn replies_decode_into_answers_replays_client_errors_and_faults() {
+        let ok =
+            Reply::<serde_json::Value>::decode("x", parts(&["OK", r#"{"a":1}"#, "ACTIVE", "1700000000000"])).unwrap();
+        assert_eq!(
+            (ok.value["a"].as_i64(), ok.status.as_str(), ok.now_ms, ok.replay),
+            (Some(1), "ACTIVE", 1_700_000_000_000, false)
+        );
+        let again = Reply::<serde_json::Value>::decode("x", parts(&["REPLAY", "{}", "", "0"])).unwrap();
+        assert!(again.replay);
+        // a code the Rust side knows: the client's error, with its details and status
+        let e = Reply::<serde_json::Value>::decode(
+            "x",
+            parts(&["ERR", "UNIT_MISMATCH", "wrong unit", r#"{"requested_unit":"CREDITS"}"#, ""]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.status(), e.code.as_str(), e.details.unwrap()["requested_unit"].as_str()),
+            (400, "UNIT_MISMATCH", Some("CREDITS"))
+        );
+        // the reason of a key failure goes to the log, never to the caller
+        let e = Reply::<serde_json::Value>::decode("x", parts(&["ERR", "UNAUTHORIZED", "no", "KEY_REVOKED", ""]))
+            .unwrap_err();
+        assert!(e.details.is_none() && e.cause.unwrap().contains("KEY_REVOKED"));
+        // anything else is an internal fault: 500, no advice to retry
+        let e = Reply::<serde_json::Value>::decode("x", parts(&["ERR", "SOMETHING_ELSE", "boom", "", ""])).unwrap_err();
+        assert_eq!(
+            (e.status(), e.code.as_str(), e.message.as_str()),
+            (500, "INTERNAL_ERROR", crate::error::INTERNAL_FAULT)
+        );
+        assert!(!e.message.contains("retry") && e.cause.as_deref() == Some("boom"));
+        let e = Reply::<serde_json::Value>::decode("x", parts(&["OK", "not json"])).unwrap_err();
+        assert_eq!(e.status(), 500);
+        assert!(Reply::<serde_json::Value>::decode("x", parts(&[])).is_err());
+    }
 }

@@ -69,7 +69,7 @@ impl TenantKey {
     /// Tenant-key writes of a suspended tenant are refused.
     pub fn check_not_suspended(&self) -> ApiResult<()> {
         if self.grant().tenant_status == "SUSPENDED" {
-            return Err(ApiError::new(crate::error::ErrorCode::TenantSuspended, "Tenant is suspended"));
+            return Err(ApiError::new(crate::error::ErrorCode::TenantSuspended, messages::TENANT_SUSPENDED));
         }
         Ok(())
     }

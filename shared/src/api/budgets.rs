@@ -508,7 +508,8 @@ pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         payload_hash: payload_hash(&raw, &[]),
         record_ttl_ms: rules::FUNDING_IDEMPOTENCY_MS.to_string(),
     };
-    let v = app.store.run(call).await?.value;
+    let reply = app.store.run(call).await?;
+    let v = reply.value;
     let amt = |s: &str| -> ApiResult<Value> {
         let amount: i64 =
             s.parse().map_err(|_| ApiError::fault(format!("malformed amount {s:?} in a funding answer")))?;
@@ -524,5 +525,6 @@ pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             "previous_spent": amt(&v.previous_spent)?, "new_spent": amt(&v.new_spent)?,
             "timestamp": format_rfc3339_ms(v.timestamp_ms.parse().unwrap_or(0)),
         }),
-    ))
+    )
+    .replayed(reply.replay))
 }

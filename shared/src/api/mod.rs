@@ -263,15 +263,26 @@ pub struct Ctx {
     pub tenant: Option<String>,
 }
 
-/// A successful answer: status and JSON body.
+/// A successful answer: status, JSON body, and whether it replays an earlier request's answer.
 pub struct Answer {
     pub status: u16,
     pub body: Vec<u8>,
+    pub replayed: bool,
 }
 
 impl Answer {
     pub fn json(status: u16, value: &impl Serialize) -> Answer {
-        Answer { status, body: serde_json::to_vec(value).expect("response types always serialize") }
+        Answer { status, body: serde_json::to_vec(value).expect("response types always serialize"), replayed: false }
+    }
+
+    /// An answer without a body (204).
+    pub fn empty(status: u16) -> Answer {
+        Answer { status, body: Vec::new(), replayed: false }
+    }
+
+    /// Marks the answer as the replay of an earlier identical request (counted apart in metrics).
+    pub fn replayed(self, replayed: bool) -> Answer {
+        Answer { replayed, ..self }
     }
 }
 
@@ -280,8 +291,10 @@ pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let started = std::time::Instant::now();
     let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
     let outcome = (route.handler)(app, &mut ctx, &req).await;
+    let replayed = outcome.as_ref().is_ok_and(|a| a.replayed);
     let res = respond(&ctx, outcome);
-    crate::metrics::request(route.function, res.status, started.elapsed().as_secs_f64() * 1000.0, &res.body);
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    crate::metrics::request(route.function, res.status, latency_ms, &res.body, replayed);
     res
 }
 

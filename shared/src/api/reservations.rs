@@ -167,11 +167,13 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             reservation_id: Some(hold.reservation_id),
             affected_scopes: scopes,
         },
-    ))
+    )
+    .replayed(reply.replay))
 }
 
 /// The outcome of an evaluation (dry_run or decide).
 struct Evaluation {
+    replayed: bool,
     decision: Decision,
     reason_code: Option<String>,
     caps: Option<Value>,
@@ -215,7 +217,8 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
         action: serde_json::to_string(ask.action).expect("serializable"),
         scopes: scope_args(ask.scopes, unit),
     };
-    let e = app.store.run(call).await?.value;
+    let reply = app.store.run(call).await?;
+    let e = reply.value;
     let decision = match e.decision.as_str() {
         "ALLOW" => Decision::Allow,
         "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
@@ -223,6 +226,7 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
     };
     let budgeted = budgeted_scopes(ask.scopes, unit, &e.codes);
     Ok(Evaluation {
+        replayed: reply.replay,
         decision,
         reason_code: e.reason_code,
         caps: e.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
@@ -267,7 +271,8 @@ async fn dry_run(
             reason_code: ev.reason_code,
             balances: allowed.then_some(ev.balances),
         },
-    ))
+    )
+    .replayed(ev.replayed))
 }
 
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -295,7 +300,8 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             reason_code: ev.reason_code,
             affected_scopes: scopes,
         },
-    ))
+    )
+    .replayed(ev.replayed))
 }
 
 /// createEvent: the post-only debit of `actual`, without a reservation (201).
@@ -325,7 +331,8 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         body: String::from_utf8_lossy(&req.body).into_owned(),
         scopes: scope_args(&scopes, unit),
     };
-    let charged = app.store.run(call).await?.value;
+    let reply = app.store.run(call).await?;
+    let charged = reply.value;
     let budgeted = budgeted_scopes(&scopes, unit, &charged.codes);
     Ok(Answer::json(
         201,
@@ -335,7 +342,8 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
             charged: charged.charged.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
             balances: Some(balances(&budgeted, unit, &charged.balances)?),
         },
-    ))
+    )
+    .replayed(reply.replay))
 }
 
 /// The reservation a `{reservation_id}` route addresses, with the caller's auth arguments.
@@ -439,7 +447,8 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         ..Default::default()
     }
     .target(&a.target());
-    let settled = app.store.run(call).await?.value;
+    let reply = app.store.run(call).await?;
+    let settled = reply.value;
     let (unit, balances) = settled_balances(&settled, &a.id)?;
     let charged = settled.charged.as_deref().ok_or_else(|| ApiError::fault("a commit answered no charge"))?;
     Ok(Answer::json(
@@ -450,7 +459,8 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             released: settled.released.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
             balances: Some(balances),
         },
-    ))
+    )
+    .replayed(reply.replay))
 }
 
 pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -486,7 +496,8 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<An
         ..Default::default()
     }
     .target(&a.target());
-    let settled = app.store.run(call).await?.value;
+    let reply = app.store.run(call).await?;
+    let settled = reply.value;
     let (unit, balances) = settled_balances(&settled, &a.id)?;
     let released = settled.released.as_deref().ok_or_else(|| ApiError::fault("a release answered no amount"))?;
     Ok(Answer::json(
@@ -496,7 +507,8 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<An
             released: Amount { unit, amount: int(released)? },
             balances: Some(balances),
         },
-    ))
+    )
+    .replayed(reply.replay))
 }
 
 pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -523,7 +535,8 @@ pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             remaining_ttl_ms: Some(remaining_ttl(&reply.status, reply.now_ms, expires_at_ms)),
             balances: None,
         },
-    ))
+    )
+    .replayed(reply.replay))
 }
 
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {

@@ -366,7 +366,7 @@ async fn update_for(
 async fn delete_for(app: &App, ctx: &mut Ctx, caller: &Caller, tenant: Option<&str>, id: &str) -> ApiResult<Answer> {
     let (owner, _) = resolve(app, id, tenant).await?;
     write(app, script_context(ctx, caller, false, None), &owner, id, "delete", json!({}), "").await?;
-    Ok(Answer { status: 204, body: vec![] })
+    Ok(Answer::empty(204))
 }
 
 /// The `/test` probe: a synthetic `system.webhook_test` event sent now, never queued; one
@@ -376,7 +376,7 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
     if owner != SYSTEM_TENANT {
         let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
         if status.as_deref() == Some("CLOSED") {
-            return Err(ApiError::new(ErrorCode::TenantClosed, "Tenant is closed"));
+            return Err(ApiError::new(ErrorCode::TenantClosed, crate::domain::messages::TENANT_CLOSED));
         }
     }
     let sub = Subscription::from_record(record);
@@ -554,7 +554,7 @@ pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
     if owner != SYSTEM_TENANT {
         let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
         if status.as_deref() == Some("CLOSED") {
-            return Err(ApiError::new(ErrorCode::TenantClosed, "Tenant is closed"));
+            return Err(ApiError::new(ErrorCode::TenantClosed, crate::domain::messages::TENANT_CLOSED));
         }
     }
     let sub = Subscription::from_record(record);

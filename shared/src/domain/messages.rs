@@ -23,6 +23,7 @@ messages! {
     TENANT_CLOSED = "Tenant is closed";
     TENANT_CLOSED_UNCHANGEABLE = "Tenant is closed; a closed tenant cannot be changed";
     TENANT_SUSPENDED_SPENDING = "Tenant is suspended; new reservations and spending are not accepted";
+    TENANT_SUSPENDED = "Tenant is suspended";
     TENANT_MALFORMED = "Tenant record is malformed; status cannot be determined";
     TENANT_NOT_FOUND = "Tenant not found";
     TENANT_NOT_ACTIVE = "Tenant is not ACTIVE (status ";
