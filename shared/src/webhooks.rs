@@ -16,7 +16,7 @@ use sha2::Sha256;
 
 use crate::config::WebhookConfig;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::ops::records::{field, json_field, Record};
+use crate::ops::webhooks::Subscription;
 
 /// The write-time SSRF check of a subscription URL (`crate::egress`): 400 WEBHOOK_URL_INVALID
 /// naming what is wrong.
@@ -81,13 +81,13 @@ impl Sender {
     /// POSTs an event with the spec's headers and signature, through the egress guard (the URL
     /// is checked again as it is now, and names resolve only to checked addresses).
     /// `flags`: the inbound traceparent flags of the request that caused the event (else 01).
-    pub async fn post(&self, url: &str, event: &Value, flags: Option<&str>, sub: &Record) -> Attempt {
+    pub async fn post(&self, url: &str, event: &Value, flags: Option<&str>, sub: &Subscription) -> Attempt {
         if let Err(refusal) = self.egress.check_static(url) {
             tracing::warn!(url, reason = %refusal, "webhook endpoint refused by the egress guard");
             return Attempt::unreachable();
         }
         let body = serde_json::to_vec(event).expect("events serialize");
-        let secret = field(sub, "secret").and_then(|s| decrypt(&self.encryption_key, s)).unwrap_or_default();
+        let secret = sub.sealed_secret.as_deref().and_then(|s| decrypt(&self.encryption_key, s)).unwrap_or_default();
         let trace_id = event["trace_id"].as_str().map(String::from).unwrap_or_else(crate::ids::new_trace_id);
         let mut span = [0u8; 8];
         rand::thread_rng().fill_bytes(&mut span);
@@ -105,11 +105,9 @@ impl Sender {
         if let Some(r) = event["request_id"].as_str() {
             req = req.header("x-request-id", r);
         }
-        if let Some(Value::Object(headers)) = json_field(sub, "headers") {
-            for (name, v) in headers {
-                if let Some(v) = v.as_str().and_then(|v| decrypt(&self.encryption_key, v)) {
-                    req = req.header(name, v);
-                }
+        for (name, v) in &sub.sealed_headers {
+            if let Some(v) = v.as_str().and_then(|v| decrypt(&self.encryption_key, v)) {
+                req = req.header(name, v);
             }
         }
         let started = Instant::now();

@@ -12,7 +12,7 @@ pub use super::auth::{Caller, Grant, TenantKey};
 use super::{parse_limit, parse_query, ApiRequest, App, Ctx};
 pub use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys::TenantKeys;
+
 pub use crate::ops::records::{
     csv_list, field, int_field, json_field, read_records, record_from_json, time_field, Record,
 };
@@ -56,23 +56,15 @@ async fn auth(
         Caller::Admin => return Ok(Caller::Admin),
         Caller::Tenant(k) => k,
     };
-    let keys = TenantKeys::new(&key.tenant);
-    let check = crate::ops::auth::Authenticate {
-        api_key: keys.api_key(&key.key_id),
-        tenant: vec![keys.tenant()],
-        digest: key.digest.clone(),
-        accepted: permission.map(Permission::accepted).unwrap_or_default().to_string(),
-    };
-    let reply = app.store.run(check).await.map_err(|e| match e.code {
-        ErrorCode::Forbidden => ApiError::new(ErrorCode::InsufficientPermissions, e.message),
-        _ => e,
-    })?;
+    let accepted = permission.map(Permission::accepted).unwrap_or_default();
+    let grant = crate::ops::auth::check(&app.store, &key.tenant, &key.key_id, &key.digest, accepted).await.map_err(
+        |e| match e.code {
+            ErrorCode::Forbidden => ApiError::new(ErrorCode::InsufficientPermissions, e.message),
+            _ => e,
+        },
+    )?;
     ctx.tenant = Some(key.tenant.clone());
-    key.grant = Some(Grant {
-        scope_filter: reply.value.scope_filter(),
-        permissions: reply.value.permissions,
-        tenant_status: reply.status,
-    });
+    key.grant = Some(grant);
     Ok(Caller::Tenant(key))
 }
 

@@ -3,18 +3,18 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use rand::{Rng, RngCore};
-use redis::AsyncCommands;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::auth::key_digest;
 use super::{Answer, ApiRequest, App, Ctx};
-use crate::domain::{format_rfc3339_ms, messages, now_ms, parse_rfc3339_ms, DEFAULT_PERMISSIONS};
+use crate::domain::{format_rfc3339_ms, messages, now_ms, parse_rfc3339_ms, rules, DEFAULT_PERMISSIONS};
 use crate::error::{ApiError, ApiResult};
-use crate::keys::{self, TenantKeys};
+use crate::keys::TenantKeys;
 use crate::model::parse_json;
-use crate::ops::auth::{CreateApiKey, UpdateApiKey};
+use crate::ops;
+use crate::ops::auth::{ApiKey, CreateApiKey, UpdateApiKey};
 use crate::store::Store;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -54,7 +54,7 @@ struct ApiKeyUpdateRequest {
 pub struct CreatedKey {
     pub key_id: String,
     pub secret: String,
-    pub record: Record,
+    pub key: ApiKey,
 }
 
 fn check_permissions(p: &[String]) -> ApiResult<String> {
@@ -89,37 +89,32 @@ fn check_texts(name: Option<&str>, description: Option<&str>) -> ApiResult<()> {
 }
 
 /// The wire `ApiKey` (never the secret or its digest). A key past its expiry reads EXPIRED.
-pub fn api_key_json(r: &Record) -> Value {
-    let expires = int_field(r, "expires_at_ms").unwrap_or(0);
-    let mut status = field(r, "status").unwrap_or("ACTIVE");
-    if status == "ACTIVE" && expires <= now_ms() {
-        status = "EXPIRED";
-    }
-    let mut k = json!({
-        "key_id": field(r, "key_id").unwrap_or_default(),
-        "tenant_id": field(r, "tenant_id").unwrap_or_default(),
-        "key_prefix": field(r, "key_prefix").unwrap_or_default(),
-        "status": status,
-        "permissions": csv_list(field(r, "permissions").unwrap_or_default()),
-        "created_at": time_field(r, "created_at").unwrap_or_else(|| format_rfc3339_ms(0)),
-        "expires_at": format_rfc3339_ms(expires),
+pub fn api_key_json(k: &ApiKey) -> Value {
+    let mut out = json!({
+        "key_id": k.key_id,
+        "tenant_id": k.tenant_id,
+        "key_prefix": k.key_prefix,
+        "status": k.effective_status(now_ms()),
+        "permissions": k.permissions,
+        "created_at": format_rfc3339_ms(k.created_at_ms),
+        "expires_at": format_rfc3339_ms(k.expires_at_ms),
     });
-    for (name, key) in [("name", "name"), ("description", "description"), ("revoked_reason", "revoked_reason")] {
-        if let Some(v) = field(r, key) {
-            k[name] = json!(v);
+    for (name, v) in [("name", &k.name), ("description", &k.description), ("revoked_reason", &k.revoked_reason)] {
+        if let Some(v) = v {
+            out[name] = json!(v);
         }
     }
-    for name in ["scope_filter", "metadata"] {
-        if let Some(v) = json_field(r, name) {
-            k[name] = v;
+    for (name, v) in [("scope_filter", &k.scope_filter), ("metadata", &k.metadata)] {
+        if let Some(v) = v {
+            out[name] = v.clone();
         }
     }
-    for name in ["revoked_at", "last_used_at"] {
-        if let Some(ts) = time_field(r, name) {
-            k[name] = json!(ts);
+    for (name, at) in [("revoked_at", k.revoked_at_ms), ("last_used_at", k.last_used_at_ms)] {
+        if let Some(ms) = at {
+            out[name] = json!(format_rfc3339_ms(ms));
         }
     }
-    k
+    out
 }
 
 /// Creates a key (shared by the HTTP handler and `--seed-demo`).
@@ -135,7 +130,7 @@ pub async fn create_api_key(
     let permissions = check_permissions(&permissions)?;
     let scope_filter = check_scope_filter(r.scope_filter.as_deref().unwrap_or_default())?;
     let expires_at_ms = match &r.expires_at {
-        None => now_ms() + 90 * 24 * 3_600_000,
+        None => now_ms() + rules::DEFAULT_KEY_LIFETIME_MS,
         Some(s) => match parse_rfc3339_ms(s) {
             Some(ms) if ms > now_ms() => ms,
             Some(_) => return Err(ApiError::invalid("expires_at must be in the future")),
@@ -178,10 +173,9 @@ pub async fn create_api_key(
         context: context.to_string(),
         fields: fields.to_string(),
     };
-    let record = store.run(call).await?.value.0;
-    // The global lookup is written last: a key becomes usable only once its record exists.
-    let _: () = store.conn().set(keys::key_lookup(&key_id), &r.tenant_id).await?;
-    Ok(CreatedKey { key_id, secret, record })
+    let key = ApiKey::decoded(store.run(call).await?.value)?;
+    ops::auth::publish_owner(store, &key_id, &r.tenant_id).await?;
+    Ok(CreatedKey { key_id, secret, key })
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -194,7 +188,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let created =
         create_api_key(&app.store, &app.config.key_pepper, &script_context(ctx, &Caller::Admin, false, None), &r)
             .await?;
-    let k = api_key_json(&created.record);
+    let k = api_key_json(&created.key);
     Ok(Answer::json(
         201,
         &json!({
@@ -209,14 +203,9 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     ))
 }
 
-/// The owning tenant of a key id (404 when unknown).
-async fn owner(app: &App, key_id: &str) -> ApiResult<String> {
-    let tenant: Option<String> = app.store.conn().get(keys::key_lookup(key_id)).await?;
-    tenant.ok_or_else(|| ApiError::not_found(messages::API_KEY_NOT_FOUND))
-}
-
 async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<Answer> {
-    let tenant = owner(app, key_id).await?;
+    let tenant =
+        ops::auth::owner(&app.store, key_id).await?.ok_or_else(|| ApiError::not_found(messages::API_KEY_NOT_FOUND))?;
     ctx.tenant = Some(tenant.clone());
     let keys = TenantKeys::new(&tenant);
     let call = UpdateApiKey {
@@ -228,8 +217,7 @@ async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String)
         mode: mode.to_string(),
         change: arg,
     };
-    let record = app.store.run(call).await?.value.0;
-    Ok(Answer::json(200, &api_key_json(&record)))
+    Ok(Answer::json(200, &api_key_json(&ApiKey::decoded(app.store.run(call).await?.value)?)))
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -275,27 +263,25 @@ pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
     }
     let tenants = match q.get("tenant_id") {
         Some(t) => vec![t.to_string()],
-        None => app.store.conn().smembers(keys::TENANT_REGISTRY).await?,
+        None => ops::tenants::registry(&app.store).await?,
     };
+    let now = now_ms();
     let mut rows = vec![];
     for tenant in tenants {
-        let keys = TenantKeys::new(&tenant);
-        let ids: Vec<String> = app.store.conn().smembers(keys.api_key_index()).await?;
-        let record_keys: Vec<String> = ids.iter().map(|id| keys.api_key(id)).collect();
-        for r in read_records(&app.store, &record_keys).await? {
-            let k = api_key_json(&r);
-            let text = |n: &str| k[n].as_str().unwrap_or_default().to_string();
-            if q.get("status").is_some_and(|s| k["status"] != s) || !q.matches_search(&[&text("key_id"), &text("name")])
-            {
+        for k in ops::auth::of_tenant(&app.store, &tenant).await? {
+            let (status, name) = (k.effective_status(now), k.name.clone().unwrap_or_default());
+            if q.get("status").is_some_and(|s| status != s) || !q.matches_search(&[&k.key_id, &name]) {
                 continue;
             }
             let key = match q.sort_by.as_str() {
-                "key_id" | "tenant_id" | "status" => text(&q.sort_by),
-                "name" => text("name").to_lowercase(),
-                "expires_at" => sort_int(int_field(&r, "expires_at_ms").unwrap_or(0)),
-                _ => sort_int(int_field(&r, "created_at_ms").unwrap_or(0)),
+                "key_id" => k.key_id.clone(),
+                "tenant_id" => k.tenant_id.clone(),
+                "status" => status.to_string(),
+                "name" => name.to_lowercase(),
+                "expires_at" => sort_int(k.expires_at_ms),
+                _ => sort_int(k.created_at_ms),
             };
-            rows.push((key, text("key_id"), k));
+            rows.push((key, k.key_id.clone(), api_key_json(&k)));
         }
     }
     let (items, next) = q.page(rows);

@@ -5,14 +5,12 @@
 
 use hmac::{Hmac, Mac};
 use http::HeaderMap;
-use redis::AsyncCommands;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::App;
 use crate::domain::messages;
 use crate::error::{ApiError, ApiResult};
-use crate::keys;
 
 pub const API_KEY_HEADER: &str = "x-cycles-api-key";
 pub const ADMIN_KEY_HEADER: &str = "x-admin-api-key";
@@ -36,13 +34,7 @@ pub struct TenantKey {
     pub grant: Option<Grant>,
 }
 
-/// What a checked key may do (the operator plane's key check).
-#[derive(Debug, Clone, Default)]
-pub struct Grant {
-    pub permissions: Vec<String>,
-    pub scope_filter: Vec<String>,
-    pub tenant_status: String,
-}
+pub use crate::ops::auth::Grant;
 
 impl TenantKey {
     fn grant(&self) -> Grant {
@@ -130,7 +122,7 @@ impl App {
         if let Some(t) = self.key_tenants.lock().expect("cache lock").get(key_id) {
             return Ok(Some(t.clone()));
         }
-        let tenant: Option<String> = self.store.conn().get(keys::key_lookup(key_id)).await?;
+        let tenant = crate::ops::auth::owner(&self.store, key_id).await?;
         if let Some(t) = &tenant {
             let mut cache = self.key_tenants.lock().expect("cache lock");
             if cache.len() > 100_000 {

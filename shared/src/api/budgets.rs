@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use redis::AsyncCommands;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -12,9 +11,10 @@ use super::{query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash, rules};
 use crate::domain::{validate_scope, validate_tenant_id};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys::{self, TenantKeys};
+use crate::keys::TenantKeys;
 use crate::model::{parse_json, Amount, OveragePolicy, Unit};
-use crate::ops::ledgers::{CreateBudget, FundBudget, UpdateBudget};
+use crate::ops;
+use crate::ops::ledgers::{CreateBudget, FundBudget, Ledger, UpdateBudget};
 use crate::ops::maintenance::register_tenant;
 use crate::store::Store;
 
@@ -113,46 +113,43 @@ fn check_amount(a: &Amount, unit: Unit, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
-fn amount(r: &Record, name: &str, unit: &str) -> Value {
-    json!({"unit": unit, "amount": int_field(r, name).unwrap_or(0)})
-}
-
-/// The wire `BudgetLedger` of a stored budget hash (closed schema: no metadata, no caps).
-pub fn ledger_json(r: &Record) -> Value {
-    let unit = field(r, "unit").unwrap_or_default();
-    let scope = field(r, "scope").unwrap_or_default();
+/// The wire `BudgetLedger` (closed schema: no metadata, no caps).
+pub fn ledger_json(l: &Ledger) -> Value {
+    let amount = |amount: i64| json!({"unit": l.unit, "amount": amount});
     let mut b = json!({
-        "ledger_id": field(r, "ledger_id").unwrap_or_default(),
-        "scope": scope,
-        "scope_path": scope,
-        "unit": unit,
-        "allocated": amount(r, "allocated", unit),
-        "remaining": amount(r, "remaining", unit),
-        "reserved": amount(r, "reserved", unit),
-        "spent": amount(r, "spent", unit),
-        "debt": amount(r, "debt", unit),
-        "overdraft_limit": amount(r, "overdraft_limit", unit),
-        "is_over_limit": field(r, "is_over_limit") == Some("true"),
-        "status": field(r, "status").unwrap_or("ACTIVE"),
-        "rollover_policy": field(r, "rollover_policy").unwrap_or("NONE"),
-        "created_at": time_field(r, "created_at").unwrap_or_else(|| format_rfc3339_ms(0)),
+        "ledger_id": l.ledger_id,
+        "scope": l.scope,
+        "scope_path": l.scope,
+        "unit": l.unit,
+        "allocated": amount(l.allocated),
+        "remaining": amount(l.remaining),
+        "reserved": amount(l.reserved),
+        "spent": amount(l.spent),
+        "debt": amount(l.debt),
+        "overdraft_limit": amount(l.overdraft_limit),
+        "is_over_limit": l.is_over_limit,
+        "status": l.status,
+        "rollover_policy": l.rollover_policy,
+        "created_at": format_rfc3339_ms(l.created_at_ms),
     });
-    if let Some(t) = field(r, "tenant_id") {
+    if let Some(t) = &l.tenant_id {
         b["tenant_id"] = json!(t);
     }
-    if let Some(p) = field(r, "commit_overage_policy") {
+    if let Some(p) = &l.commit_overage_policy {
         b["commit_overage_policy"] = json!(p);
     }
-    for name in ["period_start", "period_end", "updated_at"] {
-        if let Some(ts) = time_field(r, name) {
-            b[name] = json!(ts);
+    for (name, at) in
+        [("period_start", l.period_start_ms), ("period_end", l.period_end_ms), ("updated_at", l.updated_at_ms)]
+    {
+        if let Some(ms) = at {
+            b[name] = json!(format_rfc3339_ms(ms));
         }
     }
     b
 }
 
 /// Creates a ledger (shared by the HTTP handler, `--seed-demo` and the tests' setup).
-pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &BudgetCreateRequest) -> ApiResult<Record> {
+pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &BudgetCreateRequest) -> ApiResult<Ledger> {
     let scope = validate_scope(&r.scope, tenant)?;
     check_amount(&r.allocated, r.unit, "allocated")?;
     if let Some(o) = &r.overdraft_limit {
@@ -197,10 +194,10 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
         context: context.to_string(),
         fields: f.to_string(),
     };
-    let record = store.run(call).await?.value.0;
+    let ledger = Ledger::decoded(store.run(call).await?.value)?;
     // Tenants with budgets are what the expiry sweep visits.
     register_tenant(store, tenant).await?;
-    Ok(record)
+    Ok(ledger)
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -260,31 +257,8 @@ pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             return Err(budget_not_found());
         }
     }
-    let r: Record = app.store.conn().hgetall(TenantKeys::new(&tenant).budget(&scope, unit)).await?;
-    if field(&r, "scope") != Some(scope.as_str()) {
-        return Err(budget_not_found());
-    }
-    Ok(Answer::json(200, &ledger_json(&r)))
-}
-
-/// Every ledger of a tenant (one script round trip per 500 ledgers).
-pub async fn tenant_ledgers(app: &App, tenant: &str) -> ApiResult<Vec<Record>> {
-    let keys = TenantKeys::new(tenant);
-    let scopes: HashMap<String, String> = app.store.conn().hgetall(keys.scope_units()).await?;
-    let budget_keys: Vec<String> = scopes
-        .iter()
-        .flat_map(|(scope, units)| csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(move |u| (scope, u)))
-        .map(|(scope, unit)| keys.budget(scope, unit))
-        .collect();
-    read_records(&app.store, &budget_keys).await
-}
-
-fn utilization(r: &Record) -> f64 {
-    let allocated = int_field(r, "allocated").unwrap_or(0);
-    if allocated <= 0 {
-        return 0.0;
-    }
-    int_field(r, "spent").unwrap_or(0) as f64 / allocated as f64
+    let ledger = ops::ledgers::read(&app.store, &tenant, &scope, unit).await?.ok_or_else(budget_not_found)?;
+    Ok(Answer::json(200, &ledger_json(&ledger)))
 }
 
 fn parse_ratio(q: &ListQuery, name: &str) -> ApiResult<Option<f64>> {
@@ -320,24 +294,22 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     let tenants = match (&caller, q.get("tenant_id")) {
         (Caller::Tenant(k), _) => vec![k.tenant.clone()],
         (Caller::Admin, Some(t)) => vec![t.to_string()],
-        (Caller::Admin, None) => app.store.conn().smembers(keys::TENANT_REGISTRY).await?,
+        (Caller::Admin, None) => ops::tenants::registry(&app.store).await?,
     };
     let mut rows = vec![];
     for tenant in tenants {
-        for r in tenant_ledgers(app, &tenant).await? {
-            let scope = field(&r, "scope").unwrap_or_default().to_string();
-            let u = utilization(&r);
-            let debt = int_field(&r, "debt").unwrap_or(0);
-            let keep = prefix.as_ref().is_none_or(|p| scope.starts_with(p.as_str()))
-                && unit.is_none_or(|x| field(&r, "unit") == Some(x.as_str()))
-                && q.get("status").is_none_or(|s| field(&r, "status").unwrap_or("ACTIVE") == s)
-                && over_limit.is_none_or(|o| (field(&r, "is_over_limit") == Some("true")) == o)
-                && has_debt.is_none_or(|h| (debt > 0) == h)
+        for l in ops::ledgers::of_tenant(&app.store, &tenant).await? {
+            let u = l.utilization();
+            let keep = prefix.as_ref().is_none_or(|p| l.scope.starts_with(p.as_str()))
+                && unit.is_none_or(|x| l.unit == x.as_str())
+                && q.get("status").is_none_or(|s| l.status == s)
+                && over_limit.is_none_or(|o| l.is_over_limit == o)
+                && has_debt.is_none_or(|h| (l.debt > 0) == h)
                 && umin.is_none_or(|m| u >= m)
                 && umax.is_none_or(|m| u <= m)
-                && q.matches_search(&[&tenant, &scope])
+                && q.matches_search(&[&tenant, &l.scope])
                 && match &caller {
-                    Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter(), &scope),
+                    Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter(), &l.scope),
                     Caller::Admin => true,
                 };
             if !keep {
@@ -345,13 +317,15 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             }
             let key = match q.sort_by.as_str() {
                 "tenant_id" => tenant.clone(),
-                "scope" => scope.clone(),
-                "unit" | "status" | "commit_overage_policy" => field(&r, &q.sort_by).unwrap_or_default().to_string(),
-                "debt" => sort_int(debt),
+                "scope" => l.scope.clone(),
+                "unit" => l.unit.clone(),
+                "status" => l.status.clone(),
+                "commit_overage_policy" => l.commit_overage_policy.clone().unwrap_or_default(),
+                "debt" => sort_int(l.debt),
                 _ => format!("{u:030.12}"),
             };
-            let id = format!("{tenant}|{scope}|{}", field(&r, "unit").unwrap_or_default());
-            rows.push((key, id, ledger_json(&r)));
+            let id = format!("{tenant}|{}|{}", l.scope, l.unit);
+            rows.push((key, id, ledger_json(&l)));
         }
     }
     let (items, next) = q.page(rows);
@@ -372,16 +346,15 @@ pub async fn balances(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<A
     let unit = q.get("unit").map(|u| Unit::parse(u).ok_or_else(|| ApiError::invalid("unit is not a known unit")));
     let unit = unit.transpose()?;
     let mut rows = vec![];
-    for r in tenant_ledgers(app, &key.tenant).await? {
-        let scope = field(&r, "scope").unwrap_or_default().to_string();
-        if prefix.as_ref().is_some_and(|p| !scope.starts_with(p.as_str()))
-            || unit.is_some_and(|u| field(&r, "unit") != Some(u.as_str()))
-            || !crate::domain::scope_admitted(&key.scope_filter(), &scope)
+    for l in ops::ledgers::of_tenant(&app.store, &key.tenant).await? {
+        if prefix.as_ref().is_some_and(|p| !l.scope.starts_with(p.as_str()))
+            || unit.is_some_and(|u| l.unit != u.as_str())
+            || !crate::domain::scope_admitted(&key.scope_filter(), &l.scope)
         {
             continue;
         }
-        let id = format!("{scope}|{}", field(&r, "unit").unwrap_or_default());
-        rows.push((id.clone(), id, ledger_json(&r)));
+        let id = format!("{}|{}", l.scope, l.unit);
+        rows.push((id.clone(), id, ledger_json(&l)));
     }
     let (items, next) = q.page(rows);
     Ok(Answer::json(200, &list_body("balances", items, next)))
@@ -403,7 +376,7 @@ async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: Str
         scope,
         change: arg,
     };
-    Ok(Answer::json(200, &ledger_json(&app.store.run(call).await?.value.0)))
+    Ok(Answer::json(200, &ledger_json(&Ledger::decoded(app.store.run(call).await?.value)?)))
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {

@@ -2,14 +2,12 @@
 //! tenant-scoped `GET /v1/events`. Events live in per-tenant streams, written by the same
 //! script as the state change that caused them; an event id names its tenant and stream entry.
 
-use redis::AsyncCommands;
 use serde_json::Value;
 
 use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{parse_rfc3339_ms, scope_admitted};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys;
 pub use crate::ops::events::*;
 
 /// The filters both listings share.
@@ -94,11 +92,7 @@ pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     let filter = EventFilter::parse(&q)?;
     let tenants = match q.get("tenant_id") {
         Some(t) => vec![t.to_string()],
-        None => {
-            let mut all: Vec<String> = app.store.conn().smembers(keys::TENANT_REGISTRY).await?;
-            all.push(SYSTEM_TENANT.to_string());
-            all
-        }
+        None => crate::ops::events::owners(&app.store).await?,
     };
     let mut events = vec![];
     for t in tenants {

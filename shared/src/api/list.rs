@@ -424,7 +424,7 @@ async fn by_idempotency_key(
             digest: auth.1.clone(),
             accepted: Permission::ReservationsList.accepted().to_string(),
         };
-        app.store.run(check).await?.value.scope_filter()
+        app.store.run(check).await?.value.scope_filter
     };
     let token = crate::ids::ReservationId::token_for(key);
     let raw = app.store.run(ReadRecords { records: vec![keys.reservation(&token)] }).await?.value.records;

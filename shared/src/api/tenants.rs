@@ -1,16 +1,15 @@
 //! Tenants: create, get, list, update (status machine), and the close cascade.
 
-use redis::AsyncCommands;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx};
-use crate::domain::{rules, validate_tenant_id};
+use crate::domain::{format_rfc3339_ms, rules, validate_tenant_id};
 use crate::error::{ApiError, ApiResult};
-use crate::keys::{self, TenantKeys};
 use crate::model::{parse_json, OveragePolicy, TTL_MS};
 use crate::ops;
+use crate::ops::tenants::Tenant;
 use crate::store::Store;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -116,36 +115,38 @@ fn settings(
     Ok(out)
 }
 
-/// The wire `Tenant` of a stored record.
-pub fn tenant_json(r: &Record) -> Value {
-    let mut t = json!({
-        "tenant_id": field(r, "tenant_id").unwrap_or_default(),
-        "name": field(r, "name").unwrap_or_default(),
-        "status": field(r, "status").unwrap_or("ACTIVE"),
-        "default_commit_overage_policy": field(r, "default_commit_overage_policy").unwrap_or(rules::DEFAULT_OVERAGE_POLICY.as_str()),
-        "default_reservation_ttl_ms": int_field(r, "default_reservation_ttl_ms").unwrap_or(rules::DEFAULT_TTL_MS),
-        "max_reservation_ttl_ms": int_field(r, "max_reservation_ttl_ms").unwrap_or(rules::MAX_TTL_MS),
-        "max_reservation_extensions": int_field(r, "max_reservation_extensions").unwrap_or(rules::MAX_EXTENSIONS),
-        "reservation_expiry_policy": field(r, "reservation_expiry_policy").unwrap_or("AUTO_RELEASE"),
-        "created_at": time_field(r, "created_at").unwrap_or_else(|| crate::domain::format_rfc3339_ms(0)),
+/// The wire `Tenant`.
+pub fn tenant_json(t: &Tenant) -> Value {
+    let mut out = json!({
+        "tenant_id": t.tenant_id,
+        "name": t.name,
+        "status": t.status,
+        "default_commit_overage_policy": t.default_commit_overage_policy,
+        "default_reservation_ttl_ms": t.default_reservation_ttl_ms,
+        "max_reservation_ttl_ms": t.max_reservation_ttl_ms,
+        "max_reservation_extensions": t.max_reservation_extensions,
+        "reservation_expiry_policy": t.reservation_expiry_policy,
+        "created_at": format_rfc3339_ms(t.created_at_ms),
     });
-    if let Some(p) = field(r, "parent_tenant_id") {
-        t["parent_tenant_id"] = json!(p);
+    if let Some(p) = &t.parent_tenant_id {
+        out["parent_tenant_id"] = json!(p);
     }
-    if let Some(m) = json_field(r, "metadata") {
-        t["metadata"] = m;
+    if let Some(m) = &t.metadata {
+        out["metadata"] = m.clone();
     }
-    for name in ["updated_at", "suspended_at", "closed_at"] {
-        if let Some(ts) = time_field(r, name) {
-            t[name] = json!(ts);
+    for (name, at) in
+        [("updated_at", t.updated_at_ms), ("suspended_at", t.suspended_at_ms), ("closed_at", t.closed_at_ms)]
+    {
+        if let Some(ms) = at {
+            out[name] = json!(format_rfc3339_ms(ms));
         }
     }
-    t
+    out
 }
 
 /// Creates a tenant (the library entry point `--seed-demo` and the HTTP handler share).
 /// Returns the record and whether it was new.
-pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest) -> ApiResult<(Record, bool)> {
+pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest) -> ApiResult<(Tenant, bool)> {
     validate_tenant_id(&r.tenant_id)?;
     if r.tenant_id == "bulk-action" || r.tenant_id == "__system__" {
         return Err(ApiError::invalid("tenant_id is reserved"));
@@ -188,32 +189,11 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     Ok(Answer::json(if created { 201 } else { 200 }, &tenant_json(&record)))
 }
 
-async fn load(app: &App, tenant_id: &str) -> ApiResult<Record> {
-    let record: Record = app.store.conn().hgetall(TenantKeys::new(tenant_id).tenant()).await?;
-    if record.is_empty() {
-        return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, crate::domain::messages::TENANT_NOT_FOUND));
-    }
-    Ok(record)
-}
-
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let id = req.param("tenant_id");
     ctx.tenant = Some(id.to_string());
-    Ok(Answer::json(200, &tenant_json(&load(app, id).await?)))
-}
-
-/// Every registered tenant's record (one round trip per tenant; operator listings only).
-pub async fn all_tenants(app: &App) -> ApiResult<Vec<Record>> {
-    let ids: Vec<String> = app.store.conn().smembers(keys::TENANT_REGISTRY).await?;
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        let r: Record = app.store.conn().hgetall(TenantKeys::new(&id).tenant()).await?;
-        if !r.is_empty() {
-            out.push(r);
-        }
-    }
-    Ok(out)
+    Ok(Answer::json(200, &tenant_json(&ops::tenants::read(&app.store, id).await?)))
 }
 
 pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -225,23 +205,20 @@ pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
         }
     }
     let mut rows = vec![];
-    for r in all_tenants(app).await? {
-        let t = tenant_json(&r);
-        let id = t["tenant_id"].as_str().unwrap_or_default().to_string();
-        let name = t["name"].as_str().unwrap_or_default().to_string();
-        if q.get("status").is_some_and(|s| t["status"] != s)
-            || q.get("parent_tenant_id").is_some_and(|p| field(&r, "parent_tenant_id") != Some(p))
-            || !q.matches_search(&[&id, &name])
+    for t in ops::tenants::all(&app.store).await? {
+        if q.get("status").is_some_and(|s| t.status != s)
+            || q.get("parent_tenant_id").is_some_and(|p| t.parent_tenant_id.as_deref() != Some(p))
+            || !q.matches_search(&[&t.tenant_id, &t.name])
         {
             continue;
         }
         let key = match q.sort_by.as_str() {
-            "tenant_id" => id.clone(),
-            "name" => name.to_lowercase(),
-            "status" => t["status"].as_str().unwrap_or_default().to_string(),
-            _ => sort_int(int_field(&r, "created_at_ms").unwrap_or(0)),
+            "tenant_id" => t.tenant_id.clone(),
+            "name" => t.name.to_lowercase(),
+            "status" => t.status.clone(),
+            _ => sort_int(t.created_at_ms),
         };
-        rows.push((key, id, t));
+        rows.push((key, t.tenant_id.clone(), tenant_json(&t)));
     }
     let (items, next) = q.page(rows);
     Ok(Answer::json(200, &list_body("tenants", items, next)))

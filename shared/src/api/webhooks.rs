@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use redis::AsyncCommands;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -14,9 +13,9 @@ use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::validate_tenant_id;
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys::{self, TenantKeys};
 use crate::model::parse_json;
-use crate::ops::webhooks::{check_invariants, delivery_json, RetryPolicy, Subscription, WriteSubscription};
+use crate::ops;
+use crate::ops::webhooks::{check_invariants, delivery_json, RetryPolicy, Subscription};
 use crate::webhooks::{self, check_url, encrypt};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -140,34 +139,42 @@ fn check_disable_after(v: Option<i64>) -> ApiResult<()> {
 }
 
 /// The wire `WebhookSubscription`: no secret, header values masked.
-pub fn subscription_json(r: &Record) -> Value {
+pub fn subscription_json(s: &Subscription) -> Value {
     let mut w = json!({
-        "subscription_id": field(r, "subscription_id").unwrap_or_default(),
-        "tenant_id": field(r, "tenant_id").unwrap_or(SYSTEM_TENANT),
-        "url": field(r, "url").unwrap_or_default(),
-        "event_types": json_field(r, "event_types").unwrap_or(json!([])),
-        "status": field(r, "status").unwrap_or("ACTIVE"),
-        "retry_policy": json_field(r, "retry_policy").unwrap_or_else(|| json!(RetryPolicy::default())),
-        "disable_after_failures": int_field(r, "disable_after_failures").unwrap_or(10),
-        "consecutive_failures": int_field(r, "consecutive_failures").unwrap_or(0),
-        "created_at": time_field(r, "created_at").unwrap_or_else(|| format_rfc3339_ms(0)),
+        "subscription_id": s.id,
+        "tenant_id": s.owner,
+        "url": s.url,
+        "event_types": s.event_types,
+        "status": s.status,
+        "retry_policy": s.retry,
+        "disable_after_failures": s.disable_after,
+        "consecutive_failures": s.consecutive_failures,
+        "created_at": format_rfc3339_ms(s.created_at_ms),
     });
-    for name in ["name", "description", "scope_filter"] {
-        if let Some(v) = field(r, name) {
+    for (name, v) in [("name", &s.name), ("description", &s.description), ("scope_filter", &s.scope_filter)] {
+        if let Some(v) = v {
             w[name] = json!(v);
         }
     }
-    for name in ["event_categories", "thresholds", "metadata"] {
-        if let Some(v) = json_field(r, name) {
-            w[name] = v;
+    if !s.event_categories.is_empty() {
+        w["event_categories"] = json!(s.event_categories);
+    }
+    for (name, v) in [("thresholds", &s.thresholds), ("metadata", &s.metadata)] {
+        if let Some(v) = v {
+            w[name] = v.clone();
         }
     }
-    if let Some(Value::Object(h)) = json_field(r, "headers") {
-        w["headers"] = Value::Object(h.keys().map(|k| (k.clone(), json!("********"))).collect());
+    if !s.sealed_headers.is_empty() {
+        w["headers"] = Value::Object(s.sealed_headers.keys().map(|k| (k.clone(), json!("********"))).collect());
     }
-    for name in ["updated_at", "last_triggered_at", "last_success_at", "last_failure_at"] {
-        if let Some(ts) = time_field(r, name) {
-            w[name] = json!(ts);
+    for (name, at) in [
+        ("updated_at", s.updated_at_ms),
+        ("last_triggered_at", s.last_triggered_at_ms),
+        ("last_success_at", s.last_success_at_ms),
+        ("last_failure_at", s.last_failure_at_ms),
+    ] {
+        if let Some(ms) = at {
+            w[name] = json!(format_rfc3339_ms(ms));
         }
     }
     w
@@ -182,35 +189,6 @@ fn key_scope_bound(caller: &Caller) -> Option<String> {
         Caller::Tenant(k) if !k.scope_filter().is_empty() => Some(json!(k.scope_filter()).to_string()),
         _ => None,
     }
-}
-
-/// Writes one subscription of `owner` (`ops::webhooks::WriteSubscription`): its record after the
-/// write, or None when an update lost to a concurrent one.
-async fn write(
-    app: &App,
-    context: String,
-    owner: &str,
-    id: &str,
-    mode: &str,
-    fields: Value,
-    expected: &str,
-) -> ApiResult<Option<Record>> {
-    let keys = TenantKeys::new(owner);
-    let call = WriteSubscription {
-        tenant: keys.tenant(),
-        subscription: keys.webhook(id),
-        subscription_index: keys.webhook_index(),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        context,
-        mode: mode.to_string(),
-        fields: fields.to_string(),
-        expected_updated_at_ms: expected.to_string(),
-        owner: owner.to_string(),
-        subscription_id: id.to_string(),
-    };
-    let reply = app.store.run(call).await?;
-    Ok((reply.status != "CHANGED").then_some(reply.value.0))
 }
 
 async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req: &ApiRequest) -> ApiResult<Answer> {
@@ -261,26 +239,23 @@ async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req:
     if let Some(bound) = key_scope_bound(caller) {
         f["key_scope_filter"] = json!(bound);
     }
-    let _: () = app.store.conn().set(keys::webhook_lookup(&id), owner).await?;
+    ops::webhooks::publish_owner(&app.store, &id, owner).await?;
     let on_behalf = matches!(caller, Caller::Admin) && owner != SYSTEM_TENANT && req.path.starts_with("/v1/webhooks");
     let context = script_context(ctx, caller, on_behalf, None);
-    let record = write(app, context, owner, &id, "create", f, "").await?.unwrap_or_default();
-    Ok(Answer::json(201, &json!({"subscription": subscription_json(&record), "signing_secret": secret})))
+    let created =
+        ops::webhooks::write(&app.store, context, owner, &id, "create", f, "").await?.ok_or_else(not_found)?;
+    Ok(Answer::json(201, &json!({"subscription": subscription_json(&created), "signing_secret": secret})))
 }
 
 /// The owner and stored record of a subscription id; `tenant` limits it to one tenant (404
 /// for any other, so existence does not leak).
-async fn resolve(app: &App, id: &str, tenant: Option<&str>) -> ApiResult<(String, Record)> {
-    let owner: Option<String> = app.store.conn().get(keys::webhook_lookup(id)).await?;
-    let owner = owner.ok_or_else(not_found)?;
+async fn resolve(app: &App, id: &str, tenant: Option<&str>) -> ApiResult<(String, Subscription)> {
+    let owner = ops::webhooks::owner(&app.store, id).await?.ok_or_else(not_found)?;
     if tenant.is_some_and(|t| t != owner) {
         return Err(not_found());
     }
-    let record: Record = app.store.conn().hgetall(TenantKeys::new(&owner).webhook(id)).await?;
-    if record.is_empty() {
-        return Err(not_found());
-    }
-    Ok((owner, record))
+    let subscription = ops::webhooks::read(&app.store, &owner, id).await?.ok_or_else(not_found)?;
+    Ok((owner, subscription))
 }
 
 async fn update_for(
@@ -303,8 +278,7 @@ async fn update_for(
         p.validate()?;
     }
     for _ in 0..3 {
-        let (owner, stored) = resolve(app, id, tenant).await?;
-        let current = Subscription::from_record(stored.clone());
+        let (owner, current) = resolve(app, id, tenant).await?;
         let types = r.event_types.clone().unwrap_or(current.event_types.clone());
         let categories = r.event_categories.clone().unwrap_or(current.event_categories.clone());
         check_lists(&types, &categories)?;
@@ -352,12 +326,14 @@ async fn update_for(
         if let Some(bound) = key_scope_bound(caller) {
             patch.insert("key_scope_filter".into(), json!(bound));
         }
-        let expected = field(&stored, "updated_at_ms").unwrap_or_default().to_string();
+        let expected = current.updated_at_ms.map(|ms| ms.to_string()).unwrap_or_default();
         let on_behalf = matches!(caller, Caller::Admin) && tenant.is_none() && req.path.starts_with("/v1/webhooks");
         let context = script_context(ctx, caller, on_behalf, None);
         // None: another write came first; start over from the record as it is now
-        if let Some(record) = write(app, context, &owner, id, "update", Value::Object(patch), &expected).await? {
-            return Ok(Answer::json(200, &subscription_json(&record)));
+        if let Some(updated) =
+            ops::webhooks::write(&app.store, context, &owner, id, "update", Value::Object(patch), &expected).await?
+        {
+            return Ok(Answer::json(200, &subscription_json(&updated)));
         }
     }
     Err(ApiError::internal("The subscription kept changing; retry"))
@@ -365,21 +341,23 @@ async fn update_for(
 
 async fn delete_for(app: &App, ctx: &mut Ctx, caller: &Caller, tenant: Option<&str>, id: &str) -> ApiResult<Answer> {
     let (owner, _) = resolve(app, id, tenant).await?;
-    write(app, script_context(ctx, caller, false, None), &owner, id, "delete", json!({}), "").await?;
+    ops::webhooks::delete(&app.store, script_context(ctx, caller, false, None), &owner, id).await?;
     Ok(Answer::empty(204))
+}
+
+/// 409 TENANT_CLOSED when the owner is a closed tenant (the system owner never is).
+async fn refuse_closed_owner(app: &App, owner: &str) -> ApiResult<()> {
+    if owner != SYSTEM_TENANT && ops::tenants::status(&app.store, owner).await?.as_deref() == Some("CLOSED") {
+        return Err(ApiError::new(ErrorCode::TenantClosed, crate::domain::messages::TENANT_CLOSED));
+    }
+    Ok(())
 }
 
 /// The `/test` probe: a synthetic `system.webhook_test` event sent now, never queued; one
 /// finished delivery row records it. It never counts as a failure.
 async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> ApiResult<Answer> {
-    let (owner, record) = resolve(app, id, tenant).await?;
-    if owner != SYSTEM_TENANT {
-        let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
-        if status.as_deref() == Some("CLOSED") {
-            return Err(ApiError::new(ErrorCode::TenantClosed, crate::domain::messages::TENANT_CLOSED));
-        }
-    }
-    let sub = Subscription::from_record(record);
+    let (owner, sub) = resolve(app, id, tenant).await?;
+    refuse_closed_owner(app, &owner).await?;
     let event_id = format!("evt_test_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let event = json!({
         "event_id": event_id, "event_type": "system.webhook_test", "category": "system",
@@ -393,7 +371,7 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
     // gets one answer, and not before the connect timeout, so this is no port scanner.
     let started = std::time::Instant::now();
     let sender = webhooks::Sender::new(&app.config.webhooks);
-    let attempt = sender.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub.record).await;
+    let attempt = sender.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub).await;
     let mut body = json!({"success": attempt.error.is_none(), "event_id": event_id});
     if attempt.status > 0 {
         body["response_status"] = json!(attempt.status);
@@ -415,8 +393,7 @@ async fn deliveries_for(app: &App, tenant: Option<&str>, id: &str, req: &ApiRequ
         return Err(ApiError::invalid("status must be PENDING, SUCCESS, FAILED or RETRYING"));
     }
     let (from, to) = (q.time("from")?, q.time("to")?);
-    let keys = TenantKeys::new(&owner);
-    let ids: Vec<String> = app.store.conn().zrevrange(keys.subscription_deliveries(id), 0, 9_999).await?;
+    let ids = ops::webhooks::delivery_ids(&app.store, &owner, id, 10_000).await?;
     let records = crate::ops::webhooks::read_deliveries(&app.store, &owner, &ids).await?;
     let rows = records
         .into_iter()
@@ -447,7 +424,7 @@ async fn list_for(app: &App, owners: Vec<String>, req: &ApiRequest) -> ApiResult
     let mut rows = vec![];
     for owner in owners {
         for sub in crate::ops::webhooks::subscriptions(&app.store, &owner).await? {
-            let w = subscription_json(&sub.record);
+            let w = subscription_json(&sub);
             if q.get("status").is_some_and(|s| sub.status != s)
                 || q.get("event_type").is_some_and(|t| !sub.event_types.iter().any(|x| x == t))
                 || !q.matches_search(&[&sub.id, &sub.url])
@@ -458,7 +435,7 @@ async fn list_for(app: &App, owners: Vec<String>, req: &ApiRequest) -> ApiResult
                 "url" => sub.url.clone(),
                 "tenant_id" => sub.owner.clone(),
                 "status" => sub.status.clone(),
-                _ => sort_int(int_field(&sub.record, "consecutive_failures").unwrap_or(0)),
+                _ => sort_int(sub.consecutive_failures),
             };
             rows.push((key, sub.id.clone(), w));
         }
@@ -477,8 +454,7 @@ pub async fn admin_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         None => SYSTEM_TENANT.to_string(),
         Some(t) if t == SYSTEM_TENANT => t.clone(),
         Some(t) => {
-            let status: Option<String> = app.store.conn().hget(TenantKeys::new(t).tenant(), "status").await?;
-            if validate_tenant_id(t).is_err() || status.is_none() {
+            if validate_tenant_id(t).is_err() || ops::tenants::status(&app.store, t).await?.is_none() {
                 return Err(ApiError::new(ErrorCode::TenantNotFound, "Tenant not found"));
             }
             t.clone()
@@ -493,19 +469,15 @@ pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
     let q = super::parse_query(&req.query)?;
     let owners = match q.get("tenant_id").filter(|t| !t.is_empty()) {
         Some(t) => vec![t.clone()],
-        None => {
-            let mut all: Vec<String> = app.store.conn().smembers(keys::TENANT_REGISTRY).await?;
-            all.push(SYSTEM_TENANT.to_string());
-            all
-        }
+        None => ops::events::owners(&app.store).await?,
     };
     list_for(app, owners, req).await
 }
 
 pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    let (_, record) = resolve(app, req.param("subscription_id"), None).await?;
-    Ok(Answer::json(200, &subscription_json(&record)))
+    let (_, sub) = resolve(app, req.param("subscription_id"), None).await?;
+    Ok(Answer::json(200, &subscription_json(&sub)))
 }
 
 pub async fn admin_update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -550,14 +522,8 @@ pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
     let types = r.event_types.clone().unwrap_or_default();
     check_lists(&types, &[])?;
     let id = req.param("subscription_id").to_string();
-    let (owner, record) = resolve(app, &id, None).await?;
-    if owner != SYSTEM_TENANT {
-        let status: Option<String> = app.store.conn().hget(TenantKeys::new(&owner).tenant(), "status").await?;
-        if status.as_deref() == Some("CLOSED") {
-            return Err(ApiError::new(ErrorCode::TenantClosed, crate::domain::messages::TENANT_CLOSED));
-        }
-    }
-    let sub = Subscription::from_record(record);
+    let (owner, sub) = resolve(app, &id, None).await?;
+    refuse_closed_owner(app, &owner).await?;
     let replay_id = format!("replay_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     if sub.status != "ACTIVE" {
         return Ok(Answer::json(
@@ -565,25 +531,11 @@ pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
             &json!({"replay_id": replay_id, "events_queued": 0, "estimated_completion_seconds": 0}),
         ));
     }
-    let lock = format!("{}:replay", TenantKeys::new(&owner).webhook(&id));
-    let locked: bool = redis::cmd("SET")
-        .arg(&lock)
-        .arg(&replay_id)
-        .arg("NX")
-        .arg("EX")
-        .arg(3600)
-        .query_async::<Option<String>>(&mut app.store.conn())
-        .await?
-        .is_some();
-    if !locked {
+    if !ops::webhooks::lock_replay(&app.store, &owner, &id, &replay_id).await? {
         return Err(ApiError::new(ErrorCode::ReplayInProgress, "A replay of this subscription is in progress"));
     }
     let outcome = replay(app, &owner, &sub, from, to, &types, max as usize).await;
-    // compare-and-delete: only our own lock
-    let held: Option<String> = app.store.conn().get(&lock).await?;
-    if held.as_deref() == Some(replay_id.as_str()) {
-        let _: () = app.store.conn().del(&lock).await?;
-    }
+    ops::webhooks::unlock_replay(&app.store, &owner, &id, &replay_id).await?;
     let queued = outcome?;
     let estimate = if queued == 0 { 0 } else { (queued / 10).max(1) };
     Ok(Answer::json(
@@ -601,13 +553,7 @@ async fn replay(
     types: &[String],
     max: usize,
 ) -> ApiResult<u64> {
-    let sources = if owner == SYSTEM_TENANT {
-        let mut all: Vec<String> = app.store.conn().smembers(keys::TENANT_REGISTRY).await?;
-        all.push(SYSTEM_TENANT.to_string());
-        all
-    } else {
-        vec![owner.to_string()]
-    };
+    let sources = if owner == SYSTEM_TENANT { ops::events::owners(&app.store).await? } else { vec![owner.to_string()] };
     let keep = |e: &Value| {
         let ts = e["timestamp"].as_str().and_then(parse_rfc3339_ms).unwrap_or(0);
         from.is_none_or(|f| ts >= f)
@@ -681,11 +627,11 @@ pub async fn tenant_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResul
 pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let (caller, tenant) = self_service(app, ctx, req, Permission::WebhooksRead).await?;
     let scope = if matches!(caller, Caller::Admin) { None } else { tenant.as_deref() };
-    let (owner, record) = resolve(app, req.param("subscription_id"), scope).await?;
+    let (owner, sub) = resolve(app, req.param("subscription_id"), scope).await?;
     if owner == SYSTEM_TENANT {
         return Err(not_found());
     }
-    Ok(Answer::json(200, &subscription_json(&record)))
+    Ok(Answer::json(200, &subscription_json(&sub)))
 }
 
 pub async fn tenant_update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {

@@ -16,6 +16,8 @@ pub const DEFAULT_OVERAGE_POLICY: OveragePolicy = OveragePolicy::AllowIfAvailabl
 /// How long the answer of a dry_run or decide is kept for replay (or the record retention,
 /// when an operator set it shorter).
 pub const EVALUATION_RETENTION_MS: u64 = 24 * 3_600_000;
+/// How long an API key lives when its creator gives no expiry (90 days).
+pub const DEFAULT_KEY_LIFETIME_MS: i64 = 90 * 24 * 3_600_000;
 /// How long a keyed funding answer is kept for replay.
 pub const FUNDING_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
 

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::config::WebhookConfig;
 use crate::domain::now_ms;
 use crate::error::ApiResult;
-use crate::keys::{self, TenantKeys};
+use crate::keys::TenantKeys;
 use crate::ops::events::SYSTEM_TENANT;
 use crate::ops::records::{field, int_field, read_hashes, Record};
 use crate::ops::webhooks::{
@@ -78,7 +78,7 @@ impl Dispatcher {
 
     /// One pass over every registered tenant, waiting for its sends.
     pub async fn pass(self: &Arc<Self>) -> ApiResult<DeliveryReport> {
-        let tenants: Vec<String> = self.store.conn().smembers(keys::TENANT_REGISTRY).await?;
+        let tenants = crate::ops::tenants::registry(&self.store).await?;
         self.pass_tenants(&tenants).await
     }
 
@@ -255,7 +255,7 @@ impl Dispatcher {
         if !sub.may_receive(&event) {
             return Err("event is not accessible to a tenant-owned subscription".into());
         }
-        Ok(self.sender.post(&sub.url, &event, field(delivery, "trace_flags"), &sub.record).await)
+        Ok(self.sender.post(&sub.url, &event, field(delivery, "trace_flags"), sub).await)
     }
 
     /// Writes an attempt's outcome (or a pre-check failure) and its effect on the subscription.
@@ -340,7 +340,7 @@ impl Dispatcher {
 
     /// One step of the loop: fan-out of every tenant, then claims for the pool's free room.
     async fn tick(self: &Arc<Self>, sends: &mut tokio::task::JoinSet<DeliveryReport>) -> ApiResult<()> {
-        let tenants: Vec<String> = self.store.conn().smembers(keys::TENANT_REGISTRY).await?;
+        let tenants = crate::ops::tenants::registry(&self.store).await?;
         let report = self.fan_out_all(&tenants).await?;
         if report.deliveries_created > 0 {
             report.log("webhook fan-out");

@@ -1,10 +1,14 @@
 //! API keys: the key check of the operator plane (what a key may do), creating and updating
 //! or revoking keys.
 
-use serde::Deserialize;
+use redis::AsyncCommands;
+use serde::{Deserialize, Deserializer};
 
-use super::records::RecordAnswer;
+use super::records::{csv_list, field, int_field, json_field, read_records, Record, RecordAnswer};
 use super::{lua_list, script};
+use crate::error::{ApiError, ApiResult};
+use crate::keys::{self, TenantKeys};
+use crate::store::Store;
 
 script! {
     /// Checks a key and reports its permissions, its scope filter and (when `tenant` holds the
@@ -20,15 +24,109 @@ script! {
 pub struct Grant {
     #[serde(default, deserialize_with = "lua_list")]
     pub permissions: Vec<String>,
-    /// The key's scope filter (JSON array), when it has one.
-    #[serde(default)]
-    pub scope_filter: Option<String>,
+    /// The scope segments the key is limited to (empty: every scope).
+    #[serde(default, deserialize_with = "stored_scope_filter")]
+    pub scope_filter: Vec<String>,
+    /// Its tenant's status (the reply's status), when the check was given the tenant record.
+    #[serde(skip)]
+    pub tenant_status: String,
 }
 
-impl Grant {
-    pub fn scope_filter(&self) -> Vec<String> {
-        self.scope_filter.as_deref().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default()
+/// A scope filter as stored: JSON text of an array, absent or empty for none.
+fn stored_scope_filter<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let text = Option::<String>::deserialize(d)?;
+    Ok(text.as_deref().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default())
+}
+
+/// Checks a key (see `Authenticate`) and reports what it may do, with its tenant's status.
+pub async fn check(store: &Store, tenant: &str, key_id: &str, digest: &str, accepted: &str) -> ApiResult<Grant> {
+    let keys = TenantKeys::new(tenant);
+    let call = Authenticate {
+        api_key: keys.api_key(key_id),
+        tenant: vec![keys.tenant()],
+        digest: digest.to_string(),
+        accepted: accepted.to_string(),
+    };
+    let reply = store.run(call).await?;
+    Ok(Grant { tenant_status: reply.status, ..reply.value })
+}
+
+/// An API key as stored (the hash `cy:{<tenant>}:k:<key id>`); the secret is never stored, its
+/// digest never leaves this record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKey {
+    pub key_id: String,
+    pub tenant_id: String,
+    pub key_prefix: String,
+    pub status: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub permissions: Vec<String>,
+    pub scope_filter: Option<serde_json::Value>,
+    pub metadata: Option<serde_json::Value>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub revoked_at_ms: Option<i64>,
+    pub revoked_reason: Option<String>,
+    pub last_used_at_ms: Option<i64>,
+}
+
+impl ApiKey {
+    /// The key of a stored hash; `None` when the hash is empty.
+    pub fn from_record(r: &Record) -> Option<ApiKey> {
+        if r.is_empty() {
+            return None;
+        }
+        Some(ApiKey {
+            key_id: field(r, "key_id").unwrap_or_default().to_string(),
+            tenant_id: field(r, "tenant_id").unwrap_or_default().to_string(),
+            key_prefix: field(r, "key_prefix").unwrap_or_default().to_string(),
+            status: field(r, "status").unwrap_or("ACTIVE").to_string(),
+            name: field(r, "name").map(String::from),
+            description: field(r, "description").map(String::from),
+            permissions: csv_list(field(r, "permissions").unwrap_or_default()),
+            scope_filter: json_field(r, "scope_filter"),
+            metadata: json_field(r, "metadata"),
+            created_at_ms: int_field(r, "created_at_ms").unwrap_or(0),
+            expires_at_ms: int_field(r, "expires_at_ms").unwrap_or(0),
+            revoked_at_ms: int_field(r, "revoked_at_ms"),
+            revoked_reason: field(r, "revoked_reason").map(String::from),
+            last_used_at_ms: int_field(r, "last_used_at_ms"),
+        })
     }
+
+    /// A script's answer that is a key's record.
+    pub fn decoded(answer: RecordAnswer) -> ApiResult<ApiKey> {
+        ApiKey::from_record(&answer.0).ok_or_else(|| ApiError::fault("an API key script answered no record"))
+    }
+
+    /// The status as callers see it: an ACTIVE key past its expiry is EXPIRED.
+    pub fn effective_status(&self, now_ms: i64) -> &str {
+        if self.status == "ACTIVE" && self.expires_at_ms <= now_ms {
+            "EXPIRED"
+        } else {
+            &self.status
+        }
+    }
+}
+
+/// The tenant owning a key id (immutable once written), `None` when unknown.
+pub async fn owner(store: &Store, key_id: &str) -> ApiResult<Option<String>> {
+    Ok(store.conn().get(keys::key_lookup(key_id)).await?)
+}
+
+/// Publishes a key id's owner: written after the key's record, so a key becomes usable only
+/// once its record exists.
+pub async fn publish_owner(store: &Store, key_id: &str, tenant: &str) -> ApiResult<()> {
+    Ok(store.conn().set(keys::key_lookup(key_id), tenant).await?)
+}
+
+/// Every API key of a tenant.
+pub async fn of_tenant(store: &Store, tenant: &str) -> ApiResult<Vec<ApiKey>> {
+    let keys = TenantKeys::new(tenant);
+    let ids: Vec<String> = store.conn().smembers(keys.api_key_index()).await?;
+    let record_keys: Vec<String> = ids.iter().map(|id| keys.api_key(id)).collect();
+    Ok(read_records(store, &record_keys).await?.iter().filter_map(ApiKey::from_record).collect())
 }
 
 script! {

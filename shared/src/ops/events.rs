@@ -7,7 +7,7 @@ use redis::AsyncCommands;
 use serde_json::Value;
 
 use crate::error::ApiResult;
-use crate::keys::TenantKeys;
+use crate::keys::{self, TenantKeys};
 use crate::store::Store;
 
 /// The owner of system events (and of system-wide webhook subscriptions).
@@ -129,4 +129,11 @@ pub async fn tenant_events(
         }
     }
     Ok(out)
+}
+
+/// Every owner of events: each registered tenant, and the system.
+pub async fn owners(store: &Store) -> ApiResult<Vec<String>> {
+    let mut all: Vec<String> = store.conn().smembers(keys::TENANT_REGISTRY).await?;
+    all.push(SYSTEM_TENANT.to_string());
+    Ok(all)
 }

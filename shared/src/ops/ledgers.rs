@@ -1,10 +1,108 @@
 //! Budget ledgers: listing a tenant's ledgers and reading their state (balances), creating,
 //! updating (freeze, unfreeze) and funding them.
 
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
 use serde::Deserialize;
 
-use super::records::RecordAnswer;
+use super::records::{csv_list, field, int_field, read_records, Record, RecordAnswer};
 use super::{lua_list, script, LedgerState};
+use crate::error::{ApiError, ApiResult};
+use crate::keys::TenantKeys;
+use crate::model::Unit;
+use crate::store::Store;
+
+/// A budget ledger as stored (the hash `cy:{<tenant>}:b:<code>`). Amounts are int64; the
+/// invariant `remaining = allocated - spent - reserved - debt` is kept by the scripts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ledger {
+    pub ledger_id: String,
+    pub tenant_id: Option<String>,
+    pub scope: String,
+    pub unit: String,
+    pub allocated: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    pub spent: i64,
+    pub debt: i64,
+    pub overdraft_limit: i64,
+    pub is_over_limit: bool,
+    pub status: String,
+    pub rollover_policy: String,
+    pub commit_overage_policy: Option<String>,
+    pub period_start_ms: Option<i64>,
+    pub period_end_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: Option<i64>,
+}
+
+impl Ledger {
+    /// The ledger of a stored hash; `None` when the hash is empty.
+    pub fn from_record(r: &Record) -> Option<Ledger> {
+        if r.is_empty() {
+            return None;
+        }
+        let amount = |name: &str| int_field(r, name).unwrap_or(0);
+        Some(Ledger {
+            ledger_id: field(r, "ledger_id").unwrap_or_default().to_string(),
+            tenant_id: field(r, "tenant_id").map(String::from),
+            scope: field(r, "scope").unwrap_or_default().to_string(),
+            unit: field(r, "unit").unwrap_or_default().to_string(),
+            allocated: amount("allocated"),
+            remaining: amount("remaining"),
+            reserved: amount("reserved"),
+            spent: amount("spent"),
+            debt: amount("debt"),
+            overdraft_limit: amount("overdraft_limit"),
+            is_over_limit: field(r, "is_over_limit") == Some("true"),
+            status: field(r, "status").unwrap_or("ACTIVE").to_string(),
+            rollover_policy: field(r, "rollover_policy").unwrap_or("NONE").to_string(),
+            commit_overage_policy: field(r, "commit_overage_policy").map(String::from),
+            period_start_ms: int_field(r, "period_start_ms"),
+            period_end_ms: int_field(r, "period_end_ms"),
+            created_at_ms: int_field(r, "created_at_ms").unwrap_or(0),
+            updated_at_ms: int_field(r, "updated_at_ms"),
+        })
+    }
+
+    /// A script's answer that is a ledger's record.
+    pub fn decoded(answer: RecordAnswer) -> ApiResult<Ledger> {
+        Ledger::from_record(&answer.0).ok_or_else(|| ApiError::fault("a budget script answered no record"))
+    }
+
+    /// spent / allocated (0 for an unallocated ledger).
+    pub fn utilization(&self) -> f64 {
+        if self.allocated <= 0 {
+            0.0
+        } else {
+            self.spent as f64 / self.allocated as f64
+        }
+    }
+}
+
+/// One ledger by scope and unit (`None` when the tenant has no such ledger).
+pub async fn read(store: &Store, tenant: &str, scope: &str, unit: Unit) -> ApiResult<Option<Ledger>> {
+    let record: Record = store.conn().hgetall(TenantKeys::new(tenant).budget(scope, unit)).await?;
+    Ok(Ledger::from_record(&record).filter(|l| l.scope == scope))
+}
+
+/// The keys of every ledger of a tenant (from its scope -> units index).
+pub async fn ledger_keys(store: &Store, tenant: &str) -> ApiResult<Vec<String>> {
+    let keys = TenantKeys::new(tenant);
+    let scopes: HashMap<String, String> = store.conn().hgetall(keys.scope_units()).await?;
+    Ok(scopes
+        .iter()
+        .flat_map(|(scope, units)| csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(move |u| (scope, u)))
+        .map(|(scope, unit)| keys.budget(scope, unit))
+        .collect())
+}
+
+/// Every ledger of a tenant (one script round trip per 500 ledgers).
+pub async fn of_tenant(store: &Store, tenant: &str) -> ApiResult<Vec<Ledger>> {
+    let records = read_records(store, &ledger_keys(store, tenant).await?).await?;
+    Ok(records.iter().filter_map(Ledger::from_record).collect())
+}
 
 script! {
     /// The ledgers of a tenant that the key's scope filter admits (`lua/balances.lua`).

@@ -5,14 +5,90 @@ use std::time::Duration;
 use redis::AsyncCommands;
 
 use super::maintenance::{record_ttl, register_tenant};
-use super::records::{csv_list, Record, RecordAnswer};
+use super::records::{field, int_field, json_field, Record, RecordAnswer};
 use super::{script, Nothing};
-use crate::domain::now_ms;
-use crate::error::ApiResult;
+use crate::domain::{messages, now_ms, rules};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ids::ReservationId;
-use crate::keys::TenantKeys;
-use crate::model::Unit;
+use crate::keys::{self, TenantKeys};
 use crate::store::Store;
+
+/// A tenant as stored (the hash `cy:{<tenant>}:tenant`), each setting at its default where the
+/// record has none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenant {
+    pub tenant_id: String,
+    pub name: String,
+    pub status: String,
+    pub parent_tenant_id: Option<String>,
+    pub metadata: Option<serde_json::Value>,
+    pub default_commit_overage_policy: String,
+    pub default_reservation_ttl_ms: i64,
+    pub max_reservation_ttl_ms: i64,
+    pub max_reservation_extensions: i64,
+    pub reservation_expiry_policy: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: Option<i64>,
+    pub suspended_at_ms: Option<i64>,
+    pub closed_at_ms: Option<i64>,
+}
+
+impl Tenant {
+    /// The tenant of a stored hash; `None` when the hash is empty (no such tenant).
+    pub fn from_record(r: &Record) -> Option<Tenant> {
+        if r.is_empty() {
+            return None;
+        }
+        Some(Tenant {
+            tenant_id: field(r, "tenant_id").unwrap_or_default().to_string(),
+            name: field(r, "name").unwrap_or_default().to_string(),
+            status: field(r, "status").unwrap_or("ACTIVE").to_string(),
+            parent_tenant_id: field(r, "parent_tenant_id").map(String::from),
+            metadata: json_field(r, "metadata"),
+            default_commit_overage_policy: field(r, "default_commit_overage_policy")
+                .unwrap_or(rules::DEFAULT_OVERAGE_POLICY.as_str())
+                .to_string(),
+            default_reservation_ttl_ms: int_field(r, "default_reservation_ttl_ms").unwrap_or(rules::DEFAULT_TTL_MS),
+            max_reservation_ttl_ms: int_field(r, "max_reservation_ttl_ms").unwrap_or(rules::MAX_TTL_MS),
+            max_reservation_extensions: int_field(r, "max_reservation_extensions").unwrap_or(rules::MAX_EXTENSIONS),
+            reservation_expiry_policy: field(r, "reservation_expiry_policy").unwrap_or("AUTO_RELEASE").to_string(),
+            created_at_ms: int_field(r, "created_at_ms").unwrap_or(0),
+            updated_at_ms: int_field(r, "updated_at_ms"),
+            suspended_at_ms: int_field(r, "suspended_at_ms"),
+            closed_at_ms: int_field(r, "closed_at_ms"),
+        })
+    }
+
+    fn decoded(r: Record) -> ApiResult<Tenant> {
+        Tenant::from_record(&r).ok_or_else(|| ApiError::fault("a tenant script answered no record"))
+    }
+}
+
+/// A tenant by id: 404 TENANT_NOT_FOUND when there is none.
+pub async fn read(store: &Store, tenant_id: &str) -> ApiResult<Tenant> {
+    let record: Record = store.conn().hgetall(TenantKeys::new(tenant_id).tenant()).await?;
+    Tenant::from_record(&record).ok_or_else(|| ApiError::new(ErrorCode::TenantNotFound, messages::TENANT_NOT_FOUND))
+}
+
+/// A tenant's status, `None` when it has no record.
+pub async fn status(store: &Store, tenant_id: &str) -> ApiResult<Option<String>> {
+    Ok(store.conn().hget(TenantKeys::new(tenant_id).tenant(), "status").await?)
+}
+
+/// The ids of every registered tenant.
+pub async fn registry(store: &Store) -> ApiResult<Vec<String>> {
+    Ok(store.conn().smembers(keys::TENANT_REGISTRY).await?)
+}
+
+/// Every registered tenant (one round trip per tenant; operator listings only).
+pub async fn all(store: &Store) -> ApiResult<Vec<Tenant>> {
+    let mut out = vec![];
+    for id in registry(store).await? {
+        let record: Record = store.conn().hgetall(TenantKeys::new(&id).tenant()).await?;
+        out.extend(Tenant::from_record(&record));
+    }
+    Ok(out)
+}
 
 script! {
     /// createTenant (`lua/tenant_create.lua`): `fields` is the record (JSON). Status CREATED,
@@ -46,9 +122,9 @@ script! {
 /// is done).
 pub const CLOSING: &str = "cy:closing";
 
-/// Creates a tenant from its record's fields (a JSON object of strings). Returns the record
+/// Creates a tenant from its record's fields (a JSON object of strings). Returns the tenant
 /// and whether it was new.
-pub async fn create(store: &Store, context: &str, tenant_id: &str, fields: String) -> ApiResult<(Record, bool)> {
+pub async fn create(store: &Store, context: &str, tenant_id: &str, fields: String) -> ApiResult<(Tenant, bool)> {
     // The registry first: a listed id whose record never got written is simply skipped.
     register_tenant(store, tenant_id).await?;
     let keys = TenantKeys::new(tenant_id);
@@ -65,7 +141,7 @@ pub async fn create(store: &Store, context: &str, tenant_id: &str, fields: Strin
         // A new tenant has no reservations from before the listing index to backfill.
         let _: () = store.conn().set_nx(keys.listing_backfill(), "done").await?;
     }
-    Ok((reply.value.0, created))
+    Ok((Tenant::decoded(reply.value.0)?, created))
 }
 
 /// Updates a tenant (`patch`: a JSON object of strings, `status` optional). A change to CLOSED
@@ -77,7 +153,7 @@ pub async fn update(
     context: &str,
     patch: String,
     closing: bool,
-) -> ApiResult<Record> {
+) -> ApiResult<Tenant> {
     let keys = TenantKeys::new(tenant_id);
     if closing {
         // The durable close intent comes first, so an interrupted cascade is always re-driven.
@@ -99,10 +175,10 @@ pub async fn update(
         Err(e) => return Err(e),
     };
     if reply.status != "CLOSED" {
-        return Ok(reply.value.0);
+        return Tenant::decoded(reply.value.0);
     }
     close_cascade(store, retention, tenant_id, context).await?;
-    Ok(store.conn().hgetall(keys.tenant()).await?)
+    read(store, tenant_id).await
 }
 
 /// Drives a CLOSED tenant's cascade to completion in bounded steps (idempotent; also run by
@@ -112,7 +188,6 @@ pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, 
     loop {
         let mut conn = store.conn();
         let rids: Vec<String> = conn.zrange(keys.expiry_index(), 0, 199).await?;
-        let scopes: std::collections::HashMap<String, String> = conn.hgetall(keys.scope_units()).await?;
         let key_ids: Vec<String> = conn.smembers(keys.api_key_index()).await?;
         let subscriptions: Vec<String> = conn.smembers(keys.webhook_index()).await?;
         let mut step = CascadeStep {
@@ -133,13 +208,7 @@ pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, 
             let token = ReservationId::parse(rid).map(|r| r.token).unwrap_or_else(|| rid.clone());
             step.children.extend([keys.reservation(&token), keys.reservation_metadata(&token)]);
         }
-        let budgets: Vec<String> = scopes
-            .iter()
-            .flat_map(|(scope, units)| {
-                csv_list(units).into_iter().filter_map(|u| Unit::parse(&u)).map(|u| (scope.clone(), u))
-            })
-            .map(|(scope, unit)| keys.budget(&scope, unit))
-            .collect();
+        let budgets = super::ledgers::ledger_keys(store, tenant_id).await?;
         step.budgets = budgets.len().to_string();
         step.children.extend(budgets);
         step.children.extend(key_ids.iter().map(|k| keys.api_key(k)));
@@ -157,8 +226,7 @@ pub async fn redrive_closes(store: &Store, retention: Duration) -> ApiResult<u64
     let pending: Vec<(String, i64)> = store.conn().zrange_withscores(CLOSING, 0, 99).await?;
     let mut done = 0;
     for (id, since) in pending {
-        let status: Option<String> = store.conn().hget(TenantKeys::new(&id).tenant(), "status").await?;
-        if status.as_deref() != Some("CLOSED") {
+        if status(store, &id).await?.as_deref() != Some("CLOSED") {
             // An intent whose flip never happened (the update failed); a young one may still
             // be in flight, so only stale intents are dropped.
             if now_ms() - since > 300_000 {

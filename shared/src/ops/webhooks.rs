@@ -14,7 +14,7 @@ use super::records::{field, int_field, json_field, read_records, time_field, Rec
 use super::{lua_list, script, Nothing};
 use crate::domain::now_ms;
 use crate::error::{ApiError, ApiResult};
-use crate::keys::TenantKeys;
+use crate::keys::{self, TenantKeys};
 use crate::store::Store;
 
 script! {
@@ -79,7 +79,99 @@ pub async fn subscriptions(store: &Store, owner: &str) -> ApiResult<Vec<Subscrip
     let keys = TenantKeys::new(owner);
     let ids: Vec<String> = store.conn().smembers(keys.webhook_index()).await?;
     let record_keys: Vec<String> = ids.iter().map(|id| keys.webhook(id)).collect();
-    Ok(read_records(store, &record_keys).await?.into_iter().map(Subscription::from_record).collect())
+    Ok(read_records(store, &record_keys).await?.iter().filter_map(Subscription::from_record).collect())
+}
+
+/// Creates (`mode` "create") or updates ("update", compare-and-set on `updated_at_ms`) one
+/// subscription of `owner` (see `WriteSubscription`): its record after the write, or None when
+/// an update lost to a concurrent one.
+pub async fn write(
+    store: &Store,
+    context: String,
+    owner: &str,
+    id: &str,
+    mode: &str,
+    fields: Value,
+    expected_updated_at_ms: &str,
+) -> ApiResult<Option<Subscription>> {
+    let reply = run_write(store, context, owner, id, mode, fields, expected_updated_at_ms).await?;
+    if reply.status == "CHANGED" {
+        return Ok(None);
+    }
+    let written = Subscription::from_record(&reply.value.0);
+    written.map(Some).ok_or_else(|| ApiError::fault("a subscription write answered no record"))
+}
+
+/// Deletes one subscription of `owner`.
+pub async fn delete(store: &Store, context: String, owner: &str, id: &str) -> ApiResult<()> {
+    run_write(store, context, owner, id, "delete", json!({}), "").await.map(|_| ())
+}
+
+async fn run_write(
+    store: &Store,
+    context: String,
+    owner: &str,
+    id: &str,
+    mode: &str,
+    fields: Value,
+    expected_updated_at_ms: &str,
+) -> ApiResult<crate::store::Reply<RecordAnswer>> {
+    let keys = TenantKeys::new(owner);
+    let call = WriteSubscription {
+        tenant: keys.tenant(),
+        subscription: keys.webhook(id),
+        subscription_index: keys.webhook_index(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context,
+        mode: mode.to_string(),
+        fields: fields.to_string(),
+        expected_updated_at_ms: expected_updated_at_ms.to_string(),
+        owner: owner.to_string(),
+        subscription_id: id.to_string(),
+    };
+    store.run(call).await
+}
+
+/// The owner of a subscription id (a tenant, or the system), `None` when unknown.
+pub async fn owner(store: &Store, id: &str) -> ApiResult<Option<String>> {
+    Ok(store.conn().get(keys::webhook_lookup(id)).await?)
+}
+
+/// Publishes a subscription id's owner (before its record is written: an id whose record
+/// never got written reads as not found).
+pub async fn publish_owner(store: &Store, id: &str, owner: &str) -> ApiResult<()> {
+    Ok(store.conn().set(keys::webhook_lookup(id), owner).await?)
+}
+
+/// One subscription of an owner, `None` when absent.
+pub async fn read(store: &Store, owner: &str, id: &str) -> ApiResult<Option<Subscription>> {
+    let record: Record = store.conn().hgetall(TenantKeys::new(owner).webhook(id)).await?;
+    Ok(Subscription::from_record(&record))
+}
+
+/// The newest `limit` delivery ids of a subscription.
+pub async fn delivery_ids(store: &Store, owner: &str, id: &str, limit: isize) -> ApiResult<Vec<String>> {
+    Ok(store.conn().zrevrange(TenantKeys::new(owner).subscription_deliveries(id), 0, limit - 1).await?)
+}
+
+/// Takes the replay lock of a subscription for an hour under `token`; false when another
+/// replay holds it.
+pub async fn lock_replay(store: &Store, owner: &str, id: &str, token: &str) -> ApiResult<bool> {
+    let lock = format!("{}:replay", TenantKeys::new(owner).webhook(id));
+    let set: Option<String> =
+        redis::cmd("SET").arg(&lock).arg(token).arg("NX").arg("EX").arg(3600).query_async(&mut store.conn()).await?;
+    Ok(set.is_some())
+}
+
+/// Releases the replay lock if `token` still holds it.
+pub async fn unlock_replay(store: &Store, owner: &str, id: &str, token: &str) -> ApiResult<()> {
+    let lock = format!("{}:replay", TenantKeys::new(owner).webhook(id));
+    let held: Option<String> = store.conn().get(&lock).await?;
+    if held.as_deref() == Some(token) {
+        let _: () = store.conn().del(&lock).await?;
+    }
+    Ok(())
 }
 
 /// Creates PENDING deliveries of `event` for `subs` (all of one owner). Live dispatch passes
@@ -224,44 +316,74 @@ pub fn check_invariants(owner: &str, event_types: &[String], categories: &[Strin
     Ok(())
 }
 
-/// A stored subscription, decoded.
-#[derive(Debug, Clone)]
+/// A webhook subscription as stored (the hash `cy:{<owner>}:w:<id>`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Subscription {
-    pub record: Record,
     pub id: String,
     pub owner: String,
     pub url: String,
     pub status: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
     pub event_types: Vec<String>,
     pub event_categories: Vec<String>,
     pub scope_filter: Option<String>,
     /// The scope filter of the tenant key that wrote the subscription, if it had one: only
     /// events of admitted scopes are delivered.
     pub key_scope_filter: Vec<String>,
+    pub thresholds: Option<Value>,
+    pub metadata: Option<Value>,
+    /// Custom headers, each value sealed (AES-256-GCM); only their names are ever shown.
+    pub sealed_headers: serde_json::Map<String, Value>,
+    /// The signing secret, sealed.
+    pub sealed_secret: Option<String>,
     pub retry: RetryPolicy,
     pub disable_after: i64,
+    pub consecutive_failures: i64,
     pub created_at_ms: i64,
+    pub updated_at_ms: Option<i64>,
+    pub last_triggered_at_ms: Option<i64>,
+    pub last_success_at_ms: Option<i64>,
+    pub last_failure_at_ms: Option<i64>,
 }
 
 impl Subscription {
-    pub fn from_record(record: Record) -> Subscription {
+    /// The subscription of a stored hash; `None` when the hash is empty.
+    pub fn from_record(record: &Record) -> Option<Subscription> {
+        if record.is_empty() {
+            return None;
+        }
         let list = |name: &str| -> Vec<String> {
-            json_field(&record, name).and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
+            json_field(record, name).and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
         };
-        Subscription {
-            id: field(&record, "subscription_id").unwrap_or_default().to_string(),
-            owner: field(&record, "tenant_id").unwrap_or(SYSTEM_TENANT).to_string(),
-            url: field(&record, "url").unwrap_or_default().to_string(),
-            status: field(&record, "status").unwrap_or("ACTIVE").to_string(),
+        let text = |name: &str| field(record, name).map(String::from);
+        Some(Subscription {
+            id: field(record, "subscription_id").unwrap_or_default().to_string(),
+            owner: field(record, "tenant_id").unwrap_or(SYSTEM_TENANT).to_string(),
+            url: field(record, "url").unwrap_or_default().to_string(),
+            status: field(record, "status").unwrap_or("ACTIVE").to_string(),
+            name: text("name"),
+            description: text("description"),
             event_types: list("event_types"),
             event_categories: list("event_categories"),
-            scope_filter: field(&record, "scope_filter").map(String::from),
+            scope_filter: text("scope_filter"),
             key_scope_filter: list("key_scope_filter"),
-            retry: json_field(&record, "retry_policy").and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
-            disable_after: int_field(&record, "disable_after_failures").unwrap_or(10),
-            created_at_ms: int_field(&record, "created_at_ms").unwrap_or(0),
-            record,
-        }
+            thresholds: json_field(record, "thresholds"),
+            metadata: json_field(record, "metadata"),
+            sealed_headers: match json_field(record, "headers") {
+                Some(Value::Object(h)) => h,
+                _ => Default::default(),
+            },
+            sealed_secret: text("secret"),
+            retry: json_field(record, "retry_policy").and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
+            disable_after: int_field(record, "disable_after_failures").unwrap_or(10),
+            consecutive_failures: int_field(record, "consecutive_failures").unwrap_or(0),
+            created_at_ms: int_field(record, "created_at_ms").unwrap_or(0),
+            updated_at_ms: int_field(record, "updated_at_ms"),
+            last_triggered_at_ms: int_field(record, "last_triggered_at_ms"),
+            last_success_at_ms: int_field(record, "last_success_at_ms"),
+            last_failure_at_ms: int_field(record, "last_failure_at_ms"),
+        })
     }
 
     /// The subscription's own selector, scope filter and ownership boundary (not its status).
