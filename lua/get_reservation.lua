@@ -14,5 +14,5 @@ if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', MSG.RESERVATION_
 if r.status == 'ACTIVE' and now > r.expires_at + r.grace then return ok({}, 'OVERDUE', now_s) end
 -- records written before metadata moved beside them carry their own
 local meta = redis.call('HMGET', K.meta, 'metadata', 'cmeta')
-return ok({record = redis.call('GET', K.reservation), scope = r.scope_path, metadata = meta[1] or r.rec.metadata,
+return ok({record = r.raw, scope = r.scope_path, metadata = meta[1] or r.rec.metadata,
   committed_metadata = meta[2] or r.rec.cmeta}, r.status, now_s)

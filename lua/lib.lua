@@ -358,12 +358,13 @@ end
 --   `metadata` and `cmeta`)
 --   on commit: ck ch cr (key, payload hash, replay) charged metrics finalized
 --   on release: rk rh rr reason finalized;  on expiry: expired
+-- `load_record` returns the decoded record ({} when it does not decode) and its JSON as stored.
 local function load_record(key)
   local raw = redis.call('GET', key)
   if not raw then return nil end
   local ok, rec = pcall(cjson.decode, raw)
-  if not ok or type(rec) ~= 'table' then return {} end
-  return rec
+  if not ok or type(rec) ~= 'table' then return {}, raw end
+  return rec, raw
 end
 
 -- The answer of a reserve from its stored result (a copy: the caller adds the id). Records
@@ -452,11 +453,11 @@ end
 -- callers quarantine or fail).
 local STATUSES = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
 local function read_reservation(key, rid)
-  local rec = load_record(key)
+  local rec, raw = load_record(key)
   if not rec then return nil end
   -- The id names the ledgers whose keys the caller declared: it must be this record's id.
   if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
-  local r = { rec = rec, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
+  local r = { rec = rec, raw = raw, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
     expires_at = tonumber(rec.expires), grace = tonumber(rec.grace) or RULES.DEFAULT_GRACE_MS, policy = rec.policy,
     extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext) or RULES.MAX_EXTENSIONS,
     created_at = tonumber(rec.created) }
