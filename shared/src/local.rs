@@ -96,6 +96,31 @@ async fn floor(app: &App, req: &ApiRequest) -> Option<Response<Full<Bytes>>> {
     Some(Response::new(Full::new(Bytes::from(body))))
 }
 
+/// Why an embedded `redis-server` did not start.
+#[derive(Debug)]
+pub enum RedisStartError {
+    /// The binary could not be run at all (not installed): trying again cannot help.
+    Missing(String),
+    /// It ran but did not serve (a port taken meanwhile, an early exit, no answer).
+    Failed(String),
+}
+
+impl std::fmt::Display for RedisStartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Missing(m) | Self::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for RedisStartError {}
+
+impl From<RedisStartError> for String {
+    fn from(e: RedisStartError) -> String {
+        e.to_string()
+    }
+}
+
 /// A `redis-server` child process on a free loopback port, stopped when dropped.
 pub struct EmbeddedRedis {
     child: Child,
@@ -111,13 +136,13 @@ impl EmbeddedRedis {
     /// Starts `redis-server` (from PATH, or `REDIS_SERVER_BIN`) with the given extra arguments
     /// and waits until it answers PING. A port lost to a race with another process is retried
     /// on a fresh one.
-    pub async fn start(extra_args: &[&str]) -> Result<EmbeddedRedis, String> {
-        let mut last_error = String::new();
+    pub async fn start(extra_args: &[&str]) -> Result<EmbeddedRedis, RedisStartError> {
+        let mut last_error = RedisStartError::Failed("no attempt made".into());
         for _ in 0..5 {
-            let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+            let port = free_port().map_err(|e| RedisStartError::Failed(format!("no free port: {e}")))?;
             match Self::start_on_port(port, extra_args).await {
                 Ok(redis) => return Ok(redis),
-                Err(e) if e.starts_with("could not start") => return Err(e),
+                Err(e @ RedisStartError::Missing(_)) => return Err(e),
                 Err(e) => last_error = e,
             }
         }
@@ -125,10 +150,11 @@ impl EmbeddedRedis {
     }
 
     /// Like `start`, on a given port (e.g. to restart a server where it was).
-    pub async fn start_on_port(port: u16, extra_args: &[&str]) -> Result<EmbeddedRedis, String> {
+    pub async fn start_on_port(port: u16, extra_args: &[&str]) -> Result<EmbeddedRedis, RedisStartError> {
         let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_string());
         let dir = std::env::temp_dir().join(format!("cycles-redis-{port}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| RedisStartError::Failed(format!("cannot create {}: {e}", dir.display())))?;
         let port_s = port.to_string();
         let mut args = vec!["--port", &port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
         args.extend_from_slice(&["--dir", dir.to_str().unwrap_or(".")]);
@@ -140,13 +166,13 @@ impl EmbeddedRedis {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
-                format!(
+                RedisStartError::Missing(format!(
                     "could not start `{bin}` ({e}). Install Redis (Debian/Ubuntu: `sudo apt-get install -y \
                      redis-server`; macOS: `brew install redis`) or point REDIS_URL at a running server."
-                )
+                ))
             })?;
         let mut redis = EmbeddedRedis { child, port, dir };
-        redis.wait_ready().await?;
+        redis.wait_ready().await.map_err(RedisStartError::Failed)?;
         Ok(redis)
     }
 
