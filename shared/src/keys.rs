@@ -8,6 +8,9 @@ use sha2::{Digest, Sha256};
 
 use crate::model::Unit;
 
+/// The key the readiness probe writes (a short-lived string of its own slot).
+pub const HEALTH_PROBE: &str = "cy:{health}:probe";
+
 /// Global, immutable `key_id -> tenant` lookup (the only global record on the hot path).
 pub fn key_lookup(key_id: &str) -> String {
     format!("cy:keyid:{key_id}")

@@ -168,9 +168,16 @@ impl Store {
         Reply::decode(C::SCRIPT.name, raw)
     }
 
+    /// Runs a call for its effect alone and keeps the store's own error, for a probe that tells
+    /// kinds of refusal apart (`write_refusal`).
+    pub async fn probe<C: Call>(&self, call: C) -> redis::RedisResult<()> {
+        let (keys, args) = call.into_parts();
+        self.call(C::library(), &C::SCRIPT, &keys, &args).await.map(|_| ())
+    }
+
     /// Runs one script and hands back its raw reply: FCALL of its function in `library`
     /// (loading the library where it is missing), else EVALSHA.
-    pub async fn call(
+    async fn call(
         &self,
         library: &Library,
         script: &Script,

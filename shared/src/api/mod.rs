@@ -306,9 +306,7 @@ async fn liveness(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
 /// 503 saying whether the store is unreachable or refuses writes (out of memory under
 /// `noeviction`, a read-only replica, a failed save: reads still work then, writes do not).
 async fn readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
-    use crate::ops::maintenance::Health;
-    use crate::store::Call;
-    let probe = app.store.call(Health::library(), &Health::SCRIPT, &["cy:{health}:probe".to_string()], &[]).await;
+    let probe = app.store.probe(crate::ops::maintenance::Health { probe: crate::keys::HEALTH_PROBE.to_string() }).await;
     Ok(match probe {
         Ok(_) => Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"})),
         Err(e) => {
