@@ -27,6 +27,9 @@ pub struct Config {
     pub sweep_trim_tenants: usize,
     /// Webhook delivery settings.
     pub webhooks: WebhookConfig,
+    /// Origins allowed cross-origin access to both planes (`CYCLES_CORS_ORIGINS`, comma-separated
+    /// `scheme://host[:port]`); empty: none.
+    pub cors_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -154,7 +157,9 @@ impl Config {
                 unsafe { std::env::set_var(var, value) };
             }
         }
-        Ok(Config::from_env(default_redis_url))
+        let config = Config::from_env(default_redis_url);
+        config.validate()?;
+        Ok(config)
     }
 
     pub fn sweep_options(&self) -> SweepOptions {
@@ -189,7 +194,32 @@ impl Config {
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),
             webhooks: WebhookConfig::from_env(&key_pepper),
             key_pepper,
+            cors_origins: env("CYCLES_CORS_ORIGINS")
+                .map(|v| v.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect())
+                .unwrap_or_default(),
         }
+    }
+
+    /// Settings that must be right before serving: a wrong one stops the start with its reason.
+    pub fn validate(&self) -> Result<(), String> {
+        self.cors_origins.iter().try_for_each(|o| check_origin(o))
+    }
+}
+
+/// Checks a configured origin: `scheme://host[:port]`, http or https, nothing after.
+pub fn check_origin(origin: &str) -> Result<(), String> {
+    let parsed = url::Url::parse(origin).map_err(|e| format!("CORS origin {origin:?} is not a URL: {e}"))?;
+    let exact = matches!(parsed.scheme(), "http" | "https")
+        && parsed.host_str().is_some()
+        && parsed.path() == "/"
+        && parsed.query().is_none()
+        && parsed.fragment().is_none()
+        && !origin.ends_with('/')
+        && parsed.username().is_empty();
+    if exact {
+        Ok(())
+    } else {
+        Err(format!("CORS origin {origin:?} must be exactly scheme://host[:port] (http or https, no path)"))
     }
 }
 
@@ -218,4 +248,22 @@ async fn fetch_secrets(wanted: &[(&str, String)]) -> Result<Vec<(String, String)
         "{} set, but this build has no `aws` feature (build the functions with --features lambda)",
         names.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cors_origins_must_be_exact() {
+        assert!(check_origin("https://console.example.com").is_ok());
+        assert!(check_origin("http://localhost:3000").is_ok());
+        for bad in ["*", "console.example.com", "https://x.com/", "https://x.com/app", "ftp://x.com", "https://u@x.com"]
+        {
+            assert!(check_origin(bad).is_err(), "{bad}");
+        }
+        let mut c = Config::from_env(None);
+        c.cors_origins = vec!["https://ok.example".into(), "https://bad.example/path".into()];
+        assert!(c.validate().unwrap_err().contains("bad.example"));
+    }
 }

@@ -130,9 +130,18 @@ pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<
         },
         params: Params::new(),
     };
-    let res = match params {
-        Some(params) => api::handle(app, route, ApiRequest { params, ..req }).await,
-        None => api::not_found(&req),
+    let origins = &app.config.cors_origins;
+    let origin = api::cors::origin_of(&req);
+    let res = match (api::cors::preflight(origins, route.plane, &req), params) {
+        (Some(preflight), _) => preflight,
+        (None, params) => {
+            let mut res = match params {
+                Some(params) => api::handle(app, route, ApiRequest { params, ..req }).await,
+                None => api::not_found(&req),
+            };
+            api::cors::decorate(origins, origin.as_ref(), &mut res);
+            res
+        }
     };
     let mut builder = Response::builder().status(res.status);
     for (name, value) in res.headers {

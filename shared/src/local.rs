@@ -73,10 +73,16 @@ async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<F
     if let Some(res) = floor(app, &api_req).await {
         return res;
     }
-    let res = match api::route(plane, &api_req.method, &api_req.path) {
+    let origins = &app.config.cors_origins;
+    if let Some(res) = api::cors::preflight(origins, plane, &api_req) {
+        return to_hyper(res);
+    }
+    let origin = api::cors::origin_of(&api_req);
+    let mut res = match api::route(plane, &api_req.method, &api_req.path) {
         Some((route, params)) => api::handle(app, route, ApiRequest { params, ..api_req }).await,
         None => api::no_route(plane, &api_req),
     };
+    api::cors::decorate(origins, origin.as_ref(), &mut res);
     to_hyper(res)
 }
 

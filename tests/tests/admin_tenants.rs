@@ -110,9 +110,12 @@ async fn list_filters_sorts_and_pages() {
     let r = h.admin("GET", &format!("/v1/admin/tenants?search={tag}&status=SUSPENDED"), None).await;
     let only: Vec<_> = r.assert_ok()["tenants"].as_array().unwrap().iter().map(|t| t["tenant_id"].clone()).collect();
     assert_eq!(only, vec![json!(format!("{tag}-3"))]);
-    for bad in ["limit=0", "limit=101", "sort_by=color", "sort_dir=up", "status=GONE", "cursor=%%%"] {
+    for bad in ["limit=0", "limit=-1", "limit=x", "sort_by=color", "sort_dir=up", "status=GONE", "cursor=%%%"] {
         h.admin("GET", &format!("/v1/admin/tenants?{bad}"), None).await.assert_error(400, "INVALID_REQUEST");
     }
+    // a limit above the maximum is clamped to it (100), as consoles expect
+    let r = h.admin("GET", &format!("/v1/admin/tenants?search={tag}&limit=100000"), None).await;
+    assert_eq!(r.assert_ok()["tenants"].as_array().unwrap().len(), 5);
 }
 
 #[tokio::test]

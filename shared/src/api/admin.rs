@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 pub use super::auth::{Caller, Grant, TenantKey};
-use super::{parse_limit, parse_query, ApiRequest, App, Ctx};
+use super::{parse_limit_clamped, parse_query, ApiRequest, App, Ctx};
 pub use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
@@ -159,6 +159,9 @@ pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
     Ok(super::Answer::json(200, &body))
 }
 
+/// The most rows an operator list returns per page (a larger `limit` is clamped to it).
+pub const MAX_PAGE: usize = 100;
+
 /// The query of a listing: filters stay in `params`; paging and ordering are parsed here.
 pub struct ListQuery {
     pub params: HashMap<String, String>,
@@ -170,11 +173,11 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
-    /// Parses `limit` (1..100, default 50), `sort_by` (one of `sorts`, default the first),
+    /// Parses `limit` (default 50; above `MAX_PAGE` clamped to it), `sort_by` (one of `sorts`, default the first),
     /// `sort_dir`, `search` (at most 128 characters) and `cursor`.
     pub fn parse(req: &ApiRequest, sorts: &[&str]) -> ApiResult<ListQuery> {
         let params = parse_query(&req.query)?;
-        let limit = parse_limit(params.get("limit"), 100)?;
+        let limit = parse_limit_clamped(params.get("limit"), MAX_PAGE)?;
         let sort_by = match params.get("sort_by") {
             None => sorts[0].to_string(),
             Some(s) if sorts.contains(&s.as_str()) => s.clone(),

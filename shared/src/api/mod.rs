@@ -6,6 +6,7 @@ pub mod api_keys;
 pub mod auth;
 mod balances;
 pub mod budgets;
+pub mod cors;
 pub mod events;
 mod list;
 mod reservations;
@@ -93,6 +94,8 @@ pub struct Route {
     pub method: Method,
     pub template: &'static str,
     pub function: &'static str,
+    /// The spec's operationId (the operational routes have their own).
+    pub operation: &'static str,
     pub handler: Handler,
 }
 
@@ -103,7 +106,7 @@ impl std::fmt::Debug for Route {
 }
 
 macro_rules! routes {
-    ($($plane:ident $method:ident $template:literal => $function:literal, $handler:path;)*) => {
+    ($($plane:ident $method:ident $template:literal => $function:literal ($operation:ident), $handler:path;)*) => {
         /// The single source of truth for plane + method + path -> function and handler. Adding an
         /// endpoint is one line here, its handler and the op it calls.
         pub static ROUTES: &[Route] = &[$(Route {
@@ -111,6 +114,7 @@ macro_rules! routes {
             method: Method::$method,
             template: $template,
             function: $function,
+            operation: stringify!($operation),
             handler: |app, ctx, req| Box::pin($handler(app, ctx, req)),
         }),*];
     };
@@ -118,52 +122,52 @@ macro_rules! routes {
 
 routes! {
     // Operational routes (outside /v1: not part of the protocol).
-    Runtime GET "/health/live" => "health-live", liveness;
-    Runtime GET "/health/ready" => "health-ready", readiness;
-    Runtime GET "/v1/reservations" => "list-reservations", list::list;
-    Runtime GET "/v1/balances" => "get-balances", balances::get;
-    Runtime POST "/v1/decide" => "decide", reservations::decide;
-    Runtime POST "/v1/events" => "create-event", reservations::create_event;
-    Runtime POST "/v1/reservations" => "create-reservation", reservations::create;
-    Runtime GET "/v1/reservations/{reservation_id}" => "get-reservation", reservations::get;
-    Runtime POST "/v1/reservations/{reservation_id}/commit" => "commit-reservation", reservations::commit;
-    Runtime POST "/v1/reservations/{reservation_id}/release" => "release-reservation", reservations::release;
-    Runtime POST "/v1/reservations/{reservation_id}/extend" => "extend-reservation", reservations::extend;
-    Admin POST "/v1/admin/tenants" => "create-tenant", tenants::create;
-    Admin GET "/v1/admin/tenants" => "list-tenants", tenants::list;
-    Admin GET "/v1/admin/tenants/{tenant_id}" => "get-tenant", tenants::get;
-    Admin PATCH "/v1/admin/tenants/{tenant_id}" => "update-tenant", tenants::update;
-    Admin POST "/v1/admin/api-keys" => "create-api-key", api_keys::create;
-    Admin GET "/v1/admin/api-keys" => "list-api-keys", api_keys::list;
-    Admin PATCH "/v1/admin/api-keys/{key_id}" => "update-api-key", api_keys::update;
-    Admin DELETE "/v1/admin/api-keys/{key_id}" => "revoke-api-key", api_keys::revoke;
-    Admin POST "/v1/admin/budgets" => "create-budget", budgets::create;
-    Admin GET "/v1/admin/budgets" => "list-budgets", budgets::list;
-    Admin GET "/v1/admin/budgets/lookup" => "lookup-budget", budgets::lookup;
-    Admin PATCH "/v1/admin/budgets" => "update-budget", budgets::update;
-    Admin POST "/v1/admin/budgets/freeze" => "freeze-budget", budgets::freeze;
-    Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget", budgets::unfreeze;
-    Admin POST "/v1/admin/budgets/fund" => "fund-budget", budgets::fund;
-    Admin GET "/v1/auth/introspect" => "introspect-auth", admin::introspect;
-    Admin GET "/v1/balances" => "get-admin-balances", budgets::balances;
-    Admin GET "/v1/admin/events" => "list-events", events::admin_list;
-    Admin GET "/v1/admin/events/{event_id}" => "get-event", events::admin_get;
-    Admin GET "/v1/events" => "list-tenant-events", events::tenant_list;
-    Admin POST "/v1/admin/webhooks" => "create-webhook", webhooks::admin_create;
-    Admin GET "/v1/admin/webhooks" => "list-webhooks", webhooks::admin_list;
-    Admin GET "/v1/admin/webhooks/{subscription_id}" => "get-webhook", webhooks::admin_get;
-    Admin PATCH "/v1/admin/webhooks/{subscription_id}" => "update-webhook", webhooks::admin_update;
-    Admin DELETE "/v1/admin/webhooks/{subscription_id}" => "delete-webhook", webhooks::admin_delete;
-    Admin POST "/v1/admin/webhooks/{subscription_id}/test" => "test-webhook", webhooks::admin_test;
-    Admin GET "/v1/admin/webhooks/{subscription_id}/deliveries" => "list-webhook-deliveries", webhooks::admin_deliveries;
-    Admin POST "/v1/admin/webhooks/{subscription_id}/replay" => "replay-events", webhooks::admin_replay;
-    Admin POST "/v1/webhooks" => "create-tenant-webhook", webhooks::tenant_create;
-    Admin GET "/v1/webhooks" => "list-tenant-webhooks", webhooks::tenant_list;
-    Admin GET "/v1/webhooks/{subscription_id}" => "get-tenant-webhook", webhooks::tenant_get;
-    Admin PATCH "/v1/webhooks/{subscription_id}" => "update-tenant-webhook", webhooks::tenant_update;
-    Admin DELETE "/v1/webhooks/{subscription_id}" => "delete-tenant-webhook", webhooks::tenant_delete;
-    Admin POST "/v1/webhooks/{subscription_id}/test" => "test-tenant-webhook", webhooks::tenant_test;
-    Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries", webhooks::tenant_deliveries;
+    Runtime GET "/health/live" => "health-live" (healthLive), liveness;
+    Runtime GET "/health/ready" => "health-ready" (healthReady), readiness;
+    Runtime GET "/v1/reservations" => "list-reservations" (listReservations), list::list;
+    Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
+    Runtime POST "/v1/decide" => "decide" (decide), reservations::decide;
+    Runtime POST "/v1/events" => "create-event" (createEvent), reservations::create_event;
+    Runtime POST "/v1/reservations" => "create-reservation" (createReservation), reservations::create;
+    Runtime GET "/v1/reservations/{reservation_id}" => "get-reservation" (getReservation), reservations::get;
+    Runtime POST "/v1/reservations/{reservation_id}/commit" => "commit-reservation" (commitReservation), reservations::commit;
+    Runtime POST "/v1/reservations/{reservation_id}/release" => "release-reservation" (releaseReservation), reservations::release;
+    Runtime POST "/v1/reservations/{reservation_id}/extend" => "extend-reservation" (extendReservation), reservations::extend;
+    Admin POST "/v1/admin/tenants" => "create-tenant" (createTenant), tenants::create;
+    Admin GET "/v1/admin/tenants" => "list-tenants" (listTenants), tenants::list;
+    Admin GET "/v1/admin/tenants/{tenant_id}" => "get-tenant" (getTenant), tenants::get;
+    Admin PATCH "/v1/admin/tenants/{tenant_id}" => "update-tenant" (updateTenant), tenants::update;
+    Admin POST "/v1/admin/api-keys" => "create-api-key" (createApiKey), api_keys::create;
+    Admin GET "/v1/admin/api-keys" => "list-api-keys" (listApiKeys), api_keys::list;
+    Admin PATCH "/v1/admin/api-keys/{key_id}" => "update-api-key" (updateApiKey), api_keys::update;
+    Admin DELETE "/v1/admin/api-keys/{key_id}" => "revoke-api-key" (revokeApiKey), api_keys::revoke;
+    Admin POST "/v1/admin/budgets" => "create-budget" (createBudget), budgets::create;
+    Admin GET "/v1/admin/budgets" => "list-budgets" (listBudgets), budgets::list;
+    Admin GET "/v1/admin/budgets/lookup" => "lookup-budget" (lookupBudget), budgets::lookup;
+    Admin PATCH "/v1/admin/budgets" => "update-budget" (updateBudget), budgets::update;
+    Admin POST "/v1/admin/budgets/freeze" => "freeze-budget" (freezeBudget), budgets::freeze;
+    Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget), budgets::unfreeze;
+    Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget), budgets::fund;
+    Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
+    Admin GET "/v1/balances" => "get-admin-balances" (getBalances), budgets::balances;
+    Admin GET "/v1/admin/events" => "list-events" (listEvents), events::admin_list;
+    Admin GET "/v1/admin/events/{event_id}" => "get-event" (getEvent), events::admin_get;
+    Admin GET "/v1/events" => "list-tenant-events" (listTenantEvents), events::tenant_list;
+    Admin POST "/v1/admin/webhooks" => "create-webhook" (createWebhookSubscription), webhooks::admin_create;
+    Admin GET "/v1/admin/webhooks" => "list-webhooks" (listWebhookSubscriptions), webhooks::admin_list;
+    Admin GET "/v1/admin/webhooks/{subscription_id}" => "get-webhook" (getWebhookSubscription), webhooks::admin_get;
+    Admin PATCH "/v1/admin/webhooks/{subscription_id}" => "update-webhook" (updateWebhookSubscription), webhooks::admin_update;
+    Admin DELETE "/v1/admin/webhooks/{subscription_id}" => "delete-webhook" (deleteWebhookSubscription), webhooks::admin_delete;
+    Admin POST "/v1/admin/webhooks/{subscription_id}/test" => "test-webhook" (testWebhookSubscription), webhooks::admin_test;
+    Admin GET "/v1/admin/webhooks/{subscription_id}/deliveries" => "list-webhook-deliveries" (listWebhookDeliveries), webhooks::admin_deliveries;
+    Admin POST "/v1/admin/webhooks/{subscription_id}/replay" => "replay-events" (replayEvents), webhooks::admin_replay;
+    Admin POST "/v1/webhooks" => "create-tenant-webhook" (createTenantWebhook), webhooks::tenant_create;
+    Admin GET "/v1/webhooks" => "list-tenant-webhooks" (listTenantWebhooks), webhooks::tenant_list;
+    Admin GET "/v1/webhooks/{subscription_id}" => "get-tenant-webhook" (getTenantWebhook), webhooks::tenant_get;
+    Admin PATCH "/v1/webhooks/{subscription_id}" => "update-tenant-webhook" (updateTenantWebhook), webhooks::tenant_update;
+    Admin DELETE "/v1/webhooks/{subscription_id}" => "delete-tenant-webhook" (deleteTenantWebhook), webhooks::tenant_delete;
+    Admin POST "/v1/webhooks/{subscription_id}/test" => "test-tenant-webhook" (testTenantWebhook), webhooks::tenant_test;
+    Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries" (listTenantWebhookDeliveries), webhooks::tenant_deliveries;
 }
 
 /// The route a Lambda function serves, by function (binary) name.
@@ -210,13 +214,24 @@ pub fn parse_query(query: &str) -> ApiResult<HashMap<String, String>> {
     Ok(out)
 }
 
-/// The `limit` query parameter: 1..=max, default 50.
+/// The `limit` query parameter of the runtime lists: 1..=max, default 50 (above max is 400).
 pub fn parse_limit(value: Option<&String>, max: usize) -> ApiResult<usize> {
+    match parse_limit_clamped(value, max)? {
+        n if value.is_some_and(|v| v.parse::<usize>().ok() != Some(n)) => {
+            Err(ApiError::invalid(format!("limit must be an integer between 1 and {max}")))
+        }
+        n => Ok(n),
+    }
+}
+
+/// The `limit` query parameter of the operator lists: default 50, above `max` clamped to
+/// `max` (as consoles expect), below 1 or not an integer 400.
+pub fn parse_limit_clamped(value: Option<&String>, max: usize) -> ApiResult<usize> {
     match value.map(String::as_str) {
-        None => Ok(50),
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(ApiError::invalid(format!("limit must be an integer between 1 and {max}"))),
+        None => Ok(50.min(max)),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(n.min(max as u64) as usize),
+            _ => Err(ApiError::invalid(format!("limit must be an integer of at least 1 (at most {max} are returned)"))),
         },
     }
 }
@@ -324,8 +339,13 @@ async fn readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> 
 
 /// The answer for a path no route matches (404 in the spec's error shape).
 pub fn not_found(req: &ApiRequest) -> ApiResponse {
+    error_response(req, ApiError::not_found(format!("No route for {} {}", req.method, req.path)))
+}
+
+/// An error answered before any handler runs, with fresh correlation ids.
+pub fn error_response(req: &ApiRequest, error: ApiError) -> ApiResponse {
     let ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
-    respond(&ctx, Err(ApiError::not_found(format!("No route for {} {}", req.method, req.path))))
+    respond(&ctx, Err(error))
 }
 
 /// The answer when no route of `plane` matches: 405 with `Allow` when the path exists with
