@@ -783,13 +783,17 @@ local function csv_json(csv)
   return '[' .. table.concat(out, ',') .. ']'
 end
 
--- Appends an audit entry (append-only list in the tenant's slot) for an admin mutation.
+-- Appends an audit entry to its owner's audit stream (in the tenant's slot) in the same step as
+-- the change it records. `ctx` (the request context) names the operation, its caller and the
+-- status the request answers; `action` says what this entry changed (a cascade writes several).
 local function audit(key, ctx, action, resource_type, resource_id, now, details)
-  local entry = { timestamp_ms = now, action = action, resource_type = resource_type, resource_id = resource_id,
-    actor_type = ctx and ctx.actor or 'system', key_id = ctx and ctx.key_id or '',
-    request_id = ctx and ctx.request_id or '', trace_id = ctx and ctx.trace_id or '',
-    correlation_id = ctx and ctx.correlation_id or nil, details = details }
-  redis.call('RPUSH', key, cjson.encode(entry))
+  ctx = ctx or {}
+  local entry = { timestamp_ms = now, tenant_id = ctx.tenant or '', operation = ctx.operation or action,
+    status = tonumber(ctx.status) or 200, resource_type = resource_type, resource_id = resource_id,
+    key_id = ctx.key_id or '', request_id = ctx.request_id or '', trace_id = ctx.trace_id or '',
+    user_agent = ctx.user_agent, source_ip = ctx.source_ip, actor_type = ctx.actor or 'system', action = action,
+    correlation_id = ctx.correlation_id, details = details }
+  redis.call('XADD', key, '*', 'entry', cjson.encode(entry))
 end
 
 -- The owning tenant of an admin mutation: TENANT_CLOSED for a closed one, 500 for a

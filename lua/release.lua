@@ -26,8 +26,7 @@ redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'RELEASED')
 if A.audit ~= '' then
   -- admin-on-behalf-of: the audit entry is written in the same atomic step as the release
-  local entry = cjson.decode(A.audit)
-  entry.timestamp_ms = now
-  redis.call('RPUSH', K.audit_log, cjson.encode(entry))
+  audit(K.audit_log, request_context(A.audit), 'reservation.release', 'reservation', r.rid, now,
+    A.reason ~= '' and {reason = A.reason} or nil)
 end
 return ok(settle_answer(result, r), 'RELEASED', now_s)

@@ -19,6 +19,8 @@ pub struct Config {
     pub retention: Duration,
     /// How long events are kept.
     pub event_retention: Duration,
+    /// How long audit entries are kept.
+    pub audit_retention: Duration,
     /// Pause between expiry sweeps (maintenance function and local gateway).
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
@@ -42,6 +44,8 @@ pub struct SweepOptions {
     pub retention: Duration,
     /// Retention of events.
     pub event_retention: Duration,
+    /// Retention of audit entries.
+    pub audit_retention: Duration,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
 }
@@ -53,6 +57,7 @@ impl Default for SweepOptions {
             max_batches_per_tenant: None,
             retention: Duration::from_secs(30 * 86_400),
             event_retention: Duration::from_secs(90 * 86_400),
+            audit_retention: Duration::from_secs(365 * 86_400),
             trim_tenants: 200,
         }
     }
@@ -168,6 +173,7 @@ impl Config {
             max_batches_per_tenant: None,
             retention: self.retention,
             event_retention: self.event_retention,
+            audit_retention: self.audit_retention,
             trim_tenants: self.sweep_trim_tenants,
         }
     }
@@ -189,6 +195,7 @@ impl Config {
             admin_api_key: env("ADMIN_API_KEY"),
             retention: env_ms("CYCLES_RETENTION_MS", 30 * 24 * 3_600_000),
             event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
+            audit_retention: env_ms("CYCLES_AUDIT_RETENTION_MS", 365 * 24 * 3_600_000),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),

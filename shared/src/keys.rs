@@ -212,8 +212,13 @@ impl TenantKeys {
     pub fn quarantine(&self) -> String {
         format!("{}:quarantine", self.prefix)
     }
-    /// Append-only audit log of admin actions on this tenant's resources.
+    /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).
     pub fn audit_log(&self) -> String {
+        format!("{}:auditlog", self.prefix)
+    }
+    /// The audit entries written before the audit stream: a list (read and trimmed, never
+    /// written).
+    pub fn legacy_audit_log(&self) -> String {
         format!("{}:audit", self.prefix)
     }
     /// Idempotency record of namespace `ns` (e.g. `reserve`, `decide`, `event`).

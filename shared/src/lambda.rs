@@ -51,7 +51,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
                 &[
                     ("Expired", total.expired as f64),
                     ("Quarantined", total.quarantined as f64),
-                    ("Trimmed", (total.trimmed_index + total.trimmed_events) as f64),
+                    ("Trimmed", (total.trimmed_index + total.trimmed_events + total.trimmed_audit) as f64),
                     ("ClosesConverged", total.closes_converged as f64),
                 ],
             );
@@ -116,6 +116,10 @@ pub fn path_params(route: &Route, event: &Request) -> Option<Params> {
 
 pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<Body> {
     let params = path_params(route, &event);
+    let source_ip = match event.request_context_ref() {
+        Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => c.http.source_ip.clone(),
+        _ => None,
+    };
     let (parts, body) = event.into_parts();
     let req = ApiRequest {
         method: parts.method,
@@ -129,6 +133,7 @@ pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<
             _ => Default::default(),
         },
         params: Params::new(),
+        source_ip,
     };
     let origins = &app.config.cors_origins;
     let origin = api::cors::origin_of(&req);

@@ -27,13 +27,13 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// Serves one plane of `app` on an already bound listener until the task is dropped.
 pub async fn serve(app: Arc<App>, listener: TcpListener, plane: Plane) -> std::io::Result<()> {
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, peer) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(dispatch(&app, plane, req).await) }
+                async move { Ok::<_, Infallible>(dispatch(&app, plane, req, Some(peer)).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
         });
@@ -48,7 +48,7 @@ fn to_hyper(res: ApiResponse) -> Response<Full<Bytes>> {
     builder.body(Full::new(Bytes::from(res.body))).expect("valid response parts")
 }
 
-async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>, peer: Option<SocketAddr>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
     let body = Limited::new(body, MAX_BODY_BYTES).collect().await.map(|b| b.to_bytes());
     let mut api_req = ApiRequest {
@@ -58,6 +58,7 @@ async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>) -> Response<F
         headers: parts.headers,
         body: Bytes::new(),
         params: Default::default(),
+        source_ip: peer.map(|p| p.ip().to_string()),
     };
     match body {
         Ok(b) => api_req.body = b,

@@ -174,13 +174,16 @@ async fn admin_key_works_only_on_get_and_release() {
     r.assert_ok();
     let again = h.send("POST", &format!("/v1/reservations/{rid}/release"), &admin, Some(&body)).await;
     assert_eq!(again.raw, r.raw);
-    let audit: Vec<String> = h.store.conn().lrange(TenantKeys::new(&t.id).audit_log(), 0, -1).await.unwrap();
-    // provisioning wrote the first rows (tenant, key, budget); the release adds exactly one
-    let audit: Vec<String> = audit.into_iter().filter(|a| a.contains(&rid)).collect();
-    assert_eq!(audit.len(), 1, "replays write no second audit row");
-    let entry: serde_json::Value = serde_json::from_str(&audit[0]).unwrap();
-    assert_eq!(entry["actor_type"], "admin_on_behalf_of");
-    assert_eq!(entry["resource_id"], rid.as_str());
+    let audit = h.admin("GET", &format!("/v1/admin/audit/logs?tenant_id={}&resource_id={rid}", t.id), None).await;
+    let audit = audit.assert_ok()["logs"].as_array().unwrap().clone();
+    assert_eq!(audit.len(), 1, "replays write no second audit entry");
+    let entry = &audit[0];
+    assert_eq!(
+        (entry["operation"].as_str(), entry["resource_type"].as_str()),
+        (Some("releaseReservation"), Some("reservation"))
+    );
+    assert_eq!(entry["metadata"]["actor_type"], "admin_on_behalf_of");
+    assert_eq!(entry["metadata"]["reason"], "[INCIDENT_FORCE_RELEASE] stuck");
     assert_eq!(entry["request_id"], r.headers["x-request-id"].as_str());
     assert_eq!(h.root(&t).await.reserved, 0);
 }

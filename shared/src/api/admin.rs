@@ -56,6 +56,9 @@ async fn auth(
         Caller::Admin => return Ok(Caller::Admin),
         Caller::Tenant(k) => k,
     };
+    // known before the key check: a refusal (403) is still recorded under the key's tenant
+    ctx.tenant = Some(key.tenant.clone());
+    ctx.key_id = Some(key.key_id.clone());
     let accepted = permission.map(Permission::accepted).unwrap_or_default();
     let grant = crate::ops::auth::check(&app.store, &key.tenant, &key.key_id, &key.digest, accepted).await.map_err(
         |e| match e.code {
@@ -63,27 +66,37 @@ async fn auth(
             _ => e,
         },
     )?;
-    ctx.tenant = Some(key.tenant.clone());
     key.grant = Some(grant);
     Ok(Caller::Tenant(key))
 }
 
-/// The request context a script writes into events and audit rows.
+/// The request context a script writes into events and audit entries. A script handed it
+/// records the change's audit entry itself, so the dispatcher writes none for a success.
 pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_id: Option<&str>) -> String {
     let (actor, key_id) = match caller {
         Caller::Admin if on_behalf => ("admin_on_behalf_of", ""),
         Caller::Admin => ("admin", ""),
         Caller::Tenant(k) => ("api_key", k.key_id.as_str()),
     };
+    ctx.audit_in_script.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut v = json!({
         "request_id": ctx.request_id,
         "trace_id": ctx.trace.trace_id,
         "actor": actor,
         "key_id": key_id,
         "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
+        "operation": ctx.operation,
+        "status": crate::ops::audit::success_status(ctx.operation),
+        "tenant": ctx.tenant.as_deref().unwrap_or(""),
     });
-    if let Some(c) = correlation_id {
-        v["correlation_id"] = json!(c);
+    for (name, value) in [
+        ("correlation_id", correlation_id),
+        ("user_agent", ctx.user_agent.as_deref()),
+        ("source_ip", ctx.source_ip.as_deref()),
+    ] {
+        if let Some(x) = value {
+            v[name] = json!(x);
+        }
     }
     v.to_string()
 }

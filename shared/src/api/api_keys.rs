@@ -253,7 +253,7 @@ pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     mutate(app, ctx, req.param("key_id"), "revoke", reason).await
 }
 
-pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let q = ListQuery::parse(req, &["created_at", "key_id", "name", "tenant_id", "status", "expires_at"])?;
     if let Some(s) = q.get("status") {
@@ -262,7 +262,10 @@ pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
         }
     }
     let tenants = match q.get("tenant_id") {
-        Some(t) => vec![t.to_string()],
+        Some(t) => {
+            ctx.tenant = Some(t.to_string());
+            vec![t.to_string()]
+        }
         None => ops::tenants::registry(&app.store).await?,
     };
     let now = now_ms();

@@ -251,6 +251,9 @@ pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let caller = dual_auth(app, ctx, req, Some(Permission::BudgetsRead)).await?;
     let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let tenant = scope_tenant(&scope)?;
+    if matches!(caller, Caller::Admin) {
+        ctx.tenant = Some(tenant.clone());
+    }
     if let Caller::Tenant(k) = &caller {
         k.check_scope(&scope)?;
         if k.tenant != tenant {
@@ -293,7 +296,10 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     let prefix = q.get("scope_prefix").map(str::to_ascii_lowercase);
     let tenants = match (&caller, q.get("tenant_id")) {
         (Caller::Tenant(k), _) => vec![k.tenant.clone()],
-        (Caller::Admin, Some(t)) => vec![t.to_string()],
+        (Caller::Admin, Some(t)) => {
+            ctx.tenant = Some(t.to_string());
+            vec![t.to_string()]
+        }
         (Caller::Admin, None) => ops::tenants::registry(&app.store).await?,
     };
     let mut rows = vec![];

@@ -86,12 +86,15 @@ fn page(q: &ListQuery, events: Vec<Value>) -> Answer {
     Answer::json(200, &list_body("events", items, next))
 }
 
-pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+pub async fn admin_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let q = ListQuery::parse(req, &["timestamp", "event_type", "category", "scope", "tenant_id"])?;
     let filter = EventFilter::parse(&q)?;
     let tenants = match q.get("tenant_id") {
-        Some(t) => vec![t.to_string()],
+        Some(t) => {
+            ctx.tenant = Some(t.to_string());
+            vec![t.to_string()]
+        }
         None => crate::ops::events::owners(&app.store).await?,
     };
     let mut events = vec![];

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod api_keys;
+pub mod audit;
 pub mod auth;
 mod balances;
 pub mod budgets;
@@ -57,6 +58,8 @@ pub struct ApiRequest {
     pub body: Bytes,
     /// Path parameters of the matched route template.
     pub params: Params,
+    /// The caller's address as the front end saw it (API Gateway's `sourceIp`, the peer).
+    pub source_ip: Option<String>,
 }
 
 impl ApiRequest {
@@ -149,6 +152,7 @@ routes! {
     Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget), budgets::unfreeze;
     Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget), budgets::fund;
     Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
+    Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs), audit::list;
     Admin GET "/v1/balances" => "get-admin-balances" (getBalances), budgets::balances;
     Admin GET "/v1/admin/events" => "list-events" (listEvents), events::admin_list;
     Admin GET "/v1/admin/events/{event_id}" => "get-event" (getEvent), events::admin_get;
@@ -271,11 +275,37 @@ pub fn route(plane: Plane, method: &Method, path: &str) -> Option<(&'static Rout
         .find_map(|r| match_template(r.template, path, true).map(|p| (r, p)))
 }
 
-/// Per-request context: correlation ids and, once known, the effective tenant.
+/// Per-request context: correlation ids, the operation and caller details the audit log
+/// records, and, once known, the effective tenant.
 pub struct Ctx {
     pub request_id: String,
     pub trace: Trace,
     pub tenant: Option<String>,
+    /// The spec operationId being served.
+    pub operation: &'static str,
+    pub user_agent: Option<String>,
+    pub source_ip: Option<String>,
+    /// The key that authenticated the request, once known (tenant keys only).
+    pub key_id: Option<String>,
+    /// Set when a script was handed the request context: a successful change writes its own
+    /// audit entry in the same step.
+    pub audit_in_script: std::sync::atomic::AtomicBool,
+}
+
+impl Ctx {
+    fn new(req: &ApiRequest, operation: &'static str) -> Ctx {
+        let user_agent = req.headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()).map(String::from);
+        Ctx {
+            request_id: new_request_id(),
+            trace: trace_from_headers(&req.headers),
+            tenant: None,
+            operation,
+            user_agent,
+            source_ip: req.source_ip.clone(),
+            key_id: None,
+            audit_in_script: Default::default(),
+        }
+    }
 }
 
 /// A successful answer: status, JSON body, and whether it replays an earlier request's answer.
@@ -304,13 +334,75 @@ impl Answer {
 /// Runs one route's handler and turns its outcome into a response with the correlation headers.
 pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let started = std::time::Instant::now();
-    let mut ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
+    let mut ctx = Ctx::new(&req, route.operation);
     let outcome = (route.handler)(app, &mut ctx, &req).await;
     let replayed = outcome.as_ref().is_ok_and(|a| a.replayed);
+    let in_script = ctx.audit_in_script.load(std::sync::atomic::Ordering::Relaxed);
+    let audit =
+        (route.plane == Plane::Admin && !(outcome.is_ok() && in_script)).then(|| audit_entry(&ctx, &req, &outcome));
     let res = respond(&ctx, outcome);
+    if let Some((owner, entry)) = audit {
+        // the answer stands whatever happens to its audit entry; a failure is logged
+        if let Err(e) = record_audit(app, owner, entry).await {
+            tracing::warn!(request_id = %ctx.request_id, error = %e.message, cause = e.cause.as_deref().unwrap_or(""),
+                "could not write an audit entry");
+        }
+    }
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     crate::metrics::request(route.function, res.status, latency_ms, &res.body, replayed);
     res
+}
+
+/// Appends a dispatcher-written entry. A tenant the admin key named that does not exist owns
+/// nothing: its entry goes to `__admin__` (the retention crawl only visits real tenants).
+async fn record_audit(app: &App, mut owner: String, mut entry: crate::ops::audit::AuditRecord) -> ApiResult<()> {
+    use crate::ops::audit::{ADMIN_OWNER, UNAUTH_OWNER};
+    if owner != ADMIN_OWNER && owner != UNAUTH_OWNER && crate::ops::tenants::status(&app.store, &owner).await?.is_none()
+    {
+        owner = ADMIN_OWNER.to_string();
+        entry.metadata.insert("named_tenant".into(), serde_json::json!(entry.tenant_id));
+        entry.tenant_id = owner.clone();
+    }
+    crate::ops::audit::append(&app.store, &owner, entry).await
+}
+
+/// The audit entry of an operator-plane request the dispatcher records (reads, refusals,
+/// failures), and its owner: the tenant it concerned, `__admin__` for other admin-key
+/// requests, `__unauth__` when authentication failed.
+fn audit_entry(ctx: &Ctx, req: &ApiRequest, outcome: &ApiResult<Answer>) -> (String, crate::ops::audit::AuditRecord) {
+    use crate::ops::audit::{resource_type, AuditRecord, ADMIN_OWNER, UNAUTH_OWNER};
+    let (status, error_code) = match outcome {
+        Ok(a) => (a.status, None),
+        Err(e) => (e.status(), Some(e.code.as_str().to_string())),
+    };
+    let admin_key = req.headers.contains_key(auth::ADMIN_KEY_HEADER);
+    let owner = match (&ctx.tenant, status) {
+        (_, 401) => UNAUTH_OWNER.to_string(),
+        (Some(t), _) if crate::domain::validate_tenant_id(t).is_ok() => t.clone(),
+        _ if admin_key => ADMIN_OWNER.to_string(),
+        _ => UNAUTH_OWNER.to_string(),
+    };
+    let resource_id = ["tenant_id", "key_id", "subscription_id", "policy_id", "event_id"]
+        .iter()
+        .find_map(|p| req.params.get(*p))
+        .cloned()
+        .unwrap_or_default();
+    let entry = AuditRecord {
+        tenant_id: owner.clone(),
+        operation: ctx.operation.to_string(),
+        status,
+        key_id: ctx.key_id.clone().unwrap_or_default(),
+        resource_type: resource_type(ctx.operation).to_string(),
+        resource_id,
+        request_id: ctx.request_id.clone(),
+        trace_id: ctx.trace.trace_id.clone(),
+        user_agent: ctx.user_agent.clone(),
+        source_ip: ctx.source_ip.clone(),
+        error_code,
+        actor_type: if admin_key { "admin" } else { "api_key" }.to_string(),
+        ..Default::default()
+    };
+    (owner, entry)
 }
 
 async fn liveness(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
@@ -344,8 +436,7 @@ pub fn not_found(req: &ApiRequest) -> ApiResponse {
 
 /// An error answered before any handler runs, with fresh correlation ids.
 pub fn error_response(req: &ApiRequest, error: ApiError) -> ApiResponse {
-    let ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
-    respond(&ctx, Err(error))
+    respond(&Ctx::new(req, "none"), Err(error))
 }
 
 /// The answer when no route of `plane` matches: 405 with `Allow` when the path exists with
@@ -359,7 +450,7 @@ pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
     if allowed.is_empty() {
         return not_found(req);
     }
-    let ctx = Ctx { request_id: new_request_id(), trace: trace_from_headers(&req.headers), tenant: None };
+    let ctx = Ctx::new(req, "none");
     let message = format!("{} is not allowed on {}; allowed: {}", req.method, req.path, allowed.join(", "));
     let mut res = respond(&ctx, Err(ApiError::invalid(message).with_status(405)));
     res.headers.push(("allow", allowed.join(", ")));

@@ -467,20 +467,10 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<An
     let caller = authenticate(app, ctx, req, true).await?;
     let (r, raw) = parse::<ReleaseRequest>(req)?;
     let a = address(app, caller, req, Permission::ReservationsRelease).await?;
+    // An admin-key release records its audit entry in the same step as the release.
     let audit = if a.caller.is_none() {
-        json!({
-            "tenant_id": a.id.tenant,
-            "operation": "releaseReservation",
-            "resource_type": "reservation",
-            "resource_id": a.raw,
-            "status": 200,
-            "actor_type": "admin_on_behalf_of",
-            "reason": r.reason,
-            "request_id": ctx.request_id,
-            "trace_id": ctx.trace.trace_id,
-            "user_agent": req.headers.get("user-agent").and_then(|v| v.to_str().ok()),
-        })
-        .to_string()
+        ctx.tenant = Some(a.id.tenant.clone());
+        super::admin::script_context(ctx, &Caller::Admin, true, None)
     } else {
         String::new()
     };

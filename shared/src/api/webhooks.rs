@@ -464,11 +464,14 @@ pub async fn admin_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
     create_for(app, ctx, &Caller::Admin, &owner, req).await
 }
 
-pub async fn admin_list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+pub async fn admin_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let q = super::parse_query(&req.query)?;
     let owners = match q.get("tenant_id").filter(|t| !t.is_empty()) {
-        Some(t) => vec![t.clone()],
+        Some(t) => {
+            ctx.tenant = Some(t.clone());
+            vec![t.clone()]
+        }
         None => ops::events::owners(&app.store).await?,
     };
     list_for(app, owners, req).await

@@ -37,6 +37,8 @@ pub struct SweepReport {
     pub trimmed_index: u64,
     /// Events past their retention.
     pub trimmed_events: u64,
+    /// Audit entries past their retention.
+    pub trimmed_audit: u64,
     /// Tenant-close cascades an interrupted close left behind, converged by this sweep.
     pub closes_converged: u64,
     pub duration_ms: u64,
@@ -53,6 +55,7 @@ impl SweepReport {
             quarantined = self.quarantined,
             trimmed_index = self.trimmed_index,
             trimmed_events = self.trimmed_events,
+            trimmed_audit = self.trimmed_audit,
             closes_converged = self.closes_converged,
             duration_ms = self.duration_ms,
             "{message}"
@@ -67,6 +70,7 @@ impl SweepReport {
         self.quarantined += other.quarantined;
         self.trimmed_index += other.trimmed_index;
         self.trimmed_events += other.trimmed_events;
+        self.trimmed_audit += other.trimmed_audit;
         self.closes_converged += other.closes_converged;
         self.duration_ms += other.duration_ms;
     }
@@ -85,6 +89,11 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
     crawl(store, opts, &mut report).await?;
     // system events and system-wide subscriptions' deliveries age out too
     trim_tenant(store, crate::ops::events::SYSTEM_TENANT, opts, &mut report).await?;
+    // and so do the audit entries of admin-key and unauthenticated requests
+    for owner in [crate::ops::audit::ADMIN_OWNER, crate::ops::audit::UNAUTH_OWNER] {
+        let horizon = now_ms() - opts.audit_retention.as_millis() as i64;
+        report.trimmed_audit += crate::ops::audit::trim(store, owner, horizon).await?;
+    }
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
@@ -229,7 +238,10 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
             _ => break,
         }
     }
-    trim_deliveries(store, tenant, report).await
+    trim_deliveries(store, tenant, report).await?;
+    let audit_horizon = now_ms() - opts.audit_retention.as_millis() as i64;
+    report.trimmed_audit += crate::ops::audit::trim(store, tenant, audit_horizon).await?;
+    Ok(())
 }
 
 /// Reservations backfilled into a tenant's listing index per crawl visit.
@@ -291,7 +303,9 @@ pub async fn sweep_loop(
     loop {
         match sweep(store, opts).await {
             Ok(r) => {
-                if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events + r.closes_converged > 0 {
+                if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events + r.trimmed_audit + r.closes_converged
+                    > 0
+                {
                     r.log("sweep");
                 }
                 if r.quarantined > 0 {

@@ -5,6 +5,7 @@
 //! the stored objects they change; each stored object has one record type. The HTTP handlers
 //! (`api`) and the scheduled jobs (`jobs`) call these, and nothing below them.
 
+pub mod audit;
 pub mod auth;
 pub mod events;
 pub mod ledgers;
