@@ -234,3 +234,61 @@ async fn scope_filters_bind_reads_on_both_planes() {
     assert_eq!(got.len(), 1, "only the admitted scope's event was delivered");
     assert_eq!(got[0].body["scope"], json!(eng));
 }
+
+#[tokio::test]
+async fn validate_reports_usable_keys_and_why_others_are_not() {
+    let h = Harness::start().await;
+    let t = h.funded(10).await;
+    let validate = |secret: String| {
+        let h = &h;
+        async move { h.admin("POST", "/v1/auth/validate", Some(&json!({"key_secret": secret}))).await }
+    };
+    let r = validate(t.key.clone()).await;
+    let b = r.assert_ok();
+    assert_eq!(
+        (b["valid"].as_bool(), b["tenant_id"].as_str(), b["key_id"].as_str()),
+        (Some(true), Some(t.id.as_str()), Some(t.key_id.as_str()))
+    );
+    assert!(b["permissions"].as_array().unwrap().iter().any(|p| p == "reservations:create"));
+    assert!(b["expires_at"].is_string() && b.get("reason").is_none());
+    // unknown keys, wrong secrets and malformed strings answer alike
+    let wrong = format!("{}x", t.key);
+    let unknown = "cyc_live_zzzzzzzzzzzzzzzz_secret".to_string();
+    for bad in [wrong, unknown, "not-a-key".to_string()] {
+        assert_eq!(validate(bad).await.assert_ok(), &json!({"valid": false, "tenant_id": "", "reason": "INVALID"}));
+    }
+    // a suspended tenant's key, then a revoked key: not usable, and why
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"status": "SUSPENDED"}))).await.assert_ok();
+    let b = validate(t.key.clone()).await.assert_ok().clone();
+    assert_eq!((b["valid"].as_bool(), b["reason"].as_str()), (Some(false), Some("TENANT_SUSPENDED")));
+    h.admin("DELETE", &format!("/v1/admin/api-keys/{}", t.key_id), None).await.assert_ok();
+    let b = validate(t.key.clone()).await.assert_ok().clone();
+    assert_eq!(
+        (b["valid"].as_bool(), b["reason"].as_str(), b["tenant_id"].as_str()),
+        (Some(false), Some("REVOKED"), Some(t.id.as_str()))
+    );
+    // a key past its expiry
+    let other = h.funded(1).await;
+    let keys = cycles_shared::keys::TenantKeys::new(&other.id);
+    let _: () = redis::AsyncCommands::hset(&mut h.store.conn(), keys.api_key(&other.key_id), "expires_at_ms", "1000")
+        .await
+        .unwrap();
+    let b = validate(other.key.clone()).await.assert_ok().clone();
+    assert_eq!((b["valid"].as_bool(), b["reason"].as_str()), (Some(false), Some("EXPIRED")));
+    let _: () =
+        redis::AsyncCommands::hset(&mut h.store.conn(), keys.api_key(&other.key_id), "expires_at_ms", "99999999999999")
+            .await
+            .unwrap();
+    // admin key only; the body is required
+    let r = h
+        .send_to(
+            &h.admin_base,
+            "POST",
+            "/v1/auth/validate",
+            &[("x-cycles-api-key", &other.key)],
+            Some(&json!({"key_secret": other.key}).to_string()),
+        )
+        .await;
+    r.assert_error(401, "UNAUTHORIZED");
+    h.admin("POST", "/v1/auth/validate", Some(&json!({}))).await.assert_error(400, "INVALID_REQUEST");
+}

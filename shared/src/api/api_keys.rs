@@ -290,3 +290,38 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     let (items, next) = q.page(rows);
     Ok(Answer::json(200, &list_body("keys", items, next)))
 }
+
+#[derive(Debug, Deserialize)]
+struct ValidationRequest {
+    key_secret: String,
+}
+
+/// `POST /v1/auth/validate` (validateApiKey, admin key): whether a full key is usable now, and
+/// for what. An unknown key and a wrong secret answer alike (`INVALID`).
+pub async fn validate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let (r, _) = parse_json::<ValidationRequest>(&req.body)?;
+    let invalid = || Answer::json(200, &json!({"valid": false, "tenant_id": "", "reason": "INVALID"}));
+    let Some(key_id) = super::auth::key_id_of(&r.key_secret) else { return Ok(invalid()) };
+    let Some(tenant) = ops::auth::owner(&app.store, key_id).await? else { return Ok(invalid()) };
+    let keys = TenantKeys::new(&tenant);
+    let call = ops::auth::Validate {
+        api_key: keys.api_key(key_id),
+        tenant: keys.tenant(),
+        digest: key_digest(&app.config.key_pepper, &r.key_secret),
+    };
+    let v = app.store.run(call).await?.value;
+    if v.reason.as_deref() == Some("INVALID") {
+        return Ok(invalid());
+    }
+    ctx.tenant = Some(tenant.clone());
+    let mut body = json!({"valid": v.valid, "tenant_id": tenant, "key_id": key_id, "permissions": v.permissions,
+        "scope_filter": v.scope_filter});
+    if let Some(ms) = v.expires_at_ms.as_deref().and_then(|m| m.parse().ok()) {
+        body["expires_at"] = json!(format_rfc3339_ms(ms));
+    }
+    if let Some(reason) = v.reason {
+        body["reason"] = json!(reason);
+    }
+    Ok(Answer::json(200, &body))
+}

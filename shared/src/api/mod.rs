@@ -152,6 +152,7 @@ routes! {
     Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget), budgets::unfreeze;
     Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget), budgets::fund;
     Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
+    Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey), api_keys::validate;
     Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs), audit::list;
     Admin GET "/v1/balances" => "get-admin-balances" (getBalances), budgets::balances;
     Admin GET "/v1/admin/events" => "list-events" (listEvents), events::admin_list;

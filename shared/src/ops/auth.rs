@@ -130,6 +130,30 @@ pub async fn of_tenant(store: &Store, tenant: &str) -> ApiResult<Vec<ApiKey>> {
 }
 
 script! {
+    /// validateApiKey (`lua/validate_key.lua`): whether a presented key is usable now.
+    pub struct Validate = validate_key read_only -> Validation {
+        keys: [api_key, tenant],
+        args: [digest],
+    }
+}
+
+/// What `Validate` found.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Validation {
+    pub valid: bool,
+    /// Why not: INVALID (unknown key or wrong secret), REVOKED, EXPIRED, TENANT_SUSPENDED,
+    /// TENANT_CLOSED.
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default, deserialize_with = "lua_list")]
+    pub permissions: Vec<String>,
+    #[serde(default, deserialize_with = "stored_scope_filter")]
+    pub scope_filter: Vec<String>,
+    #[serde(default)]
+    pub expires_at_ms: Option<String>,
+}
+
+script! {
     /// createApiKey (`lua/api_key_create.lua`): `fields` is the key's record (JSON, the digest
     /// included; never the secret).
     pub struct CreateApiKey = api_key_create -> RecordAnswer {

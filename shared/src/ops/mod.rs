@@ -91,6 +91,7 @@ const SCRIPTS: &[Script] = &[
     ledgers::UpdateBudget::SCRIPT,
     ledgers::FundBudget::SCRIPT,
     auth::Authenticate::SCRIPT,
+    auth::Validate::SCRIPT,
     auth::CreateApiKey::SCRIPT,
     auth::UpdateApiKey::SCRIPT,
     tenants::CreateTenant::SCRIPT,
