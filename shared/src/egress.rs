@@ -140,6 +140,47 @@ impl Default for EgressRules {
     }
 }
 
+/// The most entries a stored webhook security configuration may list, each.
+pub const MAX_SETTINGS_ENTRIES: usize = 256;
+
+/// The operator's webhook security configuration as the spec shapes it (WebhookSecurityConfig).
+/// The built-in unsafe ranges apply beyond `blocked_cidr_ranges` whatever it lists.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSecurity {
+    #[serde(default = "spec_default_blocked")]
+    pub blocked_cidr_ranges: Vec<String>,
+    #[serde(default)]
+    pub allowed_url_patterns: Vec<String>,
+    #[serde(default)]
+    pub allow_http: bool,
+}
+
+fn spec_default_blocked() -> Vec<String> {
+    DEFAULT_BLOCKED.split(',').map(String::from).collect()
+}
+
+impl WebhookSecurity {
+    /// Every range a CIDR, every pattern a non-empty URL glob, each list bounded; the first
+    /// problem is the error.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, list) in
+            [("blocked_cidr_ranges", &self.blocked_cidr_ranges), ("allowed_url_patterns", &self.allowed_url_patterns)]
+        {
+            if list.len() > MAX_SETTINGS_ENTRIES {
+                return Err(format!("{name} must have at most {MAX_SETTINGS_ENTRIES} entries"));
+            }
+        }
+        if let Some(bad) = self.blocked_cidr_ranges.iter().find(|c| Cidr::parse(c).is_none()) {
+            return Err(format!("blocked_cidr_ranges entry {bad:?} is not a CIDR range"));
+        }
+        if let Some(bad) = self.allowed_url_patterns.iter().find(|p| p.trim().is_empty() || p.len() > 2048) {
+            return Err(format!("allowed_url_patterns entry {bad:?} must be 1 to 2048 characters"));
+        }
+        Ok(())
+    }
+}
+
 /// Why a URL was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -167,6 +208,27 @@ impl EgressRules {
     /// The rules for local development and tests: http and private targets allowed.
     pub fn development() -> EgressRules {
         EgressRules { allow_http: true, private_targets: true, ..EgressRules::default() }
+    }
+
+    /// The configuration these rules stand for (what applies while none is stored).
+    pub fn settings(&self) -> WebhookSecurity {
+        WebhookSecurity {
+            blocked_cidr_ranges: self.blocked.iter().map(Cidr::to_string).collect(),
+            allowed_url_patterns: self.allowed_url_patterns.clone(),
+            allow_http: self.allow_http,
+        }
+    }
+
+    /// These rules with an operator's stored configuration in place of the environment's
+    /// defaults. The floor of unsafe ranges stays (`blocking_range` always applies it), and so
+    /// does the development switch, which only the process itself sets.
+    pub fn with_settings(&self, s: &WebhookSecurity) -> EgressRules {
+        EgressRules {
+            allow_http: s.allow_http,
+            blocked: s.blocked_cidr_ranges.iter().filter_map(|c| Cidr::parse(c)).collect(),
+            allowed_url_patterns: s.allowed_url_patterns.clone(),
+            private_targets: self.private_targets,
+        }
     }
 
     /// The range that blocks `ip`, if one does (after reducing it to the IPv4 it carries).
@@ -243,12 +305,16 @@ impl EgressRules {
 /// the checked addresses, so the connection is pinned to them (the URL's host still goes out
 /// as the `Host` header and the TLS server name).
 pub struct GuardedResolver {
-    pub rules: Arc<EgressRules>,
+    pub rules: SharedRules,
 }
+
+/// Rules a long-lived client reads at each connection, replaced when the stored configuration
+/// changes.
+pub type SharedRules = Arc<std::sync::RwLock<Arc<EgressRules>>>;
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
-        let rules = self.rules.clone();
+        let rules = self.rules.read().expect("rules lock").clone();
         let host = name.as_str().to_string();
         Box::pin(async move {
             let addrs = rules.resolve_checked(&host, 0).await?;
@@ -364,7 +430,7 @@ mod tests {
         assert!(matches!(r.resolve_checked("localhost", 443).await, Err(Refusal::Blocked(_))));
         assert!(matches!(r.check_url("https://localhost:9/h").await, Err(Refusal::Blocked(_))));
         let name: Name = "localhost".parse().unwrap();
-        assert!(GuardedResolver { rules: Arc::new(r) }.resolve(name).await.is_err());
+        assert!(GuardedResolver { rules: Arc::new(std::sync::RwLock::new(Arc::new(r))) }.resolve(name).await.is_err());
     }
 
     #[test]
@@ -382,5 +448,32 @@ mod tests {
         assert!(!glob("https://*.example.com/*", "https://example.com.evil.org/x"));
         assert!(!glob("https://*.example.com/*", "https://evil.org/.example.com/"));
         assert!(glob("a?c", "abc") && !glob("a?c", "ac"));
+    }
+
+    #[test]
+    fn stored_settings_never_loosen_the_floor() {
+        let open = WebhookSecurity { blocked_cidr_ranges: vec![], allowed_url_patterns: vec![], allow_http: true };
+        let rules = deployed().with_settings(&open);
+        for url in ["http://127.0.0.1/h", "https://169.254.169.254/latest", "https://[::1]/h", "https://10.1.2.3/h"] {
+            assert!(matches!(rules.check_static(url), Err(Refusal::Blocked(_))), "{url} must stay refused");
+        }
+        assert!(rules.check_static("http://93.184.216.34/h").is_ok(), "http allowed as stored");
+        // tightening works: an extra range and an allow-list
+        let tight = WebhookSecurity {
+            blocked_cidr_ranges: vec!["93.184.216.0/24".into()],
+            allowed_url_patterns: vec!["https://hooks.example.com/*".into()],
+            allow_http: false,
+        };
+        let rules = deployed().with_settings(&tight);
+        assert!(matches!(rules.check_static("https://93.184.216.34/h"), Err(Refusal::Url(_))));
+        let no_list = WebhookSecurity { allowed_url_patterns: vec![], ..tight };
+        assert!(matches!(
+            deployed().with_settings(&no_list).check_static("https://93.184.216.34/h"),
+            Err(Refusal::Blocked(_))
+        ));
+        assert!(deployed().with_settings(&no_list).check_static("http://8.8.8.8/h").is_err(), "http refused");
+        // the development switch is the process's, not the stored configuration's
+        assert!(EgressRules::development().with_settings(&no_list).private_targets);
+        assert_eq!(deployed().settings().blocked_cidr_ranges.join(","), DEFAULT_BLOCKED);
     }
 }

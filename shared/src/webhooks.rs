@@ -15,13 +15,14 @@ use serde_json::Value;
 use sha2::Sha256;
 
 use crate::config::WebhookConfig;
+use crate::egress::{EgressRules, GuardedResolver, SharedRules};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ops::webhooks::Subscription;
 
-/// The write-time SSRF check of a subscription URL (`crate::egress`): 400 WEBHOOK_URL_INVALID
-/// naming what is wrong.
-pub async fn check_url(config: &WebhookConfig, url: &str) -> ApiResult<()> {
-    config.egress.check_url(url).await.map_err(|r| ApiError::new(ErrorCode::WebhookUrlInvalid, r.to_string()))
+/// The write-time SSRF check of a subscription URL (`crate::egress`) under the rules in force:
+/// 400 WEBHOOK_URL_INVALID naming what is wrong.
+pub async fn check_url(rules: &EgressRules, url: &str) -> ApiResult<()> {
+    rules.check_url(url).await.map_err(|r| ApiError::new(ErrorCode::WebhookUrlInvalid, r.to_string()))
 }
 
 /// What a delivery or a test records when no HTTP answer came back, whatever the reason
@@ -61,12 +62,14 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
 pub struct Sender {
     client: reqwest::Client,
     encryption_key: [u8; 32],
-    egress: crate::egress::EgressRules,
+    rules: SharedRules,
 }
 
 impl Sender {
-    pub fn new(config: &WebhookConfig) -> Sender {
-        let resolver = crate::egress::GuardedResolver { rules: Arc::new(config.egress.clone()) };
+    /// A sender under `rules` (the rules in force: the environment's, or the stored ones).
+    pub fn new(config: &WebhookConfig, rules: EgressRules) -> Sender {
+        let rules: SharedRules = Arc::new(std::sync::RwLock::new(Arc::new(rules)));
+        let resolver = GuardedResolver { rules: rules.clone() };
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout())
             .timeout(config.timeout)
@@ -75,14 +78,23 @@ impl Sender {
             .dns_resolver(Arc::new(resolver))
             .build()
             .expect("HTTP client");
-        Sender { client, encryption_key: config.encryption_key, egress: config.egress.clone() }
+        Sender { client, encryption_key: config.encryption_key, rules }
+    }
+
+    /// Puts new rules in force for the next send (an operator changed the stored configuration).
+    pub fn set_rules(&self, rules: EgressRules) {
+        let mut current = self.rules.write().expect("rules lock");
+        if **current != rules {
+            *current = Arc::new(rules);
+        }
     }
 
     /// POSTs an event with the spec's headers and signature, through the egress guard (the URL
     /// is checked again as it is now, and names resolve only to checked addresses).
     /// `flags`: the inbound traceparent flags of the request that caused the event (else 01).
     pub async fn post(&self, url: &str, event: &Value, flags: Option<&str>, sub: &Subscription) -> Attempt {
-        if let Err(refusal) = self.egress.check_static(url) {
+        let rules = self.rules.read().expect("rules lock").clone();
+        if let Err(refusal) = rules.check_static(url) {
             tracing::warn!(url, reason = %refusal, "webhook endpoint refused by the egress guard");
             return Attempt::unreachable();
         }

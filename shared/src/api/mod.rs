@@ -12,6 +12,7 @@ pub mod events;
 mod list;
 mod reservations;
 pub mod tenants;
+pub mod webhook_security;
 pub mod webhooks;
 
 use std::collections::HashMap;
@@ -166,6 +167,8 @@ routes! {
     Admin POST "/v1/admin/webhooks/{subscription_id}/test" => "test-webhook" (testWebhookSubscription), webhooks::admin_test;
     Admin GET "/v1/admin/webhooks/{subscription_id}/deliveries" => "list-webhook-deliveries" (listWebhookDeliveries), webhooks::admin_deliveries;
     Admin POST "/v1/admin/webhooks/{subscription_id}/replay" => "replay-events" (replayEvents), webhooks::admin_replay;
+    Admin GET "/v1/admin/config/webhook-security" => "get-webhook-security" (getWebhookSecurityConfig), webhook_security::get;
+    Admin PUT "/v1/admin/config/webhook-security" => "update-webhook-security" (updateWebhookSecurityConfig), webhook_security::put;
     Admin POST "/v1/webhooks" => "create-tenant-webhook" (createTenantWebhook), webhooks::tenant_create;
     Admin GET "/v1/webhooks" => "list-tenant-webhooks" (listTenantWebhooks), webhooks::tenant_list;
     Admin GET "/v1/webhooks/{subscription_id}" => "get-tenant-webhook" (getTenantWebhook), webhooks::tenant_get;

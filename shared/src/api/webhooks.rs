@@ -203,7 +203,7 @@ async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req:
     check_disable_after(r.disable_after_failures)?;
     let retry = r.retry_policy.unwrap_or_default();
     retry.validate()?;
-    check_url(&app.config.webhooks, &r.url).await?;
+    check_url(&egress_rules(app).await?, &r.url).await?;
     let id = format!("whsub_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
     let secret = r.signing_secret.clone().unwrap_or_else(|| {
         use base64::Engine;
@@ -284,7 +284,7 @@ async fn update_for(
         check_lists(&types, &categories)?;
         check_invariants(&owner, &types, &categories)?;
         if let Some(url) = &r.url {
-            check_url(&app.config.webhooks, url).await?;
+            check_url(&egress_rules(app).await?, url).await?;
         }
         let mut patch = Map::new();
         if let Some(u) = &r.url {
@@ -370,7 +370,7 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
     // connects to. A target that gives no HTTP answer (blocked, refused, filtered, timed out)
     // gets one answer, and not before the connect timeout, so this is no port scanner.
     let started = std::time::Instant::now();
-    let sender = webhooks::Sender::new(&app.config.webhooks);
+    let sender = webhooks::Sender::new(&app.config.webhooks, egress_rules(app).await?);
     let attempt = sender.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub).await;
     let mut body = json!({"success": attempt.error.is_none(), "event_id": event_id});
     if attempt.status > 0 {
@@ -672,4 +672,9 @@ async fn own_scope(app: &App, caller: &Caller, tenant: Option<&str>, id: &str) -
         return Err(not_found());
     }
     Ok(scope)
+}
+
+/// The SSRF rules in force now: the stored configuration, else the environment's.
+async fn egress_rules(app: &App) -> ApiResult<crate::egress::EgressRules> {
+    crate::ops::settings::egress_rules(&app.store, &app.config.webhooks.egress).await
 }

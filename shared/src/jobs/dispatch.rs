@@ -73,7 +73,7 @@ pub struct Claimed {
 
 impl Dispatcher {
     pub fn new(store: Store, config: WebhookConfig) -> Dispatcher {
-        Dispatcher { store, sender: Sender::new(&config), config }
+        Dispatcher { store, sender: Sender::new(&config, config.egress.clone()), config }
     }
 
     /// One pass over every registered tenant, waiting for its sends.
@@ -85,6 +85,8 @@ impl Dispatcher {
     /// One pass over the given tenants (and the system-wide owner): match their new events,
     /// then claim and send what is due, concurrently, and wait for every send.
     pub async fn pass_tenants(self: &Arc<Self>, tenants: &[String]) -> ApiResult<DeliveryReport> {
+        // An operator's change of the SSRF rules is in force from the next pass on.
+        self.sender.set_rules(crate::ops::settings::egress_rules(&self.store, &self.config.egress).await?);
         let mut report = self.fan_out_all(tenants).await?;
         let mut sends = tokio::task::JoinSet::new();
         self.claim_and_spawn(tenants, self.config.concurrency, &mut sends).await?;

@@ -13,6 +13,7 @@ pub mod listing;
 pub mod maintenance;
 pub mod records;
 pub mod reservations;
+pub mod settings;
 pub mod tenants;
 pub mod webhooks;
 
@@ -107,6 +108,7 @@ const SCRIPTS: &[Script] = &[
     maintenance::Schedule::SCRIPT,
     maintenance::Health::SCRIPT,
     records::ReadHashes::SCRIPT,
+    settings::WriteWebhookSecurity::SCRIPT,
 ];
 
 /// The header of the library: the rules and messages the Rust side owns.

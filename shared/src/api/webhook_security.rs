@@ -1,0 +1,38 @@
+//! The webhook security configuration (admin key): the SSRF rules of webhook writes and
+//! deliveries, stored so that every container applies the same ones.
+
+use super::admin::{require_admin, script_context, Caller};
+use super::{Answer, ApiRequest, App, Ctx};
+use crate::egress::WebhookSecurity;
+use crate::error::{ApiError, ApiResult};
+use crate::keys::TenantKeys;
+use crate::model::parse_json;
+use crate::ops::audit::ADMIN_OWNER;
+use crate::ops::settings::{stored_webhook_security, WriteWebhookSecurity, WEBHOOK_SECURITY};
+
+/// `GET /v1/admin/config/webhook-security` (getWebhookSecurityConfig): the configuration in
+/// force, the environment's defaults while none is stored.
+pub async fn get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let current = match stored_webhook_security(&app.store).await? {
+        Some(s) => s,
+        None => app.config.webhooks.egress.settings(),
+    };
+    Ok(Answer::json(200, &current))
+}
+
+/// `PUT /v1/admin/config/webhook-security` (updateWebhookSecurityConfig): replaces the
+/// configuration (absent fields take the spec's defaults); in force from the next webhook
+/// write and the next delivery pass, on every container.
+pub async fn put(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let (settings, _) = parse_json::<WebhookSecurity>(&req.body)?;
+    settings.validate().map_err(ApiError::invalid)?;
+    let call = WriteWebhookSecurity {
+        config: WEBHOOK_SECURITY.into(),
+        audit_log: TenantKeys::new(ADMIN_OWNER).audit_log(),
+        context: script_context(ctx, &Caller::Admin, false, None),
+        settings: serde_json::to_string(&settings).expect("settings serialize"),
+    };
+    Ok(Answer::json(200, &app.store.run(call).await?.value))
+}
