@@ -28,7 +28,8 @@ for _, b in ipairs(budgets) do
   if b.status == 'CLOSED' then return err('BUDGET_CLOSED', MSG.BUDGET_CLOSED .. b.scope) end
 end
 
-local policy = resolve_policy(A.overage_policy, budgets, tenant)
+local policy = resolve_policy(A.overage_policy, budgets, tenant,
+  policy_settings(K.policies, request_scope(A.scopes), now).ov)
 if policy == 'REJECT' then
   for _, b in ipairs(budgets) do
     if d_cmp(b.remaining, X) < 0 then

@@ -12,6 +12,11 @@ if A.unit ~= r.unit then
     cjson.encode({scope = r.scope_path, requested_unit = A.unit, expected_units = {r.unit}}))
 end
 
+-- a policy's commit rate limit on the reservation's scope (a limited commit changes nothing)
+local limited = rate_check(K.policies, policy_settings(K.policies, r.scope_path, now).rl_c, 'commits', r.scope_path,
+  now, true)
+if limited then return limited end
+
 local budgets = read_budgets(K.budgets)
 for _, b in ipairs(budgets) do
   if b.status == 'FROZEN' then return err('BUDGET_FROZEN', MSG.BUDGET_FROZEN .. b.scope) end

@@ -286,14 +286,88 @@ local function settle(budgets, E, X, policy)
   return X
 end
 
--- Overage policy: the request's, else the most specific budgeted ledger's, else the tenant's
--- default, else ALLOW_IF_AVAILABLE.
-local function resolve_policy(requested, budgets, tenant)
+-- Overage policy: the request's, else a matching policy's (`from_policy`, a policy_settings
+-- entry), else the most specific budgeted ledger's, else the tenant's default, else
+-- ALLOW_IF_AVAILABLE.
+local function resolve_policy(requested, budgets, tenant, from_policy)
   if requested ~= '' then return requested end
+  if from_policy then return from_policy.value end
   for i = #budgets, 1, -1 do
     if budgets[i].policy and budgets[i].policy ~= '' then return budgets[i].policy end
   end
   return (tenant and tenant.default_policy) or RULES.DEFAULT_OVERAGE_POLICY
+end
+
+-- Policies. A pattern is `/`-separated segments: `level:value` matches that segment,
+-- `level:*` any value of the level, `*` one or more whole segments; a pattern that starts with
+-- neither `tenant:` nor `*` is matched against the end of the path (`domain::policies` says
+-- the same in Rust).
+local function pattern_matches(pattern, path)
+  local p, s = {}, {}
+  for seg in string.gmatch(pattern, '[^/]+') do p[#p + 1] = seg end
+  for seg in string.gmatch(path, '[^/]+') do s[#s + 1] = seg end
+  if p[1] ~= '*' and string.sub(p[1] or '', 1, 7) ~= 'tenant:' then table.insert(p, 1, '*') end
+  local function segment_ok(pat, seg)
+    if pat == seg then return true end
+    local level = string.match(pat, '^([a-z]+:)%*$')
+    return level ~= nil and string.sub(seg, 1, #level) == level
+  end
+  local function walk(i, j)
+    if i > #p then return j > #s end
+    if p[i] == '*' then
+      for k = j + 1, #s + 1 do
+        if walk(i + 1, k) then return true end
+      end
+      return false
+    end
+    return j <= #s and segment_ok(p[i], s[j]) and walk(i + 1, j + 1)
+  end
+  return walk(1, 1)
+end
+
+-- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
+-- rl_r, rl_c) from the highest-priority ACTIVE policy in effect now that matches the path and
+-- sets it (equal priority: the later-created policy, whose id sorts higher). Each entry is
+-- {value, id}. Empty (one HVALS of an absent key) for a tenant without policies.
+local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c'}
+local function policy_settings(rules_key, scope_path, now)
+  local best = {}
+  for _, row in ipairs(redis.call('HVALS', rules_key)) do
+    local p = cjson.decode(row)
+    if p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
+        and pattern_matches(p.pat, scope_path) then
+      for _, f in ipairs(POLICY_SETTINGS) do
+        local b = best[f]
+        if p[f] ~= nil and (not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id)) then best[f] = p end
+      end
+    end
+  end
+  local out = {}
+  for f, p in pairs(best) do out[f] = {value = p[f], id = p.id} end
+  return out
+end
+
+-- A policy's per-minute rate limit on `kind` (reservations, commits) for one scope path:
+-- fixed calendar-minute windows counted in a hash per minute beside the rules (it expires
+-- after two minutes). nil when within the limit (and counted, unless `count` is false), else
+-- 429 LIMIT_EXCEEDED with when to retry.
+local function rate_check(rules_key, setting, kind, scope_path, now, count)
+  if not setting then return nil end
+  local minute = math.floor(now / 60000)
+  local key = rules_key .. ':rate:' .. minute
+  local field = kind .. '|' .. setting.id .. '|' .. scope_path
+  local n = tonumber(redis.call('HGET', key, field) or '0')
+  if n >= setting.value then
+    local reset_ms = (minute + 1) * 60000
+    return err('LIMIT_EXCEEDED', 'Rate limit of policy ' .. setting.id .. ' reached: at most ' .. setting.value ..
+      ' ' .. kind .. ' per minute on scope ' .. scope_path, cjson.encode({policy_id = setting.id, limit = setting.value,
+      retry_after_seconds = math.ceil((reset_ms - now) / 1000), reset_at = reset_ms / 1000}))
+  end
+  if count then
+    redis.call('HINCRBY', key, field, 1)
+    redis.call('PEXPIRE', key, 120000)
+  end
+  return nil
 end
 
 -- Checks that every new value fits int64, then writes all budgets (never half way): only the

@@ -23,6 +23,10 @@ if redis.call('EXISTS', K.dry_run_record) == 1 then return err('IDEMPOTENCY_MISM
 local tenant = tenant_record(K.tenant)
 local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
+-- Policies: a rate-limited reserve touches no balance (the reclaim retry is not counted twice).
+local pol = policy_settings(K.policies, scope_path, now)
+local limited = rate_check(K.policies, pol.rl_r, 'reservations', scope_path, now, A.reclaimed == '')
+if limited then return limited end
 
 local unit, amount = A.unit, A.amount
 local e = evaluate(K.scope_units, K.budgets, A.scopes, unit, amount)
@@ -37,10 +41,14 @@ end
 if e.reason then return err(e.reason, e.message) end
 local budgets = e.budgets
 
--- TTL: request, else the tenant's default; capped by the tenant's maximum.
+-- TTL: request, else a policy's default, else the tenant's; capped by the tenant's maximum
+-- and a policy's (a policy tightens the tenant's limits, never loosens them).
 local settings = reservation_settings(tenant)
-local ttl = math.min(tonumber(A.ttl_ms) or settings.default_ttl, settings.max_ttl)
-local policy = resolve_policy(A.overage_policy, budgets, tenant)
+local max_ttl = math.min(settings.max_ttl, pol.ttl_m and pol.ttl_m.value or settings.max_ttl)
+local ttl = math.min(tonumber(A.ttl_ms) or (pol.ttl_d and pol.ttl_d.value) or settings.default_ttl, max_ttl)
+local max_ext = math.min(settings.max_extensions, pol.ttl_x and pol.ttl_x.value or settings.max_extensions)
+local policy = resolve_policy(A.overage_policy, budgets, tenant, pol.ov)
+local caps = (pol.caps and pol.caps.value) or e.caps
 
 for _, b in ipairs(budgets) do
   b.reserved = d_add(b.reserved, amount)
@@ -55,13 +63,13 @@ local expires_at = now + ttl
 local expires = itoa(expires_at)
 local grace = tonumber(A.grace_ms)
 -- The stored answer omits the id (the record has it); answers carry it.
-local result = {decision = e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', expires_at_ms = expires, caps = e.caps,
+local result = {decision = caps and 'ALLOW_WITH_CAPS' or 'ALLOW', expires_at_ms = expires, caps = caps,
   balances = balances(budgets)}
 local rec = {codes = codes, status = 'ACTIVE', ik = A.idempotency_key, ph = A.payload_hash, result = result,
   unit = unit, estimate = amount, subject = A.subject, scope = scope_path, action = A.action,
   created = now_s, expires = expires, policy = policy}
 if grace ~= RULES.DEFAULT_GRACE_MS then rec.grace = A.grace_ms end
-if settings.max_extensions ~= RULES.MAX_EXTENSIONS then rec.max_ext = itoa(settings.max_extensions) end
+if max_ext ~= RULES.MAX_EXTENSIONS then rec.max_ext = itoa(max_ext) end
 -- metadata lives beside the record (`m` says so), so listings never load it unless asked
 if A.metadata ~= '' then
   rec.m = '1'

@@ -21,6 +21,11 @@ pub fn webhook_lookup(id: &str) -> String {
     format!("cy:whid:{id}")
 }
 
+/// Global, immutable `policy_id -> tenant` lookup.
+pub fn policy_lookup(id: &str) -> String {
+    format!("cy:polid:{id}")
+}
+
 /// Global registry of tenants (for sweeps and operator listings).
 pub const TENANT_REGISTRY: &str = "cy:tenants";
 
@@ -211,6 +216,19 @@ impl TenantKeys {
     /// Reservations the sweep could not read: id -> reason. Never refunded automatically.
     pub fn quarantine(&self) -> String {
         format!("{}:quarantine", self.prefix)
+    }
+    /// The tenant's policies: policy_id -> the stored `Policy` (JSON).
+    pub fn policies(&self) -> String {
+        format!("{}:pol", self.prefix)
+    }
+    /// What the runtime scripts read of each policy: policy_id -> its runtime projection
+    /// (JSON). Rate counters live beside it, one hash per minute (`<this>:rate:<minute>`).
+    pub fn policy_rules(&self) -> String {
+        format!("{}:pol:rt", self.prefix)
+    }
+    /// Policy names in use: lower-case name -> policy_id.
+    pub fn policy_names(&self) -> String {
+        format!("{}:pol:names", self.prefix)
     }
     /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).
     pub fn audit_log(&self) -> String {

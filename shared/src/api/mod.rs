@@ -10,6 +10,7 @@ pub mod budgets;
 pub mod cors;
 pub mod events;
 mod list;
+pub mod policies;
 mod reservations;
 pub mod tenants;
 pub mod webhook_security;
@@ -152,6 +153,9 @@ routes! {
     Admin POST "/v1/admin/budgets/freeze" => "freeze-budget" (freezeBudget), budgets::freeze;
     Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget), budgets::unfreeze;
     Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget), budgets::fund;
+    Admin POST "/v1/admin/policies" => "create-policy" (createPolicy), policies::create;
+    Admin GET "/v1/admin/policies" => "list-policies" (listPolicies), policies::list;
+    Admin PATCH "/v1/admin/policies/{policy_id}" => "update-policy" (updatePolicy), policies::update;
     Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
     Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey), api_keys::validate;
     Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs), audit::list;
@@ -462,9 +466,11 @@ pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
 }
 
 fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
+    let mut throttle = None;
     let (status, body) = match outcome {
         Ok(a) => (a.status, a.body),
         Err(e) => {
+            throttle = retry_headers(&e);
             // Each failure is logged once, here, with its cause (which the caller never sees).
             let (tenant, cause) = (ctx.tenant.as_deref().unwrap_or(""), e.cause.as_deref().unwrap_or(""));
             if e.status() >= 500 {
@@ -487,7 +493,16 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     if let Some(t) = ctx.tenant.as_ref().filter(|t| http::HeaderValue::from_str(t).is_ok()) {
         headers.push(("x-cycles-tenant", t.clone()));
     }
+    headers.extend(throttle.into_iter().flatten());
     ApiResponse { status, headers, body }
+}
+
+/// A 429's `Retry-After` (delta seconds) and `X-RateLimit-Reset` (Unix seconds), from the
+/// details the rate check put in the error.
+fn retry_headers(e: &ApiError) -> Option<[(&'static str, String); 2]> {
+    let d = e.details.as_ref().filter(|_| e.code == crate::error::ErrorCode::LimitExceeded)?;
+    let (after, reset) = (d["retry_after_seconds"].as_i64()?, d["reset_at"].as_i64()?);
+    Some([("retry-after", after.max(0).to_string()), ("x-ratelimit-reset", reset.to_string())])
 }
 
 #[cfg(test)]

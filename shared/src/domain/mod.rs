@@ -56,6 +56,7 @@ pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
 }
 
 pub mod messages;
+pub mod policies;
 pub mod rules;
 
 /// Key permissions (the admin spec's `Permission`), for both planes. An operation names the

@@ -21,11 +21,14 @@ pub const DEFAULT_KEY_LIFETIME_MS: i64 = 90 * 24 * 3_600_000;
 /// How long a keyed funding answer is kept for replay.
 pub const FUNDING_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
 
+/// The most policies one tenant may hold (every runtime script reads all of them).
+pub const MAX_POLICIES: usize = 100;
+
 /// The `RULES` table of the script library.
 pub fn lua_table() -> String {
     format!(
         "local RULES = {{DEFAULT_TTL_MS = {DEFAULT_TTL_MS}, MAX_TTL_MS = {MAX_TTL_MS}, MAX_EXTENSIONS = {MAX_EXTENSIONS}, \
-         DEFAULT_GRACE_MS = {DEFAULT_GRACE_MS}, DEFAULT_OVERAGE_POLICY = '{}'}}\n",
+         DEFAULT_GRACE_MS = {DEFAULT_GRACE_MS}, DEFAULT_OVERAGE_POLICY = '{}', MAX_POLICIES = {MAX_POLICIES}}}\n",
         DEFAULT_OVERAGE_POLICY.as_str()
     )
 }

@@ -11,6 +11,7 @@ pub mod events;
 pub mod ledgers;
 pub mod listing;
 pub mod maintenance;
+pub mod policies;
 pub mod records;
 pub mod reservations;
 pub mod settings;
@@ -109,6 +110,7 @@ const SCRIPTS: &[Script] = &[
     maintenance::Health::SCRIPT,
     records::ReadHashes::SCRIPT,
     settings::WriteWebhookSecurity::SCRIPT,
+    policies::WritePolicy::SCRIPT,
 ];
 
 /// The header of the library: the rules and messages the Rust side owns.

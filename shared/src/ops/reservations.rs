@@ -37,7 +37,7 @@ script! {
     /// Live reservation (`lua/reserve.lua`).
     pub struct Reserve = reserve -> Reserved {
         keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_index, due_index,
-            listing_index, meta; budgets],
+            listing_index, meta, policies; budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
             idempotency_key, subject, action, metadata, reclaimed; scopes],
     }
@@ -64,6 +64,7 @@ impl Reserve {
         self.due_index = keys.due_index();
         self.listing_index = keys.listing_index();
         self.meta = keys.reservation_metadata(token);
+        self.policies = keys.policy_rules();
         self.budgets = scopes.iter().map(|s| keys.budget(s, unit)).collect();
         self.scopes = scope_args(scopes, unit);
         self
@@ -92,7 +93,7 @@ pub struct Hold {
 script! {
     /// Commit (`lua/commit.lua`).
     pub struct Commit = commit -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, policies; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, unit, amount, metrics, metadata,
             record_ttl_ms, context],
     }
@@ -107,6 +108,7 @@ impl Commit {
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
         self.meta = t.keys.reservation_metadata(&t.id.token);
+        self.policies = t.keys.policy_rules();
         self.budgets = t.budget_keys();
         self
     }
@@ -210,7 +212,7 @@ pub struct Stored {
 script! {
     /// Evaluation without a reservation: dry_run and decide (`lua/evaluate.lua`).
     pub struct Evaluate = evaluate -> Evaluated {
-        keys: [tenant, api_key, record, live, scope_units, events; budgets],
+        keys: [tenant, api_key, record, live, scope_units, events, policies; budgets],
         args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action;
             scopes],
     }
@@ -232,7 +234,7 @@ pub struct Evaluated {
 script! {
     /// Direct charge, createEvent's post-only debit (`lua/charge.lua`).
     pub struct Charge = charge -> Charged {
-        keys: [tenant, api_key, record, scope_units, events; budgets],
+        keys: [tenant, api_key, record, scope_units, events, policies; budgets],
         args: [digest, accepted, payload_hash, event_id, unit, amount, overage_policy, record_ttl_ms, context, body;
             scopes],
     }

@@ -1,0 +1,333 @@
+//! Policies (createPolicy, listPolicies, updatePolicy): admin key on behalf of a tenant, or a
+//! tenant key with `policies:*` for its own. What they change at run time is applied by the
+//! runtime scripts (`policy_settings` in `lua/lib.lua`).
+
+use serde::{Deserialize, Deserializer};
+use serde_json::{json, Value};
+
+use super::admin::*;
+use super::{Answer, ApiRequest, App, Ctx};
+use crate::domain::policies::validate_pattern;
+use crate::domain::{parse_rfc3339_ms, validate_tenant_id, Permission};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::keys::TenantKeys;
+use crate::model::{parse_json, OveragePolicy};
+use crate::ops::policies::{self, Caps, Policy, RateLimits, TtlOverride, WritePolicy};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyCreateRequest {
+    #[serde(default)]
+    tenant_id: Option<String>,
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    scope_pattern: String,
+    #[serde(default)]
+    priority: Option<i64>,
+    #[serde(default)]
+    caps: Option<Caps>,
+    #[serde(default)]
+    commit_overage_policy: Option<OveragePolicy>,
+    #[serde(default)]
+    reservation_ttl_override: Option<TtlOverride>,
+    #[serde(default)]
+    rate_limits: Option<RateLimits>,
+    #[serde(default)]
+    effective_from: Option<String>,
+    #[serde(default)]
+    effective_until: Option<String>,
+}
+
+/// A field a PATCH may set, clear (`null`), or leave alone (absent).
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyUpdateRequest {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    description: Option<Option<String>>,
+    #[serde(default)]
+    priority: Option<i64>,
+    #[serde(default, deserialize_with = "nullable")]
+    caps: Option<Option<Caps>>,
+    #[serde(default, deserialize_with = "nullable")]
+    commit_overage_policy: Option<Option<OveragePolicy>>,
+    #[serde(default, deserialize_with = "nullable")]
+    reservation_ttl_override: Option<Option<TtlOverride>>,
+    #[serde(default, deserialize_with = "nullable")]
+    rate_limits: Option<Option<RateLimits>>,
+    #[serde(default, deserialize_with = "nullable")]
+    effective_from: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    effective_until: Option<Option<String>>,
+    #[serde(default)]
+    status: Option<PolicyStatus>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum PolicyStatus {
+    Active,
+    Disabled,
+}
+
+fn time(name: &str, v: Option<&String>) -> ApiResult<Option<i64>> {
+    v.map(|s| parse_rfc3339_ms(s).ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time"))))
+        .transpose()
+}
+
+/// Every bound of the spec's Policy, on the resulting state of a write.
+fn check(p: &Policy) -> ApiResult<()> {
+    let bad = |m: &str| Err(ApiError::invalid(m.to_string()));
+    if p.name.trim().is_empty() || p.name.chars().count() > 256 {
+        return bad("name must be 1 to 256 characters");
+    }
+    if p.description.as_ref().is_some_and(|d| d.chars().count() > 1024) {
+        return bad("description must be at most 1024 characters");
+    }
+    if p.priority < 0 {
+        return bad("priority must be >= 0");
+    }
+    if let Some(c) = &p.caps {
+        let caps: Caps = serde_json::from_value(c.clone()).map_err(|e| ApiError::invalid(format!("caps: {e}")))?;
+        let lists = caps.tool_allowlist.iter().chain(caps.tool_denylist.iter()).flatten();
+        if lists.clone().any(|t| t.chars().count() > 256) {
+            return bad("caps tool names must be at most 256 characters");
+        }
+    }
+    if let Some(t) = &p.reservation_ttl_override {
+        let in_range = |v: Option<i64>| v.is_none_or(|v| (1000..=86_400_000).contains(&v));
+        if !in_range(t.default_ttl_ms) || !in_range(t.max_ttl_ms) {
+            return bad("reservation_ttl_override TTLs must be 1000 to 86400000 ms");
+        }
+        if t.max_extensions.is_some_and(|x| x < 0) {
+            return bad("reservation_ttl_override.max_extensions must be >= 0");
+        }
+        if let (Some(d), Some(m)) = (t.default_ttl_ms, t.max_ttl_ms) {
+            if d > m {
+                return bad("reservation_ttl_override.default_ttl_ms must not exceed max_ttl_ms");
+            }
+        }
+    }
+    if let Some(r) = &p.rate_limits {
+        if [r.max_reservations_per_minute, r.max_commits_per_minute].iter().flatten().any(|n| *n < 1) {
+            return bad("rate_limits values must be >= 1");
+        }
+    }
+    if let (Some(from), Some(until)) = (p.effective_from_ms, p.effective_until_ms) {
+        if from >= until {
+            return bad("effective_from must be before effective_until");
+        }
+    }
+    Ok(())
+}
+
+fn caps_value(c: Option<Caps>) -> Option<Value> {
+    c.map(|c| serde_json::to_value(c).expect("caps serialize"))
+}
+
+/// The fields of a policy that differ between two states (wire names).
+fn changed_fields(before: &Policy, after: &Policy) -> Vec<&'static str> {
+    let (b, a) = (before.wire(), after.wire());
+    [
+        "name",
+        "description",
+        "scope_pattern",
+        "priority",
+        "caps",
+        "commit_overage_policy",
+        "reservation_ttl_override",
+        "rate_limits",
+        "status",
+        "effective_from",
+        "effective_until",
+    ]
+    .into_iter()
+    .filter(|f| b.get(f) != a.get(f))
+    .collect()
+}
+
+async fn write(
+    app: &App,
+    ctx: &Ctx,
+    caller: &Caller,
+    tenant: &str,
+    p: &Policy,
+    expected: &str,
+    changed: &[&str],
+) -> ApiResult<(Policy, String)> {
+    let keys = TenantKeys::new(tenant);
+    // the script stamps both times (a create's from now, an update's creation from the record)
+    let record = Policy { created_at_ms: 0, updated_at_ms: 0, ..p.clone() };
+    let call = WritePolicy {
+        tenant: keys.tenant(),
+        policies: keys.policies(),
+        rules: keys.policy_rules(),
+        names: keys.policy_names(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: script_context(ctx, caller, matches!(caller, Caller::Admin), None),
+        policy_id: p.policy_id.clone(),
+        name_key: p.name.trim().to_lowercase(),
+        record: serde_json::to_string(&record).expect("policies serialize"),
+        rule: p.runtime_rule(),
+        expected: expected.to_string(),
+        changed: json!(changed).to_string(),
+    };
+    let reply = app.store.run(call).await?;
+    Ok((reply.value, reply.status))
+}
+
+/// `POST /v1/admin/policies` (createPolicy).
+pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, Some(Permission::PoliciesWrite)).await?;
+    let (r, _) = parse_json::<PolicyCreateRequest>(&req.body)?;
+    let tenant = match (&caller, &r.tenant_id) {
+        (Caller::Admin, Some(t)) => {
+            validate_tenant_id(t)
+                .map_err(|_| ApiError::new(ErrorCode::TenantNotFound, "Tenant not found").with_status(400))?;
+            t.clone()
+        }
+        (Caller::Admin, None) => return Err(ApiError::invalid("tenant_id is required with the admin key")),
+        (Caller::Tenant(_), Some(_)) => {
+            return Err(ApiError::invalid("tenant_id must not be given with a tenant API key"));
+        }
+        (Caller::Tenant(k), None) => {
+            k.check_not_suspended()?;
+            k.tenant.clone()
+        }
+    };
+    ctx.tenant = Some(tenant.clone());
+    let pattern = validate_pattern(&r.scope_pattern, &tenant).map_err(ApiError::invalid)?;
+    if let Caller::Tenant(k) = &caller {
+        k.check_scope(&pattern)?;
+    }
+    let p = Policy {
+        policy_id: format!("pol_{:012x}{}", crate::domain::now_ms(), &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        name: r.name.trim().to_string(),
+        description: r.description,
+        scope_pattern: pattern,
+        priority: r.priority.unwrap_or(0),
+        caps: caps_value(r.caps),
+        commit_overage_policy: r.commit_overage_policy.map(|o| o.as_str().to_string()),
+        reservation_ttl_override: r.reservation_ttl_override,
+        rate_limits: r.rate_limits,
+        status: "ACTIVE".into(),
+        effective_from_ms: time("effective_from", r.effective_from.as_ref())?,
+        effective_until_ms: time("effective_until", r.effective_until.as_ref())?,
+        ..Policy::default()
+    };
+    check(&p)?;
+    let changed = changed_fields(&Policy::default(), &p);
+    policies::publish_owner(&app.store, &p.policy_id, &tenant).await?;
+    let (stored, _) = write(app, ctx, &caller, &tenant, &p, "", &changed).await?;
+    Ok(Answer::json(201, &stored.wire()))
+}
+
+/// `GET /v1/admin/policies` (listPolicies): priority order (highest first), then newest.
+pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, Some(Permission::PoliciesRead)).await?;
+    let q = ListQuery::parse(req, &["priority"])?;
+    let tenant = match &caller {
+        Caller::Admin => q
+            .get("tenant_id")
+            .map(String::from)
+            .ok_or_else(|| ApiError::invalid("tenant_id is required with the admin key"))?,
+        Caller::Tenant(k) => k.tenant.clone(),
+    };
+    ctx.tenant = Some(tenant.clone());
+    let status = match q.get("status") {
+        None => None,
+        Some(s @ ("ACTIVE" | "DISABLED")) => Some(s.to_string()),
+        Some(s) => return Err(ApiError::invalid(format!("status {s:?} is not ACTIVE or DISABLED"))),
+    };
+    let pattern = q.get("scope_pattern").map(str::to_ascii_lowercase);
+    let rows = policies::all(&app.store, &tenant)
+        .await?
+        .into_iter()
+        .filter(|p| status.as_ref().is_none_or(|s| *s == p.status))
+        .filter(|p| pattern.as_ref().is_none_or(|x| *x == p.scope_pattern.to_ascii_lowercase()))
+        .filter(|p| match &caller {
+            Caller::Tenant(k) => k.check_scope(&p.scope_pattern).is_ok(),
+            Caller::Admin => true,
+        })
+        .filter(|p| q.matches_search(&[&p.name, &p.scope_pattern, p.description.as_deref().unwrap_or("")]))
+        .map(|p| (sort_int(p.priority), p.policy_id.clone(), p.wire()))
+        .collect();
+    let (items, next) = q.page(rows);
+    Ok(Answer::json(200, &list_body("policies", items, next)))
+}
+
+/// `PATCH /v1/admin/policies/{policy_id}` (updatePolicy): the resulting state is checked
+/// whole; a write that raced another is read and applied again.
+pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let caller = dual_auth(app, ctx, req, Some(Permission::PoliciesWrite)).await?;
+    let id = req.param("policy_id");
+    let (r, _) = parse_json::<PolicyUpdateRequest>(&req.body)?;
+    let not_found = || ApiError::not_found("Policy not found");
+    let tenant = policies::owner(&app.store, id).await?.ok_or_else(not_found)?;
+    if let Caller::Tenant(k) = &caller {
+        if k.tenant != tenant {
+            return Err(not_found());
+        }
+        k.check_not_suspended()?;
+    }
+    ctx.tenant = Some(tenant.clone());
+    for _ in 0..3 {
+        let current = policies::read(&app.store, &tenant, id).await?.ok_or_else(not_found)?;
+        if let Caller::Tenant(k) = &caller {
+            k.check_scope(&current.scope_pattern)?;
+        }
+        let mut p = current.clone();
+        if let Some(n) = &r.name {
+            p.name = n.trim().to_string();
+        }
+        if let Some(d) = &r.description {
+            p.description = d.clone();
+        }
+        if let Some(x) = r.priority {
+            p.priority = x;
+        }
+        if let Some(c) = &r.caps {
+            p.caps = caps_value(c.clone());
+        }
+        if let Some(o) = r.commit_overage_policy {
+            p.commit_overage_policy = o.map(|o| o.as_str().to_string());
+        }
+        if let Some(t) = &r.reservation_ttl_override {
+            p.reservation_ttl_override = t.clone();
+        }
+        if let Some(l) = &r.rate_limits {
+            p.rate_limits = l.clone();
+        }
+        if let Some(f) = &r.effective_from {
+            p.effective_from_ms = time("effective_from", f.as_ref())?;
+        }
+        if let Some(u) = &r.effective_until {
+            p.effective_until_ms = time("effective_until", u.as_ref())?;
+        }
+        if let Some(s) = r.status {
+            p.status = match s {
+                PolicyStatus::Active => "ACTIVE",
+                PolicyStatus::Disabled => "DISABLED",
+            }
+            .into();
+        }
+        check(&p)?;
+        let changed = changed_fields(&current, &p);
+        if changed.is_empty() {
+            return Ok(Answer::json(200, &current.wire()));
+        }
+        let (stored, status) =
+            write(app, ctx, &caller, &tenant, &p, &current.updated_at_ms.to_string(), &changed).await?;
+        if status != "CONFLICT" {
+            return Ok(Answer::json(200, &stored.wire()));
+        }
+    }
+    Err(ApiError::new(ErrorCode::InternalError, "The policy kept changing under this update; retry"))
+}

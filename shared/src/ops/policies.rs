@@ -1,0 +1,176 @@
+//! Policies: stored per tenant (`TenantKeys::policies`), each with a runtime projection
+//! (`TenantKeys::policy_rules`) that the reserve, evaluate, commit and event scripts read in
+//! their one round trip. Writes go through one script with the event and audit row.
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::script;
+use crate::domain::format_rfc3339_ms;
+use crate::error::{ApiError, ApiResult};
+use crate::keys::{self, TenantKeys};
+use crate::store::Store;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtlOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_ttl_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ttl_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_extensions: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_reservations_per_minute: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_commits_per_minute: Option<i64>,
+}
+
+/// Soft-landing constraints (the protocol's `Caps`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Caps {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps_remaining: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_allowlist: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_denylist: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown_ms: Option<u64>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// A policy as stored. The write script adds `updated_at_ms` (and `created_at_ms` to a new
+/// one) from Redis's clock, so both are left out when zero.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    pub policy_id: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub scope_pattern: String,
+    #[serde(default)]
+    pub priority: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caps: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_overage_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_ttl_override: Option<TtlOverride>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<RateLimits>,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_from_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_until_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub created_at_ms: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub updated_at_ms: i64,
+}
+
+impl Policy {
+    /// The wire `Policy`.
+    pub fn wire(&self) -> Value {
+        let mut v = json!({
+            "policy_id": self.policy_id, "name": self.name, "scope_pattern": self.scope_pattern,
+            "priority": self.priority, "status": self.status,
+            "created_at": format_rfc3339_ms(self.created_at_ms),
+            "updated_at": format_rfc3339_ms(self.updated_at_ms),
+        });
+        let optional = [
+            ("description", self.description.as_ref().map(|d| json!(d))),
+            ("caps", self.caps.clone()),
+            ("commit_overage_policy", self.commit_overage_policy.as_ref().map(|p| json!(p))),
+            ("reservation_ttl_override", self.reservation_ttl_override.as_ref().map(|t| json!(t))),
+            ("rate_limits", self.rate_limits.as_ref().map(|r| json!(r))),
+            ("effective_from", self.effective_from_ms.map(|ms| json!(format_rfc3339_ms(ms)))),
+            ("effective_until", self.effective_until_ms.map(|ms| json!(format_rfc3339_ms(ms)))),
+        ];
+        for (name, value) in optional {
+            if let Some(x) = value {
+                v[name] = x;
+            }
+        }
+        v
+    }
+
+    /// What the runtime scripts read (`policy_settings` in `lua/lib.lua`): the matching inputs
+    /// and each setting that changes runtime behaviour, flat; caps as their JSON text, so the
+    /// answer carries them exactly as written.
+    pub fn runtime_rule(&self) -> String {
+        let ttl = self.reservation_ttl_override.clone().unwrap_or_default();
+        let rate = self.rate_limits.clone().unwrap_or_default();
+        let mut v = json!({"id": self.policy_id, "pat": self.scope_pattern.to_ascii_lowercase(),
+            "pri": self.priority, "st": self.status});
+        let fields = [
+            ("from", self.effective_from_ms.map(|x| json!(x))),
+            ("until", self.effective_until_ms.map(|x| json!(x))),
+            ("caps", self.caps.as_ref().map(|c| json!(c.to_string()))),
+            ("ov", self.commit_overage_policy.as_ref().map(|p| json!(p))),
+            ("ttl_d", ttl.default_ttl_ms.map(|x| json!(x))),
+            ("ttl_m", ttl.max_ttl_ms.map(|x| json!(x))),
+            ("ttl_x", ttl.max_extensions.map(|x| json!(x))),
+            ("rl_r", rate.max_reservations_per_minute.map(|x| json!(x))),
+            ("rl_c", rate.max_commits_per_minute.map(|x| json!(x))),
+        ];
+        for (name, value) in fields {
+            if let Some(x) = value {
+                v[name] = x;
+            }
+        }
+        v.to_string()
+    }
+}
+
+script! {
+    /// createPolicy / updatePolicy (`lua/policy_write.lua`): `record` is the stored policy
+    /// without its times, `rule` its runtime projection, `expected` the `updated_at_ms` the
+    /// update read ('' for a create). Status CREATED, UPDATED, or CONFLICT (read again).
+    pub struct WritePolicy = policy_write -> Policy {
+        keys: [tenant, policies, rules, names, events, audit_log],
+        args: [context, policy_id, name_key, record, rule, expected, changed],
+    }
+}
+
+/// The tenant owning a policy id, if the id exists.
+pub async fn owner(store: &Store, id: &str) -> ApiResult<Option<String>> {
+    Ok(store.conn().get(keys::policy_lookup(id)).await?)
+}
+
+/// Publishes a new policy id's owner (before its record is written: an id whose record never
+/// got written reads as not found).
+pub async fn publish_owner(store: &Store, id: &str, tenant: &str) -> ApiResult<()> {
+    Ok(store.conn().set(keys::policy_lookup(id), tenant).await?)
+}
+
+fn decode(raw: &str) -> ApiResult<Policy> {
+    serde_json::from_str(raw).map_err(|e| ApiError::fault(format!("a stored policy is malformed: {e}")))
+}
+
+/// One policy of a tenant.
+pub async fn read(store: &Store, tenant: &str, id: &str) -> ApiResult<Option<Policy>> {
+    let raw: Option<String> = store.conn().hget(TenantKeys::new(tenant).policies(), id).await?;
+    raw.as_deref().map(decode).transpose()
+}
+
+/// Every policy of a tenant (at most `rules::MAX_POLICIES`).
+pub async fn all(store: &Store, tenant: &str) -> ApiResult<Vec<Policy>> {
+    let raw: HashMap<String, String> = store.conn().hgetall(TenantKeys::new(tenant).policies()).await?;
+    raw.values().map(|r| decode(r)).collect()
+}
