@@ -29,6 +29,9 @@ pub struct Config {
     pub sweep_trim_tenants: usize,
     /// Webhook delivery settings.
     pub webhooks: WebhookConfig,
+    /// How old the overview snapshot may be before a request rebuilds it (the sweep rebuilds it
+    /// at half this age).
+    pub overview_max_age: Duration,
     /// Origins allowed cross-origin access to both planes (`CYCLES_CORS_ORIGINS`, comma-separated
     /// `scheme://host[:port]`); empty: none.
     pub cors_origins: Vec<String>,
@@ -48,6 +51,8 @@ pub struct SweepOptions {
     pub audit_retention: Duration,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
+    /// The overview snapshot is rebuilt when older than this.
+    pub overview_refresh: Duration,
 }
 
 impl Default for SweepOptions {
@@ -59,6 +64,7 @@ impl Default for SweepOptions {
             event_retention: Duration::from_secs(90 * 86_400),
             audit_retention: Duration::from_secs(365 * 86_400),
             trim_tenants: 200,
+            overview_refresh: Duration::from_secs(30),
         }
     }
 }
@@ -175,6 +181,7 @@ impl Config {
             event_retention: self.event_retention,
             audit_retention: self.audit_retention,
             trim_tenants: self.sweep_trim_tenants,
+            overview_refresh: self.overview_max_age / 2,
         }
     }
 
@@ -200,6 +207,7 @@ impl Config {
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),
             webhooks: WebhookConfig::from_env(&key_pepper),
+            overview_max_age: env_ms("CYCLES_OVERVIEW_MAX_AGE_MS", 60_000),
             key_pepper,
             cors_origins: env("CYCLES_CORS_ORIGINS")
                 .map(|v| v.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect())

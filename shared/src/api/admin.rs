@@ -101,61 +101,64 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
     v.to_string()
 }
 
-/// `GET /v1/auth/introspect`: who the credential is and what it may do.
+/// Dashboard capabilities: each flag, the operation whose page it gates (a flag is true only
+/// when this deployment serves that operation), and the tenant permissions that turn it on
+/// (none: the flag is admin-only, false for every tenant key whatever its admin:* permissions).
+const CAPABILITIES: [(&str, &str, &[&str]); 15] = [
+    ("view_overview", "getAdminOverview", &[]),
+    ("view_budgets", "listBudgets", &["budgets:read", "admin:read", "admin:budgets:read"]),
+    ("view_events", "listEvents", &["events:read", "admin:read", "admin:events:read"]),
+    ("view_webhooks", "listWebhookSubscriptions", &["webhooks:read", "admin:read", "admin:webhooks:read"]),
+    ("view_audit", "listAuditLogs", &[]),
+    ("view_tenants", "listTenants", &[]),
+    ("view_api_keys", "listApiKeys", &[]),
+    ("view_policies", "listPolicies", &["policies:read", "admin:read", "admin:policies:read"]),
+    (
+        "view_reservations",
+        "listReservations",
+        &[
+            "reservations:list",
+            "reservations:create",
+            "reservations:commit",
+            "reservations:release",
+            "reservations:extend",
+            "admin:read",
+        ],
+    ),
+    ("manage_budgets", "createBudget", &["budgets:write", "admin:write", "admin:budgets:write"]),
+    ("manage_policies", "createPolicy", &["policies:write", "admin:write", "admin:policies:write"]),
+    ("manage_webhooks", "createWebhookSubscription", &["webhooks:write", "admin:write", "admin:webhooks:write"]),
+    ("manage_tenants", "createTenant", &[]),
+    ("manage_api_keys", "createApiKey", &[]),
+    (
+        "manage_reservations",
+        "releaseReservation",
+        &["reservations:create", "reservations:commit", "reservations:release", "reservations:extend", "admin:write"],
+    ),
+];
+
+/// The capability map: a flag is on when the caller is granted it and this deployment serves
+/// the operation behind it.
+fn capability_map(
+    granted: impl Fn(&[&str]) -> bool,
+    served: impl Fn(&str) -> bool,
+) -> serde_json::Map<String, serde_json::Value> {
+    CAPABILITIES
+        .iter()
+        .map(|(name, operation, perms)| (name.to_string(), json!(granted(perms) && served(operation))))
+        .collect()
+}
+
+/// `GET /v1/auth/introspect`: who the credential is and what it may do here.
 pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<super::Answer> {
-    const VIEWS: [&str; 8] = [
-        "view_overview",
-        "view_budgets",
-        "view_events",
-        "view_webhooks",
-        "view_audit",
-        "view_tenants",
-        "view_api_keys",
-        "view_policies",
-    ];
-    const DERIVED: [(&str, &[&str]); 9] = [
-        ("view_budgets", &["budgets:read", "admin:read", "admin:budgets:read"]),
-        ("view_policies", &["policies:read", "admin:read", "admin:policies:read"]),
-        ("view_webhooks", &["webhooks:read", "admin:read", "admin:webhooks:read"]),
-        ("view_events", &["events:read", "admin:read", "admin:events:read"]),
-        (
-            "view_reservations",
-            &[
-                "reservations:list",
-                "reservations:create",
-                "reservations:commit",
-                "reservations:release",
-                "reservations:extend",
-                "admin:read",
-            ],
-        ),
-        ("manage_budgets", &["budgets:write", "admin:write", "admin:budgets:write"]),
-        ("manage_policies", &["policies:write", "admin:write", "admin:policies:write"]),
-        ("manage_webhooks", &["webhooks:write", "admin:write", "admin:webhooks:write"]),
-        (
-            "manage_reservations",
-            &[
-                "reservations:create",
-                "reservations:commit",
-                "reservations:release",
-                "reservations:extend",
-                "admin:write",
-            ],
-        ),
-    ];
-    const ALWAYS_ADMIN: [&str; 3] = ["manage_tenants", "manage_api_keys", "view_reservations"];
     let caller = dual_auth(app, ctx, req, None).await?;
-    let mut caps = serde_json::Map::new();
-    for name in VIEWS.iter().chain(ALWAYS_ADMIN.iter()).chain(DERIVED.iter().map(|(n, _)| n)) {
-        let on = match &caller {
+    let caps = capability_map(
+        |perms| match &caller {
             Caller::Admin => true,
-            Caller::Tenant(k) => DERIVED
-                .iter()
-                .find(|(n, _)| n == name)
-                .is_some_and(|(_, perms)| perms.iter().any(|p| k.permissions().iter().any(|h| h == p))),
-        };
-        caps.insert(name.to_string(), json!(on));
-    }
+            Caller::Tenant(k) => perms.iter().any(|p| k.permissions().iter().any(|h| h == p)),
+        },
+        |operation| super::ROUTES.iter().any(|r| r.operation == operation),
+    );
     let body = match &caller {
         Caller::Admin => {
             json!({"authenticated": true, "auth_type": "admin", "permissions": ["*"], "capabilities": caps})
@@ -317,5 +320,29 @@ mod tests {
         let query = format!("limit=1&sort_by=name&cursor={}", next.unwrap());
         let req = ApiRequest { query, ..Default::default() };
         assert!(ListQuery::parse(&req, &["created_at", "name"]).is_err());
+    }
+
+    #[test]
+    fn a_capability_is_on_only_where_its_operation_is_served() {
+        let all = capability_map(|_| true, |_| true);
+        assert_eq!(all.len(), 15);
+        assert!(all.values().all(|v| v == true));
+        let without_policies = capability_map(|_| true, |op| op != "listPolicies" && op != "createPolicy");
+        assert_eq!(without_policies["view_policies"], false);
+        assert_eq!(without_policies["manage_policies"], false);
+        assert_eq!(without_policies["view_budgets"], true);
+        // Admin-only flags stay off for a tenant key whatever it holds.
+        let tenant = capability_map(|perms| perms.contains(&"admin:read"), |_| true);
+        for flag in ["view_overview", "view_audit", "view_tenants", "view_api_keys", "manage_tenants"] {
+            assert_eq!(tenant[flag], false, "{flag}");
+        }
+        assert_eq!(tenant["view_budgets"], true);
+    }
+
+    #[test]
+    fn every_capability_names_an_operation_this_build_serves() {
+        for (name, operation, _) in CAPABILITIES {
+            assert!(super::super::ROUTES.iter().any(|r| r.operation == operation), "{name}: {operation} has no route");
+        }
     }
 }

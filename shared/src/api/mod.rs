@@ -10,6 +10,7 @@ pub mod budgets;
 pub mod cors;
 pub mod events;
 mod list;
+pub mod overview;
 pub mod policies;
 mod reservations;
 pub mod tenants;
@@ -158,6 +159,7 @@ routes! {
     Admin PATCH "/v1/admin/policies/{policy_id}" => "update-policy" (updatePolicy), policies::update;
     Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
     Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey), api_keys::validate;
+    Admin GET "/v1/admin/overview" => "get-admin-overview" (getAdminOverview), overview::get;
     Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs), audit::list;
     Admin GET "/v1/balances" => "get-admin-balances" (getBalances), budgets::balances;
     Admin GET "/v1/admin/events" => "list-events" (listEvents), events::admin_list;

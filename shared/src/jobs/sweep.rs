@@ -94,6 +94,8 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
         let horizon = now_ms() - opts.audit_retention.as_millis() as i64;
         report.trimmed_audit += crate::ops::audit::trim(store, owner, horizon).await?;
     }
+    // the operator's overview stays fresh without a request paying for its rebuild
+    crate::ops::overview::refresh_if_older(store, opts.overview_refresh.as_millis() as i64).await?;
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }

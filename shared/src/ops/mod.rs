@@ -11,6 +11,7 @@ pub mod events;
 pub mod ledgers;
 pub mod listing;
 pub mod maintenance;
+pub mod overview;
 pub mod policies;
 pub mod records;
 pub mod reservations;

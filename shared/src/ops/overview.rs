@@ -1,0 +1,156 @@
+//! getAdminOverview: the operator's dashboard in one request. A request reads one stored
+//! snapshot (one GET, whatever the size of the deployment); the snapshot is rebuilt by the
+//! maintenance sweep on each pass and by a request that finds it older than its maximum age.
+//! A rebuild reads each tenant's ledgers and subscriptions and the last hour of its events
+//! (at most `MAX_WINDOW_EVENTS` per owner).
+
+use std::collections::BTreeMap;
+
+use redis::streams::StreamRangeReply;
+use redis::AsyncCommands;
+use serde_json::{json, Value};
+
+use crate::domain::{format_rfc3339_ms, now_ms};
+use crate::error::ApiResult;
+use crate::keys::TenantKeys;
+use crate::store::Store;
+
+/// Where the snapshot is kept (JSON of the AdminOverviewResponse, with `as_of`).
+pub const SNAPSHOT: &str = "cy:{__admin__}:overview";
+/// The window of the event summaries.
+pub const WINDOW_SECONDS: i64 = 3600;
+/// The most events of one owner a rebuild reads from the window (newest first).
+pub const MAX_WINDOW_EVENTS: usize = 10_000;
+/// Top-offender and recent-event lists hold at most this many items.
+const TOP: usize = 10;
+
+/// The stored snapshot when younger than `max_age_ms`.
+async fn fresh(store: &Store, max_age_ms: i64) -> ApiResult<Option<Value>> {
+    let stored: Option<String> = store.conn().get(SNAPSHOT).await?;
+    Ok(stored
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .filter(|v| v["as_of_ms"].as_i64().is_some_and(|at| now_ms() - at < max_age_ms)))
+}
+
+/// The overview: the stored snapshot when younger than `max_age_ms`, else a fresh one.
+pub async fn overview(store: &Store, max_age_ms: i64) -> ApiResult<Value> {
+    match fresh(store, max_age_ms).await? {
+        Some(v) => Ok(strip(v)),
+        None => Ok(strip(refresh(store).await?)),
+    }
+}
+
+/// The sweep's part: rebuilds the snapshot when older than `max_age_ms` (true when it did).
+pub async fn refresh_if_older(store: &Store, max_age_ms: i64) -> ApiResult<bool> {
+    if fresh(store, max_age_ms).await?.is_some() {
+        return Ok(false);
+    }
+    refresh(store).await?;
+    Ok(true)
+}
+
+fn strip(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("as_of_ms");
+    }
+    v
+}
+
+/// Rebuilds and stores the snapshot.
+pub async fn refresh(store: &Store) -> ApiResult<Value> {
+    let v = build(store).await?;
+    let _: () = store.conn().set(SNAPSHOT, v.to_string()).await?;
+    Ok(v)
+}
+
+fn count(map: &mut BTreeMap<String, i64>, key: &str) {
+    *map.entry(key.to_string()).or_default() += 1;
+}
+
+async fn build(store: &Store) -> ApiResult<Value> {
+    let now = now_ms();
+    let since = now - WINDOW_SECONDS * 1000;
+    let tenants = super::tenants::all(store).await?;
+    let mut tenant_status = BTreeMap::new();
+    let (mut budgets, mut by_unit, mut over, mut debt) = (BTreeMap::new(), BTreeMap::new(), vec![], vec![]);
+    let (mut hooks, mut failing) = (BTreeMap::new(), vec![]);
+    let (mut categories, mut reasons, mut denials, mut expiries, mut recent) =
+        (BTreeMap::new(), BTreeMap::new(), Vec::<Value>::new(), Vec::<Value>::new(), 0i64);
+    let owners = tenants.iter().map(|t| t.tenant_id.as_str()).chain([super::events::SYSTEM_TENANT]);
+    for t in &tenants {
+        count(&mut tenant_status, &t.status);
+        for l in super::ledgers::of_tenant(store, &t.tenant_id).await? {
+            count(&mut budgets, &l.status);
+            count(&mut by_unit, &l.unit);
+            if l.is_over_limit {
+                count(&mut budgets, "over_limit");
+                over.push(json!({"scope": l.scope, "unit": l.unit, "allocated": l.allocated,
+                    "remaining": l.remaining, "debt": l.debt}));
+            }
+            if l.debt > 0 {
+                count(&mut budgets, "with_debt");
+                debt.push(
+                    json!({"scope": l.scope, "unit": l.unit, "debt": l.debt, "overdraft_limit": l.overdraft_limit}),
+                );
+            }
+        }
+    }
+    for owner in owners {
+        for s in super::webhooks::subscriptions(store, owner).await? {
+            count(&mut hooks, &s.status);
+            if s.consecutive_failures > 0 {
+                count(&mut hooks, "with_failures");
+                let mut f =
+                    json!({"subscription_id": s.id, "url": s.url, "consecutive_failures": s.consecutive_failures});
+                if let Some(at) = s.last_failure_at_ms {
+                    f["last_failure_at"] = json!(format_rfc3339_ms(at));
+                }
+                failing.push(f);
+            }
+        }
+        let reply: StreamRangeReply = store
+            .conn()
+            .xrevrange_count(TenantKeys::new(owner).events(), "+", since.to_string(), MAX_WINDOW_EVENTS)
+            .await?;
+        for (_, e) in super::events::decode(reply) {
+            recent += 1;
+            count(&mut categories, e["category"].as_str().unwrap_or("unknown"));
+            match e["event_type"].as_str() {
+                Some("reservation.denied") => {
+                    count(&mut reasons, e["data"]["reason_code"].as_str().unwrap_or("UNKNOWN"));
+                    denials.push(e);
+                }
+                Some("reservation.expired") => expiries.push(e),
+                _ => {}
+            }
+        }
+    }
+    let newest_first = |v: &mut Vec<Value>| {
+        v.sort_by(|a, b| b["timestamp"].as_str().cmp(&a["timestamp"].as_str()));
+        v.truncate(TOP);
+    };
+    newest_first(&mut denials);
+    newest_first(&mut expiries);
+    let worst_first = |v: &mut Vec<Value>, by: &str| {
+        v.sort_by_key(|x| std::cmp::Reverse(x[by].as_i64().unwrap_or(0)));
+        v.truncate(TOP);
+    };
+    worst_first(&mut over, "debt");
+    worst_first(&mut debt, "debt");
+    worst_first(&mut failing, "consecutive_failures");
+    let n = |m: &BTreeMap<String, i64>, k: &str| m.get(k).copied().unwrap_or(0);
+    Ok(json!({
+        "as_of": format_rfc3339_ms(now), "as_of_ms": now, "event_window_seconds": WINDOW_SECONDS,
+        "tenant_counts": {"total": tenants.len(), "active": n(&tenant_status, "ACTIVE"),
+            "suspended": n(&tenant_status, "SUSPENDED"), "closed": n(&tenant_status, "CLOSED")},
+        "budget_counts": {"total": by_unit.values().sum::<i64>(), "active": n(&budgets, "ACTIVE"),
+            "frozen": n(&budgets, "FROZEN"), "closed": n(&budgets, "CLOSED"), "over_limit": n(&budgets, "over_limit"),
+            "with_debt": n(&budgets, "with_debt"), "by_unit": by_unit},
+        "over_limit_scopes": over, "debt_scopes": debt,
+        "webhook_counts": {"total": hooks.iter().filter(|(k, _)| *k != "with_failures").map(|(_, v)| v).sum::<i64>(),
+            "active": n(&hooks, "ACTIVE"), "disabled": n(&hooks, "DISABLED"), "with_failures": n(&hooks, "with_failures")},
+        "failing_webhooks": failing,
+        "event_counts": {"total_recent": recent, "by_category": categories},
+        "recent_denials": denials, "recent_expiries": expiries, "recent_denials_by_reason": reasons,
+    }))
+}
