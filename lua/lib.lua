@@ -861,6 +861,8 @@ end
 -- the change it records. `ctx` (the request context) names the operation, its caller and the
 -- status the request answers; `action` says what this entry changed (a cascade writes several).
 local function audit(key, ctx, action, resource_type, resource_id, now, details)
+  -- a bulk action's rows: the invocation's one entry is written apart, with every row's outcome
+  if ctx and ctx.bulk then return end
   ctx = ctx or {}
   local entry = { timestamp_ms = now, tenant_id = ctx.tenant or '', operation = ctx.operation or action,
     status = tonumber(ctx.status) or 200, resource_type = resource_type, resource_id = resource_id,

@@ -22,7 +22,7 @@ if mode == 'create' then
   f.status, f.consecutive_failures, f.created_at_ms, f.updated_at_ms = 'ACTIVE', '0', now_s, now_s
   write_fields(K.subscription, f)
   redis.call('SADD', K.subscription_index, id)
-  ctx.correlation_id = 'webhook_create:' .. id
+  ctx.correlation_id = ctx.correlation_id or ('webhook_create:' .. id)
   lifecycle('webhook.created', nil, 'ACTIVE', '[]')
   audit(K.audit_log, ctx, 'webhook.create', 'webhook', id, now)
   return ok(record_json(K.subscription), 'ACTIVE', now_s)
@@ -33,7 +33,7 @@ if not cur[1] then return err('WEBHOOK_NOT_FOUND', MSG.WEBHOOK_NOT_FOUND) end
 if mode == 'delete' then
   redis.call('DEL', K.subscription)
   redis.call('SREM', K.subscription_index, id)
-  ctx.correlation_id = 'webhook_delete:' .. id
+  ctx.correlation_id = ctx.correlation_id or ('webhook_delete:' .. id)
   lifecycle('webhook.deleted', cur[2], nil, '[]')
   audit(K.audit_log, ctx, 'webhook.delete', 'webhook', id, now)
   return ok('{}', 'DELETED', now_s)
@@ -59,7 +59,8 @@ if to ~= from then
 end
 write_fields(K.subscription, patch)
 local fields = csv_json(',' .. table.concat(changed, ',') .. ',')
-ctx.correlation_id = 'webhook_update:' .. id .. ':' .. (ctx.request_id or '')
+-- (a bulk action's rows keep the invocation's correlation id)
+ctx.correlation_id = ctx.correlation_id or ('webhook_update:' .. id .. ':' .. (ctx.request_id or ''))
 if to == from then lifecycle('webhook.updated', from, to, fields)
 elseif to == 'PAUSED' then lifecycle('webhook.paused', from, to, fields)
 else lifecycle('webhook.resumed', from, to, fields) end

@@ -35,10 +35,11 @@ pub enum ErrorCode {
     WebhookNotFound,
     WebhookUrlInvalid,
     ReplayInProgress,
+    CountMismatch,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 29] = [
         Self::InvalidRequest,
         Self::UnitMismatch,
         Self::Unauthorized,
@@ -67,6 +68,7 @@ impl ErrorCode {
         Self::WebhookNotFound,
         Self::WebhookUrlInvalid,
         Self::ReplayInProgress,
+        Self::CountMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +101,7 @@ impl ErrorCode {
             Self::WebhookNotFound => "WEBHOOK_NOT_FOUND",
             Self::WebhookUrlInvalid => "WEBHOOK_URL_INVALID",
             Self::ReplayInProgress => "REPLAY_IN_PROGRESS",
+            Self::CountMismatch => "COUNT_MISMATCH",
         }
     }
 

@@ -79,6 +79,19 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
         Caller::Tenant(k) => ("api_key", k.key_id.as_str()),
     };
     ctx.audit_in_script.store(true, std::sync::atomic::Ordering::Relaxed);
+    context_json(ctx, actor, key_id, ctx.tenant.as_deref().unwrap_or(""), correlation_id).to_string()
+}
+
+/// The context of one row of a bulk action: the row's change writes its event (with the
+/// invocation's `correlation_id`) but no audit entry; the invocation has one entry of its own,
+/// written by the dispatcher with every row's outcome (`Ctx::audit_metadata`).
+pub fn bulk_context(ctx: &Ctx, tenant: &str, correlation_id: &str) -> String {
+    let mut v = context_json(ctx, "admin_on_behalf_of", "", tenant, Some(correlation_id));
+    v["bulk"] = json!(true);
+    v.to_string()
+}
+
+fn context_json(ctx: &Ctx, actor: &str, key_id: &str, tenant: &str, correlation_id: Option<&str>) -> Value {
     let mut v = json!({
         "request_id": ctx.request_id,
         "trace_id": ctx.trace.trace_id,
@@ -87,7 +100,7 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
         "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
         "operation": ctx.operation,
         "status": crate::ops::audit::success_status(ctx.operation),
-        "tenant": ctx.tenant.as_deref().unwrap_or(""),
+        "tenant": tenant,
     });
     for (name, value) in [
         ("correlation_id", correlation_id),
@@ -98,7 +111,7 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
             v[name] = json!(x);
         }
     }
-    v.to_string()
+    v
 }
 
 /// Dashboard capabilities: each flag, the operation whose page it gates (a flag is true only
@@ -239,10 +252,7 @@ impl ListQuery {
 
     /// Case-insensitive substring search over the given fields (true when no search is set).
     pub fn matches_search(&self, fields: &[&str]) -> bool {
-        self.search.as_ref().is_none_or(|s| {
-            let s = s.to_lowercase();
-            fields.iter().any(|f| f.to_lowercase().contains(&s))
-        })
+        search_matches(self.search.as_deref(), fields)
     }
 
     /// One page of rows given as (sort key, unique id, item), plus the next cursor.
@@ -272,6 +282,33 @@ impl ListQuery {
             _ => None,
         };
         (rows.into_iter().map(|r| r.2).collect(), next)
+    }
+}
+
+/// The `search` of listings and bulk filters: a case-insensitive substring of one of the fields
+/// (true when there is no search).
+pub fn search_matches(search: Option<&str>, fields: &[&str]) -> bool {
+    search.filter(|s| !s.is_empty()).is_none_or(|s| {
+        let s = s.to_lowercase();
+        fields.iter().any(|f| f.to_lowercase().contains(&s))
+    })
+}
+
+/// A `search` is at most 128 characters.
+pub fn check_search(search: Option<&str>) -> ApiResult<()> {
+    if search.is_some_and(|s| s.chars().count() > 128) {
+        return Err(ApiError::invalid("search must be at most 128 characters"));
+    }
+    Ok(())
+}
+
+/// A status filter is one of `allowed`.
+pub fn check_status(status: Option<&str>, allowed: &[&str]) -> ApiResult<()> {
+    match status {
+        Some(s) if !allowed.contains(&s) => {
+            Err(ApiError::invalid(format!("status must be one of {}", allowed.join(", "))))
+        }
+        _ => Ok(()),
     }
 }
 

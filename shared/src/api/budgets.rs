@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::admin::*;
 use super::{query_bool, Answer, ApiRequest, App, Ctx};
-use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash, rules};
+use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash};
 use crate::domain::{validate_scope, validate_tenant_id};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::TenantKeys;
@@ -75,12 +75,24 @@ struct StatusChangeRequest {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-enum FundOperation {
+pub enum FundOperation {
     Credit,
     Debit,
     Reset,
     RepayDebt,
     ResetSpent,
+}
+
+impl FundOperation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FundOperation::Credit => "CREDIT",
+            FundOperation::Debit => "DEBIT",
+            FundOperation::Reset => "RESET",
+            FundOperation::RepayDebt => "REPAY_DEBT",
+            FundOperation::ResetSpent => "RESET_SPENT",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -264,13 +276,82 @@ pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     Ok(Answer::json(200, &ledger_json(&ledger)))
 }
 
-fn parse_ratio(q: &ListQuery, name: &str) -> ApiResult<Option<f64>> {
-    match q.get(name) {
-        None => Ok(None),
-        Some(v) => match v.parse::<f64>() {
-            Ok(x) if (0.0..=1.0).contains(&x) => Ok(Some(x)),
-            _ => Err(ApiError::invalid(format!("{name} must be a number from 0 to 1"))),
-        },
+/// The ledger selection of listBudgets (query) and bulkActionBudgets (body): every given
+/// property must hold.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetFilter {
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    #[serde(default)]
+    pub scope_prefix: Option<String>,
+    #[serde(default)]
+    pub unit: Option<Unit>,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub over_limit: Option<bool>,
+    #[serde(default)]
+    pub has_debt: Option<bool>,
+    #[serde(default)]
+    pub utilization_min: Option<f64>,
+    #[serde(default)]
+    pub utilization_max: Option<f64>,
+    #[serde(default)]
+    pub search: Option<String>,
+}
+
+impl BudgetFilter {
+    pub fn from_query(q: &ListQuery) -> ApiResult<BudgetFilter> {
+        let unit = q.get("unit").map(|u| Unit::parse(u).ok_or_else(|| ApiError::invalid("unit is not a known unit")));
+        let ratio = |name: &str| {
+            q.get(name)
+                .map(|v| {
+                    v.parse::<f64>().map_err(|_| ApiError::invalid(format!("{name} must be a number from 0 to 1")))
+                })
+                .transpose()
+        };
+        let f = BudgetFilter {
+            tenant_id: q.get("tenant_id").map(String::from),
+            scope_prefix: q.get("scope_prefix").map(String::from),
+            unit: unit.transpose()?,
+            status: q.get("status").map(String::from),
+            over_limit: query_bool(q.get("over_limit"), "over_limit")?,
+            has_debt: query_bool(q.get("has_debt"), "has_debt")?,
+            utilization_min: ratio("utilization_min")?,
+            utilization_max: ratio("utilization_max")?,
+            search: q.get("search").map(String::from),
+        };
+        f.check()?;
+        Ok(f)
+    }
+
+    pub fn check(&self) -> ApiResult<()> {
+        check_status(self.status.as_deref(), &["ACTIVE", "FROZEN", "CLOSED"])?;
+        check_search(self.search.as_deref())?;
+        for (name, v) in [("utilization_min", self.utilization_min), ("utilization_max", self.utilization_max)] {
+            if v.is_some_and(|x| !(0.0..=1.0).contains(&x)) {
+                return Err(ApiError::invalid(format!("{name} must be a number from 0 to 1")));
+            }
+        }
+        if let (Some(a), Some(b)) = (self.utilization_min, self.utilization_max) {
+            if a > b {
+                return Err(ApiError::invalid("utilization_min must not exceed utilization_max"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn matches(&self, tenant: &str, l: &Ledger) -> bool {
+        let u = l.utilization();
+        self.scope_prefix.as_ref().is_none_or(|p| l.scope.starts_with(p.to_ascii_lowercase().as_str()))
+            && self.unit.is_none_or(|x| l.unit == x.as_str())
+            && self.status.as_ref().is_none_or(|s| l.status == *s)
+            && self.over_limit.is_none_or(|o| l.is_over_limit == o)
+            && self.has_debt.is_none_or(|h| (l.debt > 0) == h)
+            && self.utilization_min.is_none_or(|m| u >= m)
+            && self.utilization_max.is_none_or(|m| u <= m)
+            && search_matches(self.search.as_deref(), &[tenant, &l.scope])
     }
 }
 
@@ -280,20 +361,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         req,
         &["utilization", "tenant_id", "scope", "unit", "status", "commit_overage_policy", "debt"],
     )?;
-    let unit = q.get("unit").map(|u| Unit::parse(u).ok_or_else(|| ApiError::invalid("unit is not a known unit")));
-    let unit = unit.transpose()?;
-    if q.get("status").is_some_and(|s| !["ACTIVE", "FROZEN", "CLOSED"].contains(&s)) {
-        return Err(ApiError::invalid("status must be ACTIVE, FROZEN or CLOSED"));
-    }
-    let (over_limit, has_debt) =
-        (query_bool(q.get("over_limit"), "over_limit")?, query_bool(q.get("has_debt"), "has_debt")?);
-    let (umin, umax) = (parse_ratio(&q, "utilization_min")?, parse_ratio(&q, "utilization_max")?);
-    if let (Some(a), Some(b)) = (umin, umax) {
-        if a > b {
-            return Err(ApiError::invalid("utilization_min must not exceed utilization_max"));
-        }
-    }
-    let prefix = q.get("scope_prefix").map(str::to_ascii_lowercase);
+    let filter = BudgetFilter::from_query(&q)?;
     let tenants = match (&caller, q.get("tenant_id")) {
         (Caller::Tenant(k), _) => vec![k.tenant.clone()],
         (Caller::Admin, Some(t)) => {
@@ -306,19 +374,11 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     for tenant in tenants {
         for l in ops::ledgers::of_tenant(&app.store, &tenant).await? {
             let u = l.utilization();
-            let keep = prefix.as_ref().is_none_or(|p| l.scope.starts_with(p.as_str()))
-                && unit.is_none_or(|x| l.unit == x.as_str())
-                && q.get("status").is_none_or(|s| l.status == s)
-                && over_limit.is_none_or(|o| l.is_over_limit == o)
-                && has_debt.is_none_or(|h| (l.debt > 0) == h)
-                && umin.is_none_or(|m| u >= m)
-                && umax.is_none_or(|m| u <= m)
-                && q.matches_search(&[&tenant, &l.scope])
-                && match &caller {
-                    Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter(), &l.scope),
-                    Caller::Admin => true,
-                };
-            if !keep {
+            let admitted = match &caller {
+                Caller::Tenant(k) => crate::domain::scope_admitted(&k.scope_filter(), &l.scope),
+                Caller::Admin => true,
+            };
+            if !admitted || !filter.matches(&tenant, &l) {
                 continue;
             }
             let key = match q.sort_by.as_str() {
@@ -456,36 +516,18 @@ pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         return Err(budget_not_found());
     }
     ctx.tenant = Some(tenant.clone());
-    let keys = TenantKeys::new(&tenant);
-    let op = match r.operation {
-        FundOperation::Credit => "CREDIT",
-        FundOperation::Debit => "DEBIT",
-        FundOperation::Reset => "RESET",
-        FundOperation::RepayDebt => "REPAY_DEBT",
-        FundOperation::ResetSpent => "RESET_SPENT",
-    };
-    let idem = match &r.idempotency_key {
-        Some(k) => keys.idempotency("fund", &[&scope, unit.as_str(), k]),
-        None => keys.tenant(),
-    };
     let spent = match (r.operation, &r.spent) {
         (FundOperation::ResetSpent, Some(s)) => s.amount.to_string(),
         _ => String::new(),
     };
     let call = FundBudget {
-        tenant: keys.tenant(),
-        budget: keys.budget(&scope, unit),
-        record: idem,
-        events: keys.events(),
-        audit_log: keys.audit_log(),
         context: script_context(ctx, &caller, true, None),
-        scope,
-        operation: op.to_string(),
+        operation: r.operation.as_str().to_string(),
         amount: r.amount.amount.to_string(),
         spent,
         reason: r.reason.clone().unwrap_or_default(),
         payload_hash: payload_hash(&raw, &[]),
-        record_ttl_ms: rules::FUNDING_IDEMPOTENCY_MS.to_string(),
+        ..FundBudget::on(&tenant, &scope, unit, r.idempotency_key.as_deref())
     };
     let reply = app.store.run(call).await?;
     let v = reply.value;

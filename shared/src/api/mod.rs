@@ -7,6 +7,7 @@ pub mod audit;
 pub mod auth;
 mod balances;
 pub mod budgets;
+mod bulk;
 pub mod cors;
 pub mod events;
 mod list;
@@ -141,6 +142,7 @@ routes! {
     Runtime POST "/v1/reservations/{reservation_id}/extend" => "extend-reservation" (extendReservation), reservations::extend;
     Admin POST "/v1/admin/tenants" => "create-tenant" (createTenant), tenants::create;
     Admin GET "/v1/admin/tenants" => "list-tenants" (listTenants), tenants::list;
+    Admin POST "/v1/admin/tenants/bulk-action" => "bulk-action-tenants" (bulkActionTenants), bulk::tenants;
     Admin GET "/v1/admin/tenants/{tenant_id}" => "get-tenant" (getTenant), tenants::get;
     Admin PATCH "/v1/admin/tenants/{tenant_id}" => "update-tenant" (updateTenant), tenants::update;
     Admin POST "/v1/admin/api-keys" => "create-api-key" (createApiKey), api_keys::create;
@@ -154,6 +156,7 @@ routes! {
     Admin POST "/v1/admin/budgets/freeze" => "freeze-budget" (freezeBudget), budgets::freeze;
     Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget), budgets::unfreeze;
     Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget), budgets::fund;
+    Admin POST "/v1/admin/budgets/bulk-action" => "bulk-action-budgets" (bulkActionBudgets), bulk::budgets;
     Admin POST "/v1/admin/policies" => "create-policy" (createPolicy), policies::create;
     Admin GET "/v1/admin/policies" => "list-policies" (listPolicies), policies::list;
     Admin PATCH "/v1/admin/policies/{policy_id}" => "update-policy" (updatePolicy), policies::update;
@@ -167,6 +170,7 @@ routes! {
     Admin GET "/v1/events" => "list-tenant-events" (listTenantEvents), events::tenant_list;
     Admin POST "/v1/admin/webhooks" => "create-webhook" (createWebhookSubscription), webhooks::admin_create;
     Admin GET "/v1/admin/webhooks" => "list-webhooks" (listWebhookSubscriptions), webhooks::admin_list;
+    Admin POST "/v1/admin/webhooks/bulk-action" => "bulk-action-webhooks" (bulkActionWebhooks), bulk::webhooks;
     Admin GET "/v1/admin/webhooks/{subscription_id}" => "get-webhook" (getWebhookSubscription), webhooks::admin_get;
     Admin PATCH "/v1/admin/webhooks/{subscription_id}" => "update-webhook" (updateWebhookSubscription), webhooks::admin_update;
     Admin DELETE "/v1/admin/webhooks/{subscription_id}" => "delete-webhook" (deleteWebhookSubscription), webhooks::admin_delete;
@@ -300,6 +304,10 @@ pub struct Ctx {
     /// Set when a script was handed the request context: a successful change writes its own
     /// audit entry in the same step.
     pub audit_in_script: std::sync::atomic::AtomicBool,
+    /// What the dispatcher's audit entry of this request adds to its metadata (a bulk
+    /// action's per-row outcome), and the actor it names when not the plain key type.
+    pub audit_metadata: serde_json::Map<String, serde_json::Value>,
+    pub audit_actor: Option<&'static str>,
 }
 
 impl Ctx {
@@ -314,6 +322,8 @@ impl Ctx {
             source_ip: req.source_ip.clone(),
             key_id: None,
             audit_in_script: Default::default(),
+            audit_metadata: Default::default(),
+            audit_actor: None,
         }
     }
 }
@@ -409,7 +419,8 @@ fn audit_entry(ctx: &Ctx, req: &ApiRequest, outcome: &ApiResult<Answer>) -> (Str
         user_agent: ctx.user_agent.clone(),
         source_ip: ctx.source_ip.clone(),
         error_code,
-        actor_type: if admin_key { "admin" } else { "api_key" }.to_string(),
+        actor_type: ctx.audit_actor.unwrap_or(if admin_key { "admin" } else { "api_key" }).to_string(),
+        metadata: ctx.audit_metadata.clone(),
         ..Default::default()
     };
     (owner, entry)

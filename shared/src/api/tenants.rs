@@ -196,20 +196,53 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     Ok(Answer::json(200, &tenant_json(&ops::tenants::read(&app.store, id).await?)))
 }
 
+/// The tenant selection of listTenants (query) and bulkActionTenants (body): every given
+/// property must hold.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantFilter {
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub parent_tenant_id: Option<String>,
+    /// A v0.1.26 property, accepted and not yet applied (no tenant has an observe mode).
+    #[serde(default)]
+    pub observe_mode: Option<String>,
+    #[serde(default)]
+    pub search: Option<String>,
+}
+
+impl TenantFilter {
+    pub fn from_query(q: &ListQuery) -> ApiResult<TenantFilter> {
+        let f = TenantFilter {
+            status: q.get("status").map(String::from),
+            parent_tenant_id: q.get("parent_tenant_id").map(String::from),
+            observe_mode: None,
+            search: q.get("search").map(String::from),
+        };
+        f.check()?;
+        Ok(f)
+    }
+
+    pub fn check(&self) -> ApiResult<()> {
+        check_status(self.status.as_deref(), &["ACTIVE", "SUSPENDED", "CLOSED"])?;
+        check_search(self.search.as_deref())
+    }
+
+    pub fn matches(&self, t: &Tenant) -> bool {
+        self.status.as_ref().is_none_or(|s| t.status == *s)
+            && self.parent_tenant_id.as_ref().is_none_or(|p| t.parent_tenant_id.as_deref() == Some(p))
+            && search_matches(self.search.as_deref(), &[&t.tenant_id, &t.name])
+    }
+}
+
 pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let q = ListQuery::parse(req, &["created_at", "tenant_id", "name", "status"])?;
-    if let Some(s) = q.get("status") {
-        if !["ACTIVE", "SUSPENDED", "CLOSED"].contains(&s) {
-            return Err(ApiError::invalid("status must be ACTIVE, SUSPENDED or CLOSED"));
-        }
-    }
+    let filter = TenantFilter::from_query(&q)?;
     let mut rows = vec![];
     for t in ops::tenants::all(&app.store).await? {
-        if q.get("status").is_some_and(|s| t.status != s)
-            || q.get("parent_tenant_id").is_some_and(|p| t.parent_tenant_id.as_deref() != Some(p))
-            || !q.matches_search(&[&t.tenant_id, &t.name])
-        {
+        if !filter.matches(&t) {
             continue;
         }
         let key = match q.sort_by.as_str() {
@@ -258,6 +291,7 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let correlation = closing.then(|| format!("tenant_close_cascade:{id}:{}", ctx.request_id));
     let context = script_context(ctx, &Caller::Admin, false, correlation.as_deref());
     let patch = Value::Object(patch).to_string();
-    let record = ops::tenants::update(&app.store, app.config.retention, &id, &context, patch, closing).await?;
+    let record =
+        ops::tenants::update(&app.store, app.config.retention, &id, &context, &context, patch, closing).await?;
     Ok(Answer::json(200, &tenant_json(&record)))
 }

@@ -416,19 +416,53 @@ async fn deliveries_for(app: &App, tenant: Option<&str>, id: &str, req: &ApiRequ
 }
 
 /// Lists subscriptions of the given owners.
+/// The subscription selection of listWebhookSubscriptions (query) and bulkActionWebhooks
+/// (body): every given property must hold (`tenant_id` picks the owner).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFilter {
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub event_type: Option<String>,
+    #[serde(default)]
+    pub search: Option<String>,
+}
+
+impl WebhookFilter {
+    fn from_query(q: &ListQuery) -> ApiResult<WebhookFilter> {
+        let f = WebhookFilter {
+            tenant_id: None,
+            status: q.get("status").map(String::from),
+            event_type: q.get("event_type").map(String::from),
+            search: q.get("search").map(String::from),
+        };
+        f.check()?;
+        Ok(f)
+    }
+
+    pub fn check(&self) -> ApiResult<()> {
+        check_status(self.status.as_deref(), &["ACTIVE", "PAUSED", "DISABLED"])?;
+        check_search(self.search.as_deref())
+    }
+
+    pub fn matches(&self, sub: &Subscription) -> bool {
+        self.status.as_ref().is_none_or(|s| sub.status == *s)
+            && self.event_type.as_ref().is_none_or(|t| sub.event_types.iter().any(|x| x == t))
+            && search_matches(self.search.as_deref(), &[&sub.id, &sub.url])
+    }
+}
+
 async fn list_for(app: &App, owners: Vec<String>, req: &ApiRequest) -> ApiResult<Answer> {
     let q = ListQuery::parse(req, &["consecutive_failures", "url", "tenant_id", "status"])?;
-    if q.get("status").is_some_and(|s| !["ACTIVE", "PAUSED", "DISABLED"].contains(&s)) {
-        return Err(ApiError::invalid("status must be ACTIVE, PAUSED or DISABLED"));
-    }
+    let filter = WebhookFilter::from_query(&q)?;
     let mut rows = vec![];
     for owner in owners {
         for sub in crate::ops::webhooks::subscriptions(&app.store, &owner).await? {
             let w = subscription_json(&sub);
-            if q.get("status").is_some_and(|s| sub.status != s)
-                || q.get("event_type").is_some_and(|t| !sub.event_types.iter().any(|x| x == t))
-                || !q.matches_search(&[&sub.id, &sub.url])
-            {
+            if !filter.matches(&sub) {
                 continue;
             }
             let key = match q.sort_by.as_str() {

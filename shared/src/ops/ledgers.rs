@@ -168,6 +168,27 @@ script! {
     }
 }
 
+impl FundBudget {
+    /// The call on one ledger, its other arguments to be set; with an `idempotency_key`, a
+    /// retry answers the first result for 24 hours.
+    pub fn on(tenant: &str, scope: &str, unit: Unit, idempotency_key: Option<&str>) -> FundBudget {
+        let keys = TenantKeys::new(tenant);
+        FundBudget {
+            tenant: keys.tenant(),
+            budget: keys.budget(scope, unit),
+            record: match idempotency_key {
+                Some(k) => keys.idempotency("fund", &[scope, unit.as_str(), k]),
+                None => keys.tenant(),
+            },
+            events: keys.events(),
+            audit_log: keys.audit_log(),
+            scope: scope.to_string(),
+            record_ttl_ms: crate::domain::rules::FUNDING_IDEMPOTENCY_MS.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct Funded {
     pub operation: String,

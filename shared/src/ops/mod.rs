@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod bulk;
 pub mod events;
 pub mod ledgers;
 pub mod listing;

@@ -145,12 +145,14 @@ pub async fn create(store: &Store, context: &str, tenant_id: &str, fields: Strin
 }
 
 /// Updates a tenant (`patch`: a JSON object of strings, `status` optional). A change to CLOSED
-/// writes the durable close intent first and drives the cascade to its end. Returns the record.
+/// writes the durable close intent first and drives the cascade to its end (its steps under
+/// `cascade_context`). Returns the record.
 pub async fn update(
     store: &Store,
     retention: Duration,
     tenant_id: &str,
     context: &str,
+    cascade_context: &str,
     patch: String,
     closing: bool,
 ) -> ApiResult<Tenant> {
@@ -177,7 +179,7 @@ pub async fn update(
     if reply.status != "CLOSED" {
         return Tenant::decoded(reply.value.0);
     }
-    close_cascade(store, retention, tenant_id, context).await?;
+    close_cascade(store, retention, tenant_id, cascade_context).await?;
     read(store, tenant_id).await
 }
 
