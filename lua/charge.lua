@@ -29,7 +29,7 @@ for _, b in ipairs(budgets) do
 end
 
 local policy = resolve_policy(A.overage_policy, budgets, tenant,
-  policy_settings(K.policies, request_scope(A.scopes), now).ov)
+  policy_settings(K.policies, request_scope(A.scopes), now, tenant).ov)
 if policy == 'REJECT' then
   for _, b in ipairs(budgets) do
     if d_cmp(b.remaining, X) < 0 then

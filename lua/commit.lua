@@ -13,8 +13,8 @@ if A.unit ~= r.unit then
 end
 
 -- a policy's commit rate limit on the reservation's scope (a limited commit changes nothing)
-local limited = rate_check(K.policies, policy_settings(K.policies, r.scope_path, now).rl_c, 'commits', r.scope_path,
-  now, true)
+local commit_rate = policy_settings(K.policies, r.scope_path, now, r.tenant).rl_c
+local limited = rate_check(K.policies, commit_rate, 'commits', r.scope_path, now, true)
 if limited then return limited end
 
 local budgets = read_budgets(K.budgets)

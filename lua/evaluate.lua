@@ -44,6 +44,6 @@ local e = evaluate(K.scope_units, K.budgets, A.scopes, A.unit, A.amount)
 if e.unit_error then return e.unit_error end
 if e.reason then return decide('DENY', e.reason, e) end
 -- a matching policy's caps take precedence over the budget's
-local pol = policy_settings(K.policies, request_scope(A.scopes), now)
+local pol = policy_settings(K.policies, request_scope(A.scopes), now, tenant)
 if pol.caps then e.caps = pol.caps.value end
 return decide(e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', nil, e)

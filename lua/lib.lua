@@ -173,14 +173,15 @@ end
 -- determined (fail closed with 500).
 local function tenant_record(key)
   local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
-    'max_reservation_extensions', 'default_commit_overage_policy')
+    'max_reservation_extensions', 'default_commit_overage_policy', 'policies')
   if not f[1] then
     if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
     return nil
   end
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
   return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
-    max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY }
+    max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
+    policies = tonumber(f[6]) or 0 }
 end
 
 -- The settings a reservation takes from its tenant (the defaults for a tenant without a record).
@@ -328,9 +329,11 @@ end
 -- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
 -- rl_r, rl_c) from the highest-priority ACTIVE policy in effect now that matches the path and
 -- sets it (equal priority: the later-created policy, whose id sorts higher). Each entry is
--- {value, id}. Empty (one HVALS of an absent key) for a tenant without policies.
+-- {value, id}. `tenant` (its record, already read) says how many policies it has: none, and
+-- nothing more is read.
 local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c'}
-local function policy_settings(rules_key, scope_path, now)
+local function policy_settings(rules_key, scope_path, now, tenant)
+  if type(tenant) == 'table' and tenant.policies == 0 then return {} end
   local best = {}
   for _, row in ipairs(redis.call('HVALS', rules_key)) do
     local p = cjson.decode(row)
@@ -601,6 +604,22 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   else
     redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
   end
+  -- The overview's counters (`ops::overview`), kept with the event so that it never reads the
+  -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
+  -- lives two hours), and the ten latest denials and expiries.
+  local minute = math.floor(ms / 60000)
+  local stats = events_key .. ':stats:' .. math.floor(minute / 60)
+  redis.call('HINCRBY', stats, minute .. '|' .. category, 1)
+  if event_type == 'reservation.denied' or event_type == 'reservation.expired' then
+    if event_type == 'reservation.denied' then
+      local reason = string.match(data_json, '"reason_code":"([A-Z_]+)"') or 'UNKNOWN'
+      redis.call('HINCRBY', stats, minute .. '|denied|' .. reason, 1)
+    end
+    local recent = events_key .. ':recent:' .. event_type
+    redis.call('LPUSH', recent, json)
+    redis.call('LTRIM', recent, 0, 9)
+  end
+  redis.call('EXPIRE', stats, 7200, 'NX')
 end
 
 -- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
@@ -699,7 +718,8 @@ local function open_reservation(K, A, now, replay_of)
   if denied then return nil, denied end
   local answer = replay_of(r)
   if answer then return nil, answer end
-  local guard = tenant_guard(tenant_record(K.tenant))
+  r.tenant = tenant_record(K.tenant)
+  local guard = tenant_guard(r.tenant)
   if guard then return nil, guard end
   if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
   local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index}

@@ -24,7 +24,7 @@ local tenant = tenant_record(K.tenant)
 local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
 -- Policies: a rate-limited reserve touches no balance (the reclaim retry is not counted twice).
-local pol = policy_settings(K.policies, scope_path, now)
+local pol = policy_settings(K.policies, scope_path, now, tenant)
 local limited = rate_check(K.policies, pol.rl_r, 'reservations', scope_path, now, A.reclaimed == '')
 if limited then return limited end
 

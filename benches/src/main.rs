@@ -519,7 +519,19 @@ async fn main() {
     let balances_path = format!("/v1/balances?tenant={}", a.id);
     let lt = h.funded(1_000_000).await;
     fill(&h, &lt, "ten", 10, json!({})).await;
-    let (h, a, lt) = (&h, &a, &lt);
+    // a tenant whose reserves two policies match (caps from one, a rate limit never reached
+    // from the other), with a third that matches nothing
+    let pt = h.funded(1_000_000_000).await;
+    for (name, pattern, extra) in [
+        ("caps", format!("tenant:{}", pt.id), json!({"caps": {"max_tokens": 4096}, "priority": 5})),
+        ("rate", "*".to_string(), json!({"rate_limits": {"max_reservations_per_minute": 1_000_000}})),
+        ("other", "agent:*".to_string(), json!({"caps": {"max_tokens": 1}})),
+    ] {
+        let mut body = json!({"tenant_id": pt.id, "name": name, "scope_pattern": pattern});
+        cycles_tests::merge(&mut body, extra);
+        assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201, "policy {name}");
+    }
+    let (h, a, lt, pt) = (&h, &a, &lt, &pt);
     let mut ops: Vec<(&str, Op)> = vec![
         // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
         (
@@ -540,6 +552,10 @@ async fn main() {
             Box::new(move |_| Box::pin(async move { h.send("GET", "/_floor/redis", &[], None).await.status == 200 })),
         ),
         ("Reserve", Box::new(move |i| Box::pin(async move { reserve(h, a, format!("r-{i}")).await.is_some() }))),
+        (
+            "Reserve (2 matching policies)",
+            Box::new(move |i| Box::pin(async move { reserve(h, pt, format!("rp-{i}")).await.is_some() })),
+        ),
         (
             "Commit",
             Box::new(|i| {

@@ -88,7 +88,7 @@ pub fn parse_event_id(id: &str) -> Option<(&str, &str)> {
     (digits(ms) && digits(seq) && !tenant.is_empty()).then_some((tenant, entry))
 }
 
-pub(crate) fn decode(reply: StreamRangeReply) -> Vec<(String, Value)> {
+fn decode(reply: StreamRangeReply) -> Vec<(String, Value)> {
     reply
         .ids
         .into_iter()

@@ -1,12 +1,14 @@
 //! getAdminOverview: the operator's dashboard in one request. A request reads one stored
 //! snapshot (one GET, whatever the size of the deployment); the snapshot is rebuilt by the
 //! maintenance sweep on each pass and by a request that finds it older than its maximum age.
-//! A rebuild reads each tenant's ledgers and subscriptions and the last hour of its events
-//! (at most `MAX_WINDOW_EVENTS` per owner).
+//! A rebuild reads each tenant's ledgers and subscriptions, and the event counters and latest
+//! denials and expiries that `emit` (in `lua/lib.lua`) keeps beside each event stream, never the
+//! streams themselves: its cost does not grow with the number of events.
 
 use std::collections::BTreeMap;
 
-use redis::streams::StreamRangeReply;
+use std::collections::HashMap;
+
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 
@@ -19,8 +21,6 @@ use crate::store::Store;
 pub const SNAPSHOT: &str = "cy:{__admin__}:overview";
 /// The window of the event summaries.
 pub const WINDOW_SECONDS: i64 = 3600;
-/// The most events of one owner a rebuild reads from the window (newest first).
-pub const MAX_WINDOW_EVENTS: usize = 10_000;
 /// Top-offender and recent-event lists hold at most this many items.
 const TOP: usize = 10;
 
@@ -63,19 +63,65 @@ pub async fn refresh(store: &Store) -> ApiResult<Value> {
     Ok(v)
 }
 
+/// One owner's events of the last hour, to the minute, from the counters its scripts keep.
+#[derive(Default)]
+struct Window {
+    categories: BTreeMap<String, i64>,
+    reasons: BTreeMap<String, i64>,
+    denials: Vec<Value>,
+    expiries: Vec<Value>,
+}
+
+async fn window(store: &Store, owner: &str, now: i64) -> ApiResult<Window> {
+    let events = TenantKeys::new(owner).events();
+    let last = now / 60_000;
+    let first = last - (WINDOW_SECONDS / 60 - 1);
+    let mut w = Window::default();
+    let mut hours = vec![first / 60, last / 60];
+    hours.dedup();
+    for hour in hours {
+        let counts: HashMap<String, i64> = store.conn().hgetall(format!("{events}:stats:{hour}")).await?;
+        for (field, n) in counts {
+            let Some((minute, what)) = field.split_once('|') else { continue };
+            if !minute.parse::<i64>().is_ok_and(|m| (first..=last).contains(&m)) {
+                continue;
+            }
+            match what.strip_prefix("denied|") {
+                Some(reason) => *w.reasons.entry(reason.to_string()).or_default() += n,
+                None => *w.categories.entry(what.to_string()).or_default() += n,
+            }
+        }
+    }
+    let since = format_rfc3339_ms(first * 60_000);
+    for (kind, into) in [("reservation.denied", &mut w.denials), ("reservation.expired", &mut w.expiries)] {
+        let latest: Vec<String> = store.conn().lrange(format!("{events}:recent:{kind}"), 0, TOP as isize - 1).await?;
+        into.extend(
+            latest
+                .iter()
+                .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+                .filter(|e| e["timestamp"].as_str().is_some_and(|t| t >= since.as_str())),
+        );
+    }
+    Ok(w)
+}
+
 fn count(map: &mut BTreeMap<String, i64>, key: &str) {
     *map.entry(key.to_string()).or_default() += 1;
 }
 
 async fn build(store: &Store) -> ApiResult<Value> {
     let now = now_ms();
-    let since = now - WINDOW_SECONDS * 1000;
     let tenants = super::tenants::all(store).await?;
     let mut tenant_status = BTreeMap::new();
     let (mut budgets, mut by_unit, mut over, mut debt) = (BTreeMap::new(), BTreeMap::new(), vec![], vec![]);
     let (mut hooks, mut failing) = (BTreeMap::new(), vec![]);
-    let (mut categories, mut reasons, mut denials, mut expiries, mut recent) =
-        (BTreeMap::new(), BTreeMap::new(), Vec::<Value>::new(), Vec::<Value>::new(), 0i64);
+    let (mut categories, mut reasons, mut denials, mut expiries, mut recent) = (
+        BTreeMap::<String, i64>::new(),
+        BTreeMap::<String, i64>::new(),
+        Vec::<Value>::new(),
+        Vec::<Value>::new(),
+        0i64,
+    );
     let owners = tenants.iter().map(|t| t.tenant_id.as_str()).chain([super::events::SYSTEM_TENANT]);
     for t in &tenants {
         count(&mut tenant_status, &t.status);
@@ -108,22 +154,15 @@ async fn build(store: &Store) -> ApiResult<Value> {
                 failing.push(f);
             }
         }
-        let reply: StreamRangeReply = store
-            .conn()
-            .xrevrange_count(TenantKeys::new(owner).events(), "+", since.to_string(), MAX_WINDOW_EVENTS)
-            .await?;
-        for (_, e) in super::events::decode(reply) {
-            recent += 1;
-            count(&mut categories, e["category"].as_str().unwrap_or("unknown"));
-            match e["event_type"].as_str() {
-                Some("reservation.denied") => {
-                    count(&mut reasons, e["data"]["reason_code"].as_str().unwrap_or("UNKNOWN"));
-                    denials.push(e);
-                }
-                Some("reservation.expired") => expiries.push(e),
-                _ => {}
+        let w = window(store, owner, now).await?;
+        recent += w.categories.values().sum::<i64>();
+        for (map, counts) in [(&mut categories, w.categories), (&mut reasons, w.reasons)] {
+            for (k, n) in counts {
+                *map.entry(k).or_default() += n;
             }
         }
+        denials.extend(w.denials);
+        expiries.extend(w.expiries);
     }
     let newest_first = |v: &mut Vec<Value>| {
         v.sort_by(|a, b| b["timestamp"].as_str().cmp(&a["timestamp"].as_str()));
