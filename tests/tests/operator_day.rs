@@ -57,8 +57,8 @@ async fn an_operators_day_runs_end_to_end() {
     let security = call(&h, "GET", "/v1/admin/config/webhook-security", None).await;
     call(&h, "PUT", "/v1/admin/config/webhook-security", Some(security.clone())).await;
     // (the setting is deployment-wide; tests sharing a Redis Cluster must not inherit it)
-    let key = cycles_shared::ops::settings::WEBHOOK_SECURITY;
-    let _: () = redis::AsyncCommands::del(&mut h.store.conn(), key).await.unwrap();
+    let setting = cycles_shared::ops::settings::WEBHOOK_SECURITY;
+    let _: () = redis::AsyncCommands::del(&mut h.store.conn(), setting).await.unwrap();
 
     // the agents work through the day
     let t = Tenant { id: tenant.clone(), key: secret, key_id: key["key_id"].as_str().unwrap().to_string() };
