@@ -3,6 +3,8 @@
 //!
 //!   cargo run --release -p cycles-benches -- [--iterations N] [--warmup N] [--json FILE]
 //!       [--lambda-dir target/lambda]   (binary sizes and cold starts of built functions)
+//!   cargo run --release -p cycles-benches -- --lambda-smoke target/lambda
+//!       (the shared artifact answers an API Gateway event as a few functions; exit 1 if not)
 //!
 //! Prints a markdown table (p50/p95/p99/min/max/mean, ops/s, errors, p50 ratio to the service
 //! floor) and optionally writes the same numbers as JSON.
@@ -23,13 +25,21 @@ struct Opts {
     warmup: usize,
     json: Option<String>,
     lambda_dir: Option<String>,
+    lambda_smoke: Option<String>,
     soak_seconds: Option<u64>,
     idle_tenants: usize,
 }
 
 fn opts() -> Opts {
-    let mut o =
-        Opts { iterations: 200, warmup: 50, json: None, lambda_dir: None, soak_seconds: None, idle_tenants: 100_000 };
+    let mut o = Opts {
+        iterations: 200,
+        warmup: 50,
+        json: None,
+        lambda_dir: None,
+        lambda_smoke: None,
+        soak_seconds: None,
+        idle_tenants: 100_000,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut num = || it.next().and_then(|v| v.parse().ok()).expect("a number");
@@ -38,6 +48,7 @@ fn opts() -> Opts {
             "--warmup" => o.warmup = num(),
             "--json" => o.json = it.next(),
             "--lambda-dir" => o.lambda_dir = it.next(),
+            "--lambda-smoke" => o.lambda_smoke = it.next(),
             "--soak" => o.soak_seconds = it.next().and_then(|v| v.parse().ok()),
             "--idle-tenants" => o.idle_tenants = num(),
             "--bench" => {} // passed by `cargo bench`
@@ -499,6 +510,12 @@ async fn webhook_latency(h: &Harness, o: &Opts, tar_pit: bool) -> Value {
 async fn main() {
     let o = opts();
     let h = Harness::start_isolated().await;
+    if let Some(dir) = &o.lambda_smoke {
+        // the deployed shape: the shared artifact answers as a few functions, then stop
+        let functions = ["health-live", "create-tenant", "create-reservation", "commit-reservation", "list-audit-logs"];
+        let ok = cold_start::smoke(std::path::Path::new(dir), &h.redis_url, &functions).await;
+        std::process::exit(if ok { 0 } else { 1 });
+    }
     if let Some(seconds) = o.soak_seconds {
         return soak::run(std::sync::Arc::new(h), seconds).await;
     }

@@ -32,6 +32,9 @@ pub struct Config {
     /// How old the overview snapshot may be before a request rebuilds it (the sweep rebuilds it
     /// at half this age).
     pub overview_max_age: Duration,
+    /// When not empty, the operator plane answers only requests from these source ranges
+    /// (`CYCLES_ADMIN_ALLOWED_CIDRS`, comma-separated CIDRs; 403 for any other address).
+    pub admin_allowed_cidrs: Vec<String>,
     /// Origins allowed cross-origin access to both planes (`CYCLES_CORS_ORIGINS`, comma-separated
     /// `scheme://host[:port]`); empty: none.
     pub cors_origins: Vec<String>,
@@ -208,6 +211,9 @@ impl Config {
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),
             webhooks: WebhookConfig::from_env(&key_pepper),
             overview_max_age: env_ms("CYCLES_OVERVIEW_MAX_AGE_MS", 60_000),
+            admin_allowed_cidrs: env("CYCLES_ADMIN_ALLOWED_CIDRS")
+                .map(|v| v.split(',').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect())
+                .unwrap_or_default(),
             key_pepper,
             cors_origins: env("CYCLES_CORS_ORIGINS")
                 .map(|v| v.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect())
@@ -217,7 +223,25 @@ impl Config {
 
     /// Settings that must be right before serving: a wrong one stops the start with its reason.
     pub fn validate(&self) -> Result<(), String> {
-        self.cors_origins.iter().try_for_each(|o| check_origin(o))
+        self.cors_origins.iter().try_for_each(|o| check_origin(o))?;
+        match self.admin_allowed_cidrs.iter().find(|c| egress::Cidr::parse(c).is_none()) {
+            Some(bad) => Err(format!("CYCLES_ADMIN_ALLOWED_CIDRS entry {bad:?} is not a CIDR range")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the operator plane serves a request from `source` (any address when no range is
+    /// configured; none that cannot be read when one is).
+    pub fn admin_source_allowed(&self, source: Option<&str>) -> bool {
+        if self.admin_allowed_cidrs.is_empty() {
+            return true;
+        }
+        let Some(ip) = source.and_then(|s| s.parse::<std::net::IpAddr>().ok()) else { return false };
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        self.admin_allowed_cidrs.iter().filter_map(|c| egress::Cidr::parse(c)).any(|c| c.contains(ip))
     }
 }
 
@@ -280,5 +304,19 @@ mod tests {
         let mut c = Config::from_env(None);
         c.cors_origins = vec!["https://ok.example".into(), "https://bad.example/path".into()];
         assert!(c.validate().unwrap_err().contains("bad.example"));
+    }
+
+    #[test]
+    fn admin_source_ranges() {
+        let mut c = Config::from_env(None);
+        assert!(c.admin_source_allowed(None), "no ranges: every source");
+        c.admin_allowed_cidrs = vec!["10.0.0.0/8".into(), "2001:db8::/32".into()];
+        assert!(c.validate().is_ok());
+        assert!(c.admin_source_allowed(Some("10.1.2.3")) && c.admin_source_allowed(Some("::ffff:10.1.2.3")));
+        assert!(c.admin_source_allowed(Some("2001:db8::1")));
+        assert!(!c.admin_source_allowed(Some("192.168.1.1")) && !c.admin_source_allowed(None));
+        assert!(!c.admin_source_allowed(Some("not an address")));
+        c.admin_allowed_cidrs.push("10.0.0.0/99".into());
+        assert!(c.validate().unwrap_err().contains("10.0.0.0/99"));
     }
 }

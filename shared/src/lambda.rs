@@ -15,6 +15,18 @@ pub fn start(main: impl std::future::Future<Output = Result<(), Error>>) -> Resu
     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(main)
 }
 
+/// The deployed artifact: one binary for every function, told which one it is by
+/// `CYCLES_FUNCTION` (each function's own environment in the template): a route's function
+/// name, `maintenance` or `deliver-webhooks`. One build serves the whole deployment.
+pub async fn run_named() -> Result<(), lambda_http::Error> {
+    let function = std::env::var("CYCLES_FUNCTION").map_err(|_| "CYCLES_FUNCTION is not set; it names the function")?;
+    match function.as_str() {
+        "maintenance" => run_maintenance().await,
+        "deliver-webhooks" => run_delivery().await,
+        route => run(route).await,
+    }
+}
+
 /// Starts the Lambda function serving one route, named as in the route table. The Redis
 /// connection is made once, at init.
 pub async fn run(function: &str) -> Result<(), lambda_http::Error> {
@@ -46,6 +58,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
                 crate::jobs::sweep::sweep_loop(&store, &config.sweep_options(), config.sweep_interval, Some(deadline))
                     .await;
             total.log("maintenance invocation done");
+            let backlog = crate::jobs::sweep::backlog(&store).await.unwrap_or(0);
             crate::metrics::emit(
                 &[("Function", "maintenance")],
                 &[
@@ -53,6 +66,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
                     ("Quarantined", total.quarantined as f64),
                     ("Trimmed", (total.trimmed_index + total.trimmed_events + total.trimmed_audit) as f64),
                     ("ClosesConverged", total.closes_converged as f64),
+                    ("ExpiryBacklogTenants", backlog as f64),
                 ],
             );
             Ok::<_, lambda_http::Error>(serde_json::to_value(total)?)

@@ -14,8 +14,10 @@ pub fn enable() {
     ENABLED.store(true, Ordering::Relaxed);
 }
 
-/// One EMF record: `dimensions` (name, value) become one dimension set; `metrics` are counts
-/// (or milliseconds for names ending in `Ms`). Never carries secrets: names and numbers only.
+/// One EMF record: `dimensions` (name, value) become one dimension set, and the empty set too,
+/// so every metric also exists as a service-wide total (what the template's alarms watch);
+/// `metrics` are counts (or milliseconds for names ending in `Ms`). Never carries secrets:
+/// names and numbers only.
 pub fn record(dimensions: &[(&str, &str)], metrics: &[(&str, f64)], timestamp_ms: i64) -> Value {
     let mut root = Map::new();
     let defs: Vec<Value> = metrics
@@ -26,7 +28,7 @@ pub fn record(dimensions: &[(&str, &str)], metrics: &[(&str, f64)], timestamp_ms
         "_aws".into(),
         json!({"Timestamp": timestamp_ms, "CloudWatchMetrics": [{
             "Namespace": NAMESPACE,
-            "Dimensions": [dimensions.iter().map(|(d, _)| *d).collect::<Vec<_>>()],
+            "Dimensions": [dimensions.iter().map(|(d, _)| *d).collect::<Vec<_>>(), Vec::<&str>::new()],
             "Metrics": defs,
         }]}),
     );
@@ -56,9 +58,12 @@ pub fn request(op: &str, status: u16, latency_ms: f64, body: &[u8], replayed: bo
     }
 }
 
-/// The EMF records of one request.
+/// The EMF records of one request. `StoreErrors` counts the answers given because Redis could
+/// not be reached (the 500 whose message is `error::STORE_UNAVAILABLE`).
 pub fn request_records(op: &str, status: u16, latency_ms: f64, body: &[u8], replayed: bool, now_ms: i64) -> Vec<Value> {
     let server_error = f64::from(u8::from(status >= 500));
+    let unavailable = crate::error::STORE_UNAVAILABLE.as_bytes();
+    let store_error = status == 500 && body.windows(unavailable.len()).any(|w| w == unavailable);
     let client_error = f64::from(u8::from((400..500).contains(&status)));
     let mut out = vec![record(
         &[("Operation", op)],
@@ -67,6 +72,7 @@ pub fn request_records(op: &str, status: u16, latency_ms: f64, body: &[u8], repl
             ("Errors", server_error),
             ("ClientErrors", client_error),
             ("Replays", f64::from(u8::from(replayed))),
+            ("StoreErrors", f64::from(u8::from(store_error))),
             ("LatencyMs", latency_ms),
         ],
         now_ms,
@@ -93,7 +99,7 @@ mod tests {
         let m = &r["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(r["_aws"]["Timestamp"], 42);
         assert_eq!(m["Namespace"], "Cycles");
-        assert_eq!(m["Dimensions"], json!([["Operation"]]));
+        assert_eq!(m["Dimensions"], json!([["Operation"], []]), "per operation and service-wide");
         assert_eq!(m["Metrics"][1], json!({"Name": "LatencyMs", "Unit": "Milliseconds"}));
         assert_eq!((r["Operation"].clone(), r["Requests"].clone()), (json!("commit-reservation"), json!(1.0)));
     }
@@ -112,5 +118,14 @@ mod tests {
         assert_eq!(replay[0]["Replays"], json!(1.0));
         let failed = request_records("commit-reservation", 503, 1.0, b"{}", false, 7);
         assert_eq!((failed[0]["Errors"].clone(), failed[0]["ClientErrors"].clone()), (json!(1.0), json!(0.0)));
+    }
+
+    #[test]
+    fn store_failures_are_counted_apart() {
+        let down = serde_json::to_vec(&json!({"error": "INTERNAL_ERROR", "message": crate::error::STORE_UNAVAILABLE}))
+            .unwrap();
+        assert_eq!(request_records("decide", 500, 1.0, &down, false, 0)[0]["StoreErrors"], json!(1.0));
+        let fault = br#"{"error":"INTERNAL_ERROR","message":"Internal error"}"#;
+        assert_eq!(request_records("decide", 500, 1.0, fault, false, 0)[0]["StoreErrors"], json!(0.0));
     }
 }

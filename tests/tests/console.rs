@@ -106,3 +106,15 @@ async fn operator_list_limits_are_clamped_runtime_limits_are_not() {
     // the runtime protocol keeps its 1..200 bound
     h.get(&t.key, "/v1/reservations?limit=201").await.assert_error(400, "INVALID_REQUEST");
 }
+
+#[tokio::test]
+async fn the_operator_plane_can_be_restricted_to_source_ranges() {
+    let h = Harness::start_configured(|c| c.admin_allowed_cidrs = vec!["10.0.0.0/8".into()]).await;
+    let r = h.admin("GET", "/v1/admin/tenants", None).await;
+    r.assert_error(403, "FORBIDDEN");
+    assert_error_shape(&r);
+    // the runtime plane is not restricted
+    assert_eq!(h.send("GET", "/health/live", &[], None).await.status, 200);
+    let open = Harness::start_configured(|c| c.admin_allowed_cidrs = vec!["127.0.0.0/8".into()]).await;
+    open.admin("GET", "/v1/admin/tenants", None).await.assert_ok();
+}

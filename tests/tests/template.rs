@@ -1,5 +1,6 @@
-//! The SAM template declares exactly the route table, each route on the function (binary)
-//! that serves it, and every function binary exists.
+//! The SAM template declares exactly the route table, each route on the function that serves
+//! it (named by its `CYCLES_FUNCTION`), every function deploys the one shared binary, and every
+//! function also has its own binary (for `cargo lambda watch`).
 
 use std::collections::BTreeSet;
 
@@ -14,7 +15,7 @@ fn declared_routes(template: &str) -> BTreeSet<(String, String, String, String)>
     let mut routes = BTreeSet::new();
     let mut binary = String::new();
     for line in template.lines().map(str::trim) {
-        if let Some(b) = line.strip_prefix("Binary: ") {
+        if let Some(b) = line.strip_prefix("CYCLES_FUNCTION: ") {
             binary = b.to_string();
         }
         if let Some(props) = line.strip_prefix("Properties: { ApiId: !Ref ") {
@@ -57,4 +58,15 @@ fn every_function_has_a_binary() {
         let path = format!("{}/../functions/src/bin/{}.rs", env!("CARGO_MANIFEST_DIR"), r.function);
         assert!(std::path::Path::new(&path).exists(), "missing {path}");
     }
+}
+
+#[test]
+fn every_function_deploys_the_shared_binary() {
+    let t = template();
+    let functions = t.matches("Type: AWS::Serverless::Function").count();
+    assert_eq!(t.matches("Binary: cycles-lambda").count(), functions, "one artifact for every function");
+    assert_eq!(t.matches("CYCLES_FUNCTION: ").count(), functions, "each function names itself");
+    assert!(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/src/bin/cycles-lambda.rs")).exists()
+    );
 }

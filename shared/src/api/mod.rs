@@ -355,7 +355,12 @@ impl Answer {
 pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let started = std::time::Instant::now();
     let mut ctx = Ctx::new(&req, route.operation);
-    let outcome = (route.handler)(app, &mut ctx, &req).await;
+    // the operator plane may be restricted to source ranges (CYCLES_ADMIN_ALLOWED_CIDRS)
+    let outcome = if route.plane == Plane::Admin && !app.config.admin_source_allowed(req.source_ip.as_deref()) {
+        Err(ApiError::forbidden("The operator API does not accept requests from this address"))
+    } else {
+        (route.handler)(app, &mut ctx, &req).await
+    };
     let replayed = outcome.as_ref().is_ok_and(|a| a.replayed);
     let in_script = ctx.audit_in_script.load(std::sync::atomic::Ordering::Relaxed);
     let audit =

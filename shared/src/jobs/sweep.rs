@@ -106,6 +106,11 @@ const SLOTS_AT_ONCE: usize = 256;
 /// The tenants whose due time has come, from the due indexes of the slots that hold tenants
 /// (at most 16,384 small reads, issued `SLOTS_AT_ONCE` at a time, whatever the number of
 /// tenants).
+/// The expiry backlog: tenants with a reservation due now (after a pass that kept up: none).
+pub async fn backlog(store: &Store) -> ApiResult<u64> {
+    Ok(due_tenants(store).await?.len() as u64)
+}
+
 async fn due_tenants(store: &Store) -> ApiResult<Vec<String>> {
     let slots: Vec<u16> = store.conn().smembers(SWEEP_SLOTS).await?;
     let now = now_ms();
