@@ -8,7 +8,7 @@ local ctx = request_context(A.context)
 local _, guard = owner_guard(K.tenant, err('TENANT_NOT_FOUND', MSG.TENANT_NOT_FOUND, nil, A.expected == '' and 400 or nil))
 if guard then return guard end
 local current = redis.call('HGET', K.policies, A.policy_id)
-local created_at = now_s
+local created_at, old_name = now_s, nil
 if A.expected == '' then
   if current then return err('INTERNAL_ERROR', 'policy id collision') end
   if redis.call('HLEN', K.policies) >= RULES.MAX_POLICIES then
@@ -18,14 +18,13 @@ else
   if not current then return err('NOT_FOUND', 'Policy not found') end
   local cur = cjson.decode(current)
   if string.format('%d', cur.updated_at_ms) ~= A.expected then return ok(current, 'CONFLICT', now_s) end
-  created_at = string.format('%d', cur.created_at_ms)
-  redis.call('HDEL', K.names, string.lower(cur.name))
+  created_at, old_name = string.format('%d', cur.created_at_ms), string.lower(cur.name)
 end
 local holder = redis.call('HGET', K.names, A.name_key)
 if holder and holder ~= A.policy_id then
-  if A.expected ~= '' then redis.call('HSET', K.names, string.lower(cjson.decode(current).name), A.policy_id) end
   return err('DUPLICATE_RESOURCE', 'A policy named ' .. cjson.encode(A.name_key) .. ' already exists (' .. holder .. ')')
 end
+if old_name and old_name ~= A.name_key then redis.call('HDEL', K.names, old_name) end
 local record = string.sub(A.record, 1, -2) .. ',"created_at_ms":' .. created_at .. ',"updated_at_ms":' .. now_s .. '}'
 redis.call('HSET', K.policies, A.policy_id, record)
 redis.call('HSET', K.rules, A.policy_id, A.rule)

@@ -70,6 +70,24 @@ async fn auth(
     Ok(Caller::Tenant(key))
 }
 
+/// The tenant a dual-auth create acts for: named in the body with the admin key (required), never
+/// with a tenant key (its own tenant, which must not be suspended).
+pub fn body_tenant(caller: &Caller, named: Option<&str>) -> ApiResult<String> {
+    match (caller, named) {
+        (Caller::Admin, Some(t)) => {
+            crate::domain::validate_tenant_id(t)
+                .map_err(|_| ApiError::new(ErrorCode::TenantNotFound, "Tenant not found").with_status(400))?;
+            Ok(t.to_string())
+        }
+        (Caller::Admin, None) => Err(ApiError::invalid("tenant_id is required with the admin key")),
+        (Caller::Tenant(_), Some(_)) => Err(ApiError::invalid("tenant_id must not be given with a tenant API key")),
+        (Caller::Tenant(k), None) => {
+            k.check_not_suspended()?;
+            Ok(k.tenant.clone())
+        }
+    }
+}
+
 /// The request context a script writes into events and audit entries. A script handed it
 /// records the change's audit entry itself, so the dispatcher writes none for a success.
 pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_id: Option<&str>) -> String {

@@ -215,22 +215,10 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = dual_auth(app, ctx, req, Some(Permission::BudgetsWrite)).await?;
     let (r, _) = parse_json::<BudgetCreateRequest>(&req.body)?;
-    let tenant = match (&caller, &r.tenant_id) {
-        (Caller::Admin, Some(t)) => {
-            validate_tenant_id(t)
-                .map_err(|_| ApiError::new(ErrorCode::TenantNotFound, "Tenant not found").with_status(400))?;
-            t.clone()
-        }
-        (Caller::Admin, None) => return Err(ApiError::invalid("tenant_id is required with the admin key")),
-        (Caller::Tenant(_), Some(_)) => {
-            return Err(ApiError::invalid("tenant_id must not be given with a tenant API key"));
-        }
-        (Caller::Tenant(k), None) => {
-            k.check_not_suspended()?;
-            k.check_scope(&r.scope.to_ascii_lowercase())?;
-            k.tenant.clone()
-        }
-    };
+    let tenant = body_tenant(&caller, r.tenant_id.as_deref())?;
+    if let Caller::Tenant(k) = &caller {
+        k.check_scope(&r.scope.to_ascii_lowercase())?;
+    }
     ctx.tenant = Some(tenant.clone());
     let record = create_budget(&app.store, &script_context(ctx, &caller, true, None), &tenant, &r).await?;
     Ok(Answer::json(201, &ledger_json(&record)))

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::policies::validate_pattern;
-use crate::domain::{parse_rfc3339_ms, validate_tenant_id, Permission};
+use crate::domain::{parse_rfc3339_ms, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::TenantKeys;
 use crate::model::{parse_json, OveragePolicy};
@@ -173,7 +173,7 @@ async fn write(
         audit_log: keys.audit_log(),
         context: script_context(ctx, caller, matches!(caller, Caller::Admin), None),
         policy_id: p.policy_id.clone(),
-        name_key: p.name.trim().to_lowercase(),
+        name_key: p.name.trim().to_ascii_lowercase(), // as the script lowers the stored name
         record: serde_json::to_string(&record).expect("policies serialize"),
         rule: p.runtime_rule(),
         expected: expected.to_string(),
@@ -187,21 +187,7 @@ async fn write(
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = dual_auth(app, ctx, req, Some(Permission::PoliciesWrite)).await?;
     let (r, _) = parse_json::<PolicyCreateRequest>(&req.body)?;
-    let tenant = match (&caller, &r.tenant_id) {
-        (Caller::Admin, Some(t)) => {
-            validate_tenant_id(t)
-                .map_err(|_| ApiError::new(ErrorCode::TenantNotFound, "Tenant not found").with_status(400))?;
-            t.clone()
-        }
-        (Caller::Admin, None) => return Err(ApiError::invalid("tenant_id is required with the admin key")),
-        (Caller::Tenant(_), Some(_)) => {
-            return Err(ApiError::invalid("tenant_id must not be given with a tenant API key"));
-        }
-        (Caller::Tenant(k), None) => {
-            k.check_not_suspended()?;
-            k.tenant.clone()
-        }
-    };
+    let tenant = body_tenant(&caller, r.tenant_id.as_deref())?;
     ctx.tenant = Some(tenant.clone());
     let pattern = validate_pattern(&r.scope_pattern, &tenant).map_err(ApiError::invalid)?;
     if let Caller::Tenant(k) = &caller {
