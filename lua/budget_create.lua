@@ -14,9 +14,12 @@ f.created_at_ms, f.updated_at_ms = now_s, now_s
 write_fields(K.budget, f)
 local units = redis.call('HGET', K.scope_units, f.scope) or ','
 if not string.find(units, ',' .. f.unit .. ',', 1, true) then redis.call('HSET', K.scope_units, f.scope, units .. f.unit .. ',') end
+schedule_period(K.budget, K.due_index, f.tenant_id)
 local b = read_budget(K.budget)
 emit(K.events, 'budget.created', f.tenant_id, f.scope, ctx, 'cycles-admin',
   '{"ledger_id":' .. cjson.encode(f.ledger_id) .. ',"scope":' .. cjson.encode(f.scope) .. ',"unit":"' .. f.unit ..
   '","operation":"CREATE","new_state":' .. ledger_state(b) .. '}', now)
 audit(K.audit_log, ctx, 'budget.create', 'budget', f.ledger_id, now)
+-- a period that has already ended rolls at once
+roll_due(scene(K.events, ctx, now, t, f.tenant_id), b)
 return ok(record_json(K.budget), 'ACTIVE', now_s)

@@ -15,8 +15,10 @@ if keyed then
 end
 local b = read_budget(K.budget, A.scope)
 if not b then return err('BUDGET_NOT_FOUND', MSG.BUDGET_MISSING) end
-local _, e = owner_guard(K.tenant, nil)
+local t, e = owner_guard(K.tenant, nil)
 if e then return e end
+local sc = scene(K.events, ctx, now, t, redis.call('HGET', K.budget, 'tenant_id'))
+roll_due(sc, b)
 if b.status == 'FROZEN' then return err('BUDGET_FROZEN', MSG.BUDGET_FROZEN_PLAIN) end
 if b.status == 'CLOSED' then return err('BUDGET_CLOSED', MSG.BUDGET_CLOSED_PLAIN) end
 
@@ -48,6 +50,9 @@ for _, v in ipairs({b.allocated, b.remaining, b.spent, b.debt}) do
 end
 b.over = d_cmp(b.debt, b.overdraft_limit) > 0
 save_ledger(b, now)
+-- an allocation set outright starts the next period's base afresh
+if op == 'RESET' or op == 'RESET_SPENT' then redis.call('HDEL', K.budget, 'period_carried') end
+threshold_events(sc, b, b.before)
 
 local result = cjson.encode({operation = op, previous_allocated = prev.allocated, new_allocated = b.allocated,
   previous_remaining = prev.remaining, new_remaining = b.remaining, previous_debt = prev.debt, new_debt = b.debt,

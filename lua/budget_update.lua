@@ -5,10 +5,12 @@ local now, now_s = now_ms()
 local ctx = request_context(A.context)
 local b = read_budget(K.budget, A.scope)
 if not b then return err('BUDGET_NOT_FOUND', MSG.BUDGET_MISSING) end
-local _, e = owner_guard(K.tenant, nil)
+local t, e = owner_guard(K.tenant, nil)
 if e then return e end
 if b.status == 'CLOSED' then return err('BUDGET_CLOSED', MSG.BUDGET_CLOSED_PLAIN) end
 local tenant = redis.call('HGET', K.budget, 'tenant_id')
+local sc = scene(K.events, ctx, now, t, tenant)
+roll_due(sc, b)
 local ledger_id = redis.call('HGET', K.budget, 'ledger_id') or ''
 local ids = '"ledger_id":' .. cjson.encode(ledger_id) .. ',"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '"'
 local before = ledger_state(b)
@@ -26,6 +28,9 @@ if A.mode == 'freeze' or A.mode == 'unfreeze' then
 end
 
 local patch = cjson.decode(A.change)
+if (patch.period_every or '') ~= '' and not patch.period_end_ms and not redis.call('HGET', K.budget, 'period_end_ms') then
+  return err('INVALID_REQUEST', 'period_recurrence needs a period_end (the end of the first period)')
+end
 if patch.overdraft_limit then b.overdraft_limit = patch.overdraft_limit end
 b.over = d_cmp(b.debt, b.overdraft_limit) > 0
 save_ledger(b, now)
@@ -35,4 +40,9 @@ emit(K.events, 'budget.updated', tenant, b.scope, ctx, 'cycles-admin',
   '{' .. ids .. ',"operation":"UPDATE","previous_state":' .. before .. ',"new_state":' .. ledger_state(b) .. '}', now)
 over_limit_events(K.events, ctx, b, tenant, now)
 audit(K.audit_log, ctx, 'budget.update', 'budget', ledger_id, now)
+-- a changed period takes effect now: scheduled, and rolled at once when it has already ended
+if patch.period_every or patch.period_end_ms then
+  schedule_period(K.budget, K.due_index, tenant)
+  roll_due(sc, read_budget(K.budget))
+end
 return ok(record_json(K.budget), b.status, now_s)

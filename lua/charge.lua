@@ -16,8 +16,10 @@ local tenant = tenant_record(K.tenant)
 local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
 
+local sc = scene(K.events, request_context(A.context), now, tenant)
+if A.digest ~= '' then count(sc, 'a') end
 local unit, X = A.unit, A.amount
-local e = scoped_budgets(K.scope_units, K.budgets, A.scopes, unit)
+local e = scoped_budgets(K.scope_units, K.budgets, A.scopes, unit, sc)
 if e.unit_error then return e.unit_error end
 if e.reason then return err('NOT_FOUND', e.message) end
 local budgets = e.budgets
@@ -41,9 +43,9 @@ local charged, overflow = settle(budgets, '0', X, policy)
 if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Event would exceed the overdraft limit of scope ' .. overflow.scope)
 end
-local failed = write_budgets(budgets, now_s)
+local failed = write_budgets(budgets, now_s, sc)
 if failed then return failed end
-budget_events(K.events, budgets, request_context(A.context), now, unit, nil, policy)
+budget_events(sc, budgets, unit, nil, policy)
 
 -- `charged` is reported only when the policy capped the charge below `actual`
 local result = {event_id = A.event_id, codes = table.concat(e.codes), balances = balances(budgets)}

@@ -17,7 +17,7 @@ local commit_rate = policy_settings(K.policies, r.scope_path, now, r.tenant).rl_
 local limited = rate_check(K.policies, commit_rate, 'commits', r.scope_path, now, true)
 if limited then return limited end
 
-local budgets = read_budgets(K.budgets)
+local budgets = read_budgets(K.budgets, r.sc)
 for _, b in ipairs(budgets) do
   if b.status == 'FROZEN' then return err('BUDGET_FROZEN', MSG.BUDGET_FROZEN .. b.scope) end
   if b.status == 'CLOSED' then return err('BUDGET_CLOSED', MSG.BUDGET_CLOSED .. b.scope) end
@@ -31,10 +31,10 @@ local charged, overflow = settle(budgets, E, X, r.policy)
 if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Commit would exceed the overdraft limit of scope ' .. overflow.scope)
 end
-local failed = write_budgets(budgets, now_s)
+local failed = write_budgets(budgets, now_s, r.sc)
 if failed then return failed end
-local ctx = request_context(A.context)
-budget_events(K.events, budgets, ctx, now, r.unit, r.rid, r.policy)
+local ctx = r.sc.ctx
+budget_events(r.sc, budgets, r.unit, r.rid, r.policy)
 if ctx and d_cmp(X, E) > 0 then
   local debt = '0'
   for _, b in ipairs(budgets) do debt = d_max(debt, d_sub(b.debt, b.before.debt)) end

@@ -16,19 +16,11 @@ if replayed_answer then return replayed_answer end
 local live = (K.live ~= K.record) and load_record(K.live)
 if live and live.ik == A.idempotency_key then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH_LIVE) end
 
+local sc -- the scene, once the tenant is read
 local function decide(decision, reason, e)
   local result = {decision = decision, reason_code = reason, caps = e and e.caps, codes = e and table.concat(e.codes) or ''}
   if e and decision ~= 'DENY' then result.balances = balances(e.budgets) end
-  local ctx = request_context(A.context)
-  if decision == 'DENY' and ctx then
-    -- reservation.denied: the scope that denied (the deepest derived scope otherwise)
-    local scope, remaining = e and e.denied_by and e.denied_by.scope, e and e.denied_by and e.denied_by.remaining
-    scope = scope or request_scope(A.scopes)
-    emit(K.events, 'reservation.denied', ctx.tenant, scope, ctx, 'cycles-server', '{"scope":' .. cjson.encode(scope) ..
-      ',"unit":"' .. A.unit .. '","reason_code":"' .. reason .. '","requested_amount":' .. A.amount ..
-      (remaining and (',"remaining":' .. remaining) or '') .. ',"action":' .. A.action .. ',"subject":' .. A.subject ..
-      '}', now)
-  end
+  if decision == 'DENY' then denied_event(sc, e, reason, A) end
   local json = cjson.encode(result)
   redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', json)
   redis.call('PEXPIRE', K.record, tonumber(A.record_ttl_ms))
@@ -37,10 +29,12 @@ end
 
 local tenant = tenant_record(K.tenant)
 if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
+sc = scene(K.events, request_context(A.context), now, tenant)
+if A.digest ~= '' then count(sc, 'n') end
 if tenant and tenant.status == 'CLOSED' then return decide('DENY', 'TENANT_CLOSED') end
 if tenant and tenant.status == 'SUSPENDED' then return decide('DENY', 'TENANT_SUSPENDED') end
 
-local e = evaluate(K.scope_units, K.budgets, A.scopes, A.unit, A.amount)
+local e = evaluate(K.scope_units, K.budgets, A.scopes, A.unit, A.amount, sc)
 if e.unit_error then return e.unit_error end
 if e.reason then return decide('DENY', e.reason, e) end
 -- a matching policy's caps take precedence over the budget's

@@ -173,7 +173,7 @@ end
 -- determined (fail closed with 500).
 local function tenant_record(key)
   local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
-    'max_reservation_extensions', 'default_commit_overage_policy', 'policies')
+    'max_reservation_extensions', 'default_commit_overage_policy', 'policies', 'alerts')
   if not f[1] then
     if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
     return nil
@@ -181,7 +181,7 @@ local function tenant_record(key)
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
   return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
     max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
-    policies = tonumber(f[6]) or 0 }
+    policies = tonumber(f[6]) or 0, alerts = f[7] }
 end
 
 -- The settings a reservation takes from its tenant (the defaults for a tenant without a record).
@@ -223,17 +223,20 @@ local function tenant_guard(t)
 end
 
 local BUDGET_FIELDS = {'scope', 'unit', 'status', 'allocated', 'remaining', 'reserved', 'spent', 'debt',
-  'overdraft_limit', 'is_over_limit', 'caps', 'commit_overage_policy'}
+  'overdraft_limit', 'is_over_limit', 'caps', 'commit_overage_policy', 'roll_at_ms', 'burn'}
 
 -- Reads a budget hash; nil when it does not exist. `scope` guards against key-hash collisions.
+-- `roll_at` is the end of its period when it recurs (`roll_period`), `burn` its burn window
+-- (`track_burn`).
 local function read_budget(key, scope)
   local f = redis.call('HMGET', key, unpack(BUDGET_FIELDS))
   if not f[2] then return nil end
   if scope and f[1] ~= scope then error('budget key collision at ' .. key) end
   local b = { key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
     remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
-    overdraft_limit = f[9] or '0', over = (f[10] == 'true'), caps = f[11], policy = f[12] }
-  b.before = {remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt, over = b.over}
+    overdraft_limit = f[9] or '0', over = (f[10] == 'true'), caps = f[11], policy = f[12], roll_at = f[13], burn = f[14] }
+  b.before = {allocated = b.allocated, remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt,
+    over = b.over, burn = b.burn}
   return b
 end
 
@@ -375,20 +378,24 @@ end
 
 -- Checks that every new value fits int64, then writes all budgets (never half way): only the
 -- fields that changed (Redis charges per argument) and the update time (`now_s`, the digits
--- `now_ms` returns).
+-- `now_ms` returns). Given the script's scene (`scene`), a ledger whose spent grew moves its
+-- burn window first (`track_burn`, defined with the alerts below).
 local LEDGER_FIELDS = {'remaining', 'reserved', 'spent', 'debt'}
-local function write_budgets(budgets, now_s)
+local track_burn
+local function write_budgets(budgets, now_s, sc)
   for _, b in ipairs(budgets) do
     for _, field in ipairs(LEDGER_FIELDS) do
       if not d_fits(b[field]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
     end
   end
   for _, b in ipairs(budgets) do
+    if sc and d_cmp(b.spent, b.before.spent) > 0 then track_burn(sc, b, d_sub(b.spent, b.before.spent)) end
     local args = {'updated_at_ms', now_s}
     for _, field in ipairs(LEDGER_FIELDS) do
       if b[field] ~= b.before[field] then args[#args + 1] = field; args[#args + 1] = b[field] end
     end
     if b.over ~= b.before.over then args[#args + 1] = 'is_over_limit'; args[#args + 1] = b.over and 'true' or 'false' end
+    if b.burn ~= b.before.burn then args[#args + 1] = 'burn'; args[#args + 1] = b.burn end
     redis.call('HSET', b.key, unpack(args))
   end
   return nil
@@ -416,11 +423,16 @@ local function legacy_balances(flat, first)
   return out
 end
 
-local function read_budgets(keys)
+-- The ledgers of `keys` that exist; with a scene, each rolled into its current period first.
+local roll_due
+local function read_budgets(keys, sc)
   local budgets = {}
   for _, key in ipairs(keys) do
     local b = read_budget(key)
-    if b then budgets[#budgets + 1] = b end
+    if b then
+      if sc then roll_due(sc, b) end
+      budgets[#budgets + 1] = b
+    end
   end
   return budgets
 end
@@ -551,10 +563,9 @@ local function read_reservation(key, rid)
   return r
 end
 
--- RFC 3339 UTC with milliseconds, from epoch ms (civil-from-days; Lua in Redis has no os.date).
-local function iso8601(ms)
-  local secs, frac = math.floor(ms / 1000), ms % 1000
-  local days, rem = math.floor(secs / 86400), secs % 86400
+-- Calendar arithmetic in UTC, proleptic Gregorian (Lua in Redis has no os.date): the date of a
+-- day number (days since 1970-01-01) and back.
+local function civil_from_days(days)
   local z = days + 719468
   local era = math.floor(z / 146097)
   local doe = z - era * 146097
@@ -563,7 +574,22 @@ local function iso8601(ms)
   local mp = math.floor((5 * doy + 2) / 153)
   local d = doy - math.floor((153 * mp + 2) / 5) + 1
   local m = (mp < 10) and (mp + 3) or (mp - 9)
-  local y = yoe + era * 400 + ((m <= 2) and 1 or 0)
+  return yoe + era * 400 + ((m <= 2) and 1 or 0), m, d
+end
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
+end
+
+-- RFC 3339 UTC with milliseconds, from epoch ms.
+local function iso8601(ms)
+  local secs, frac = math.floor(ms / 1000), ms % 1000
+  local days, rem = math.floor(secs / 86400), secs % 86400
+  local y, m, d = civil_from_days(days)
   return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(rem / 3600),
     math.floor(rem % 3600 / 60), rem % 60, frac)
 end
@@ -672,17 +698,279 @@ local function keep_finished(record_key, meta_key, rec, ttl)
   if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
 end
 
+-- The request context scripts receive as one JSON argument (strings only).
+local function request_context(json)
+  local ok, ctx = pcall(cjson.decode, json)
+  if ok and type(ctx) == 'table' then return ctx end
+  return nil
+end
+
+local function ratio(a, b)
+  local x, y = tonumber(a), tonumber(b)
+  if not y or y == 0 then return '0' end
+  return string.format('%.4f', x / y)
+end
+
+-- Appends an audit entry to its owner's audit stream (in the tenant's slot) in the same step as
+-- the change it records. `ctx` (the request context) names the operation, its caller and the
+-- status the request answers; `action` says what this entry changed (a cascade writes several).
+local function audit(key, ctx, action, resource_type, resource_id, now, details)
+  -- a bulk action's rows: the invocation's one entry is written apart, with every row's outcome
+  if ctx and ctx.bulk then return end
+  ctx = ctx or {}
+  local entry = { timestamp_ms = now, tenant_id = ctx.tenant or '', operation = ctx.operation or action,
+    status = tonumber(ctx.status) or 200, resource_type = resource_type, resource_id = resource_id,
+    key_id = ctx.key_id or '', request_id = ctx.request_id or '', trace_id = ctx.trace_id or '',
+    user_agent = ctx.user_agent, source_ip = ctx.source_ip, actor_type = ctx.actor or 'system', action = action,
+    correlation_id = ctx.correlation_id, details = details }
+  redis.call('XADD', key, '*', 'entry', cjson.encode(entry))
+end
+
+-- Ledger state as EventDataBudgetLifecycle's previous_state/new_state (amounts as raw digits).
+local function ledger_state(b, with_reserved)
+  return '{"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"debt":' .. b.debt ..
+    ',"spent":' .. b.spent .. (with_reserved and (',"reserved":' .. b.reserved) or '') ..
+    ',"status":"' .. b.status .. '"}'
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Alerts and budget periods. A script that changes ledgers carries a scene: its tenant's event
+-- stream and key prefix, the tenant's name and record, the request context (nil for system
+-- work) and Redis's clock. Every key below shares the tenant's prefix, so its slot.
+
+local function scene(events_key, ctx, now, tenant, name)
+  local prefix = string.match(events_key, '^(cy:{[^}]*})')
+  return {events = events_key, prefix = prefix, ctx = ctx, now = now, tenant = tenant,
+    name = name or (ctx and ctx.tenant) or string.match(prefix, '^cy:{(.*)}$')}
+end
+
+-- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
+-- webhook subscriptions' thresholds, kept by the webhook writes), over the spec's defaults.
+local function alert_settings(sc)
+  if sc.cfg then return sc.cfg end
+  local raw = (type(sc.tenant) == 'table') and sc.tenant.alerts
+  if raw == nil then raw = redis.call('HGET', sc.prefix .. ':tenant', 'alerts') end
+  local cfg = RULES.ALERTS
+  local ok_, own = pcall(cjson.decode, raw or '')
+  if ok_ and type(own) == 'table' then
+    for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
+    cfg = own
+  end
+  sc.cfg = cfg
+  return cfg
+end
+
+-- (spent + reserved) / allocated; nil for a ledger without an allocation.
+local function utilization(allocated, spent, reserved)
+  local a = tonumber(allocated)
+  if not a or a <= 0 then return nil end
+  return (tonumber(spent) + tonumber(reserved)) / a
+end
+
+-- budget.threshold_crossed for each threshold the ledger's utilization crossed since `from` (a
+-- state with allocated, spent and reserved): rising from below to at-or-above, falling the
+-- other way. A change that leaves the utilization on one side of a threshold emits nothing,
+-- so each crossing is announced once per direction.
+local function threshold_events(sc, b, from)
+  local u0 = utilization(from.allocated, from.spent, from.reserved)
+  local u1 = utilization(b.allocated, b.spent, b.reserved)
+  if not u0 or not u1 or u0 == u1 then return end
+  for _, t in ipairs(alert_settings(sc).th) do
+    local dir = nil
+    if u0 < t and u1 >= t then dir = 'rising' elseif u0 >= t and u1 < t then dir = 'falling' end
+    if dir then
+      emit(sc.events, 'budget.threshold_crossed', sc.name, b.scope, sc.ctx, 'cycles-server',
+        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","threshold":' .. t ..
+        ',"utilization":' .. string.format('%.4f', u1) .. ',"allocated":' .. b.allocated .. ',"remaining":' ..
+        b.remaining .. ',"spent":' .. b.spent .. ',"reserved":' .. b.reserved .. ',"direction":"' .. dir .. '"}', sc.now)
+    end
+  end
+end
+
+-- A ledger's burn window, kept in its `burn` field as "<window start>:<spend>:<baseline>:
+-- <closed windows>:<alerted>": tumbling windows of burn_rate_window_seconds, and a baseline that
+-- is the exponential average of the closed windows' spend (weight 1/12, empty windows
+-- included). When this window's spend reaches burn_rate_multiplier x the baseline (after
+-- RULES.ALERTS.min_burn_windows windows of history), `b.anomaly` is set for
+-- budget.burn_rate_anomaly, once per window.
+local BURN_WEIGHT = 1 / 12
+track_burn = function(sc, b, delta)
+  local cfg = alert_settings(sc)
+  local w, now = cfg.bw * 1000, sc.now
+  local ws, spend, base, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
+  ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base), tonumber(n)
+  if not (ws and spend and base and n) then ws, spend, base, n, alerted = now - now % w, 0, 0, 0, '0' end
+  if now >= ws + w then
+    local k = math.floor((now - ws) / w)
+    if n == 0 then base = spend else base = base + BURN_WEIGHT * (spend - base) end
+    base = base * (1 - BURN_WEIGHT) ^ (k - 1)
+    ws, spend, n, alerted = ws + k * w, 0, n + k, '0'
+  end
+  spend = spend + tonumber(delta)
+  if alerted == '0' and n >= RULES.ALERTS.min_burn_windows and base >= 1 and spend >= cfg.bm * base then
+    alerted = '1'
+    local minutes = w / 60000
+    local rate = spend / minutes
+    b.anomaly = '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","current_rate":' ..
+      string.format('%.4f', rate) .. ',"baseline_rate":' .. string.format('%.4f', base / minutes) ..
+      ',"multiplier":' .. string.format('%.4f', spend / base) .. ',"window_seconds":' .. itoa(cfg.bw) ..
+      ',"projected_exhaustion_minutes":' .. string.format('%.4f', math.max(tonumber(b.remaining), 0) / rate) .. '}'
+  end
+  b.burn = string.format('%d:%.17g:%.17g:%d:%s', ws, spend, base, n, alerted)
+end
+
+-- Windowed counters of a tenant for the rate spikes: per tenth of its rate window one hash of
+-- counts (n: reservation attempts, d: their denials, x: expiries, a: other API-key writes,
+-- f: authentication failures) that expires after eleven tenths, so a tenant's counters take
+-- at most eleven small hashes whatever its traffic.
+local function count(sc, field)
+  local size = alert_settings(sc).rw * 100
+  local key = sc.prefix .. ':rt:' .. size .. ':' .. math.floor(sc.now / size)
+  if redis.call('HINCRBY', key, field, 1) == 1 then redis.call('PEXPIRE', key, size * 11) end
+end
+
+local SPIKES = {
+  d = {metric = 'denial_rate', event = 'reservation.denial_rate_spike', setting = 'dr'},
+  x = {metric = 'expiry_rate', event = 'reservation.expiry_rate_spike', setting = 'er'},
+  f = {metric = 'auth_failure_rate', event = 'api_key.auth_failure_rate_spike', setting = 'ar'},
+}
+
+-- After a count of `field` (d, x or f): the share over the last window (ten tenths) of
+-- denials among reservation attempts, of expiries among reservations made, or of failures
+-- among authentications; above its threshold, with at least RULES.ALERTS.min_samples in the
+-- window, the spike event, at most once per window.
+local function spike_check(sc, field)
+  local cfg, s = alert_settings(sc), SPIKES[field]
+  local window = cfg.rw * 1000
+  local alerted = sc.prefix .. ':alerted'
+  if sc.now < tonumber(redis.call('HGET', alerted, s.metric) or '0') + window then return end
+  local size = cfg.rw * 100
+  local last = math.floor(sc.now / size)
+  local t = {0, 0, 0, 0, 0}
+  for i = last - 9, last do
+    local v = redis.call('HMGET', sc.prefix .. ':rt:' .. size .. ':' .. i, 'n', 'd', 'x', 'a', 'f')
+    for j = 1, 5 do t[j] = t[j] + (tonumber(v[j]) or 0) end
+  end
+  local hits, total
+  if field == 'd' then hits, total = t[2], t[1]
+  elseif field == 'x' then hits, total = t[3], math.max(t[1] - t[2], t[3])
+  else hits, total = t[5], t[1] + t[4] + t[5] end
+  if total < RULES.ALERTS.min_samples or hits / total <= cfg[s.setting] then return end
+  redis.call('HSET', alerted, s.metric, itoa(sc.now))
+  redis.call('PEXPIRE', alerted, 2 * 86400000)
+  emit(sc.events, s.event, sc.name, nil, nil, 'cycles-server', '{"metric":"' .. s.metric .. '","current_rate":' ..
+    string.format('%.4f', hits / total) .. ',"threshold_rate":' .. cfg[s.setting] .. ',"window_seconds":' ..
+    itoa(cfg.rw) .. ',"sample_count":' .. itoa(total) .. '}', sc.now)
+end
+
+-- A counted occurrence that may make a spike (d, x, f).
+local function count_and_check(sc, field)
+  count(sc, field)
+  spike_check(sc, field)
+end
+
+-- The end of the period after one ending at `end_ms`: `every` is its length in ms, or 'M'
+-- (monthly: on day `day` of the next month, or its last day when it is shorter; without a
+-- day, the day `end_ms` falls on).
+local function next_period_end(end_ms, every, day)
+  if every ~= 'M' then return end_ms + tonumber(every) end
+  local days, rem = math.floor(end_ms / 86400000), end_ms % 86400000
+  local y, m, d = civil_from_days(days)
+  day = tonumber(day) or d
+  if m == 12 then y, m = y + 1, 1 else m = m + 1 end
+  local length = (m == 12) and (days_from_civil(y + 1, 1, 1) - days_from_civil(y, 12, 1))
+    or (days_from_civil(y, m + 1, 1) - days_from_civil(y, m, 1))
+  return days_from_civil(y, m, math.min(day, length)) * 86400000 + rem
+end
+
+-- Rolls a recurring ledger whose period has ended into the current one, a period at a time,
+-- as RESET_SPENT does: spent cleared, holds and debt kept, and the allocation per
+-- rollover_policy: NONE the base allocation, CARRY_FORWARD the base plus what was unused
+-- (remaining above zero), CAP_AT_ALLOCATED the base plus the unused part up to the base. The
+-- base is the allocation less what the previous roll carried in. Each roll writes
+-- budget.reset_spent and an audit row; the new period is written at once, so no period is
+-- ever rolled twice. At most RULES.MAX_ROLLS rolls per call.
+local function roll_period(sc, b)
+  local f = redis.call('HMGET', b.key, 'period_every', 'period_start_ms', 'rollover_policy', 'period_carried', 'ledger_id',
+    'period_day')
+  if not f[1] or b.status == 'CLOSED' then
+    redis.call('HDEL', b.key, 'roll_at_ms')
+    redis.call('ZREM', sc.prefix .. ':periods', b.key)
+    b.roll_at = nil
+    return
+  end
+  local from = {allocated = b.allocated, spent = b.spent, reserved = b.reserved}
+  local every, policy, ledger_id = f[1], f[3] or 'NONE', f[5] or ''
+  local start_ms, end_ms, carried = tonumber(f[2]), tonumber(b.roll_at), f[4] or '0'
+  local actx = {tenant = sc.name, operation = 'rollBudgetPeriod', actor = 'system', status = 200,
+    request_id = sc.ctx and sc.ctx.request_id, trace_id = sc.ctx and sc.ctx.trace_id}
+  local rolls = 0
+  while end_ms <= sc.now and rolls < RULES.MAX_ROLLS do
+    rolls = rolls + 1
+    local before = ledger_state(b, true)
+    local base = d_max(d_sub(b.allocated, carried), '0')
+    local unused = d_max(b.remaining, '0')
+    local carry = '0'
+    if policy == 'CARRY_FORWARD' then carry = unused elseif policy == 'CAP_AT_ALLOCATED' then carry = d_min(unused, base) end
+    if not d_fits(d_add(base, carry)) then carry = '0' end
+    b.allocated, b.spent, carried = d_add(base, carry), '0', carry
+    b.remaining = d_sub(d_sub(b.allocated, b.reserved), b.debt)
+    start_ms, end_ms = end_ms, next_period_end(end_ms, every, f[6])
+    emit(sc.events, 'budget.reset_spent', sc.name, b.scope, nil, 'cycles-periods', '{"ledger_id":' ..
+      cjson.encode(ledger_id) .. ',"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit ..
+      '","operation":"RESET_SPENT","previous_state":' .. before .. ',"new_state":' .. ledger_state(b, true) ..
+      ',"spent_override_provided":false,"reason":"period rollover (' .. policy .. ')"}', sc.now)
+    audit(sc.prefix .. ':auditlog', actx, 'budget.roll_period', 'budget', ledger_id, sc.now,
+      {period_start = iso8601(start_ms), period_end = iso8601(end_ms), rollover_policy = policy, carried = carry})
+  end
+  local start_s, end_s = itoa(start_ms), itoa(end_ms)
+  -- a new period is judged afresh, as RESET_SPENT does: over the limit only while the debt is
+  local was_over = b.over
+  b.over = d_cmp(b.debt, b.overdraft_limit) > 0
+  redis.call('HSET', b.key, 'allocated', b.allocated, 'remaining', b.remaining, 'spent', b.spent, 'period_start_ms',
+    start_s, 'period_end_ms', end_s, 'roll_at_ms', end_s, 'period_carried', carried, 'is_over_limit', tostring(b.over),
+    'updated_at_ms', itoa(sc.now))
+  if was_over and not b.over then
+    emit(sc.events, 'budget.over_limit_exited', sc.name, b.scope, nil, 'cycles-periods', '{"scope":' ..
+      cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
+      b.overdraft_limit .. ',"is_over_limit":false}', sc.now)
+  end
+  redis.call('ZADD', sc.prefix .. ':periods', end_ms, b.key)
+  b.roll_at = end_s
+  b.before.allocated, b.before.remaining, b.before.spent, b.before.over = b.allocated, b.remaining, b.spent, b.over
+  threshold_events(sc, b, from)
+end
+
+-- After a write of a ledger's period fields: a recurring ledger is due at its period's end
+-- (`roll_at_ms`, the tenant's periods index and its slot's due index, which the sweep reads);
+-- any other is due never.
+local function schedule_period(key, due_index, tenant)
+  local f = redis.call('HMGET', key, 'period_every', 'period_end_ms', 'status')
+  local periods = string.match(key, '^(cy:{[^}]*})') .. ':periods'
+  if f[1] and f[2] and f[3] ~= 'CLOSED' then
+    redis.call('HSET', key, 'roll_at_ms', f[2])
+    redis.call('ZADD', periods, f[2], key)
+    redis.call('ZADD', due_index, 'LT', f[2], tenant)
+  else
+    redis.call('HDEL', key, 'roll_at_ms')
+    redis.call('ZREM', periods, key)
+  end
+end
+
+-- Rolls the ledger first when its period has ended (every script that changes a ledger).
+roll_due = function(sc, b)
+  if sc and b.roll_at and tonumber(b.roll_at) <= sc.now then roll_period(sc, b) end
+end
+
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
 -- scope exactly once. Used by every script that touches a reservation, and by the sweep.
 -- `ix`: the reservation's record and meta keys and the tenant's expiry, event and listing keys
 -- (`record`, `meta`, `expiry`, `events`, `list`).
 local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
-  local budgets = {}
-  for _, key in ipairs(budget_keys) do
-    local b = read_budget(key)
-    if b then budgets[#budgets + 1] = b end
-  end
+  local tenant = string.match(r.rid, '^([^.]+)%.')
+  local sc = scene(ix.events, nil, now, ix.tenant, tenant)
+  local budgets = read_budgets(budget_keys, sc)
   for _, b in ipairs(budgets) do
     b.reserved = d_sub(b.reserved, r.estimate)
     b.remaining = d_add(b.remaining, r.estimate)
@@ -695,12 +983,13 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)
   list_status(ix.list, r, 'EXPIRED')
   r.status = 'EXPIRED'
-  local tenant = string.match(r.rid, '^([^.]+)%.')
   local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..
     ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
     string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
   emit(ix.events, 'reservation.expired', tenant, r.scope_path, nil, 'cycles-expiry', data, now)
+  for _, b in ipairs(budgets) do threshold_events(sc, b, b.before) end
+  count_and_check(sc, 'x')
   return true
 end
 
@@ -722,7 +1011,10 @@ local function open_reservation(K, A, now, replay_of)
   local guard = tenant_guard(r.tenant)
   if guard then return nil, guard end
   if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
-  local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index}
+  r.sc = scene(K.events, request_context(A.context), now, r.tenant)
+  if A.digest ~= '' then count(r.sc, 'a') end
+  local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index,
+    tenant = r.tenant}
   expire_if_overdue(r, K.budgets, ix, now, tonumber(A.record_ttl_ms))
   if r.status == 'EXPIRED' then return nil, err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
   if r.status ~= 'ACTIVE' then return nil, err('RESERVATION_FINALIZED', MSG.RESERVATION_FINALIZED .. r.status) end
@@ -755,7 +1047,7 @@ end
 
 -- The budgets of the derived scopes in `unit`; `unit_error` / `reason = 'BUDGET_NOT_FOUND'`
 -- when no derived scope has one.
-local function scoped_budgets(units_key, budget_keys, scope_args, unit)
+local function scoped_budgets(units_key, budget_keys, scope_args, unit, sc)
   local budgets, scopes, codes = {}, {}, {}
   local e = {budgets = budgets, scopes = scopes, codes = codes}
   for i, key in ipairs(budget_keys) do
@@ -763,6 +1055,7 @@ local function scoped_budgets(units_key, budget_keys, scope_args, unit)
     scopes[#scopes + 1] = scope
     local b = read_budget(key, scope)
     if b then
+      roll_due(sc, b)
       budgets[#budgets + 1] = b
       codes[#codes + 1] = code
     end
@@ -785,8 +1078,8 @@ local function scoped_budgets(units_key, budget_keys, scope_args, unit)
   return e
 end
 
-local function evaluate(units_key, budget_keys, scope_args, unit, amount)
-  local e = scoped_budgets(units_key, budget_keys, scope_args, unit)
+local function evaluate(units_key, budget_keys, scope_args, unit, amount, sc)
+  local e = scoped_budgets(units_key, budget_keys, scope_args, unit, sc)
   if e.unit_error or e.reason then return e end
   -- One condition at a time across all scopes: the earliest condition wins, then the
   -- shallowest scope.
@@ -805,41 +1098,47 @@ local function evaluate(units_key, budget_keys, scope_args, unit, amount)
   return e
 end
 
--- The request context scripts receive as one JSON argument (strings only).
-local function request_context(json)
-  local ok, ctx = pcall(cjson.decode, json)
-  if ok and type(ctx) == 'table' then return ctx end
-  return nil
-end
-
-local function ratio(a, b)
-  local x, y = tonumber(a), tonumber(b)
-  if not y or y == 0 then return '0' end
-  return string.format('%.4f', x / y)
+-- reservation.denied for a denied evaluation `e` (live reserve, dry_run, decide; `A` its
+-- arguments): the scope that denied, else the deepest derived scope; and the denial counted
+-- for the denial-rate alert.
+local function denied_event(sc, e, reason, A)
+  local scope, remaining = e and e.denied_by and e.denied_by.scope, e and e.denied_by and e.denied_by.remaining
+  scope = scope or request_scope(A.scopes)
+  emit(sc.events, 'reservation.denied', sc.name, scope, sc.ctx, 'cycles-server', '{"scope":' .. cjson.encode(scope) ..
+    ',"unit":"' .. A.unit .. '","reason_code":"' .. reason .. '","requested_amount":' .. A.amount ..
+    (remaining and (',"remaining":' .. remaining) or '') .. ',"action":' .. A.action .. ',"subject":' .. A.subject ..
+    '}', sc.now)
+  count_and_check(sc, 'd')
 end
 
 -- Budget events on real transitions of the budgets a script just wrote: remaining reached 0
 -- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered), debt grew
--- (budget.debt_incurred, with `reservation_id` when a commit caused it). They are written only
--- by the script that makes the change, never on a replay, so a request never writes one twice.
-local function budget_events(events_key, budgets, ctx, now, unit, reservation_id, policy)
-  if not ctx then return end
+-- (budget.debt_incurred, with `reservation_id` when a commit caused it), a utilization
+-- threshold crossed (budget.threshold_crossed), a burn-rate anomaly (`track_burn`). They are
+-- written only by the script that makes the change, never on a replay, so a request never
+-- writes one twice.
+local function budget_events(sc, budgets, unit, reservation_id, policy)
+  local events_key, ctx, now, tenant = sc.events, sc.ctx, sc.now, sc.name
   for _, b in ipairs(budgets) do
+    threshold_events(sc, b, b.before)
+    if b.anomaly then
+      emit(events_key, 'budget.burn_rate_anomaly', tenant, b.scope, ctx, 'cycles-server', b.anomaly, now)
+    end
     local scope = cjson.encode(b.scope)
     if d_pos(b.before.remaining) and b.remaining == '0' then
       local used = d_add(b.spent, b.reserved)
-      emit(events_key, 'budget.exhausted', ctx.tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.exhausted', tenant, b.scope, ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
         ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
         ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
     end
     if b.over and not b.before.over then
-      emit(events_key, 'budget.over_limit_entered', ctx.tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.over_limit_entered', tenant, b.scope, ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
         b.overdraft_limit .. ',"is_over_limit":true,"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
     end
     if d_cmp(b.debt, b.before.debt) > 0 then
-      emit(events_key, 'budget.debt_incurred', ctx.tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.debt_incurred', tenant, b.scope, ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '"' ..
         (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
         ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..
@@ -877,21 +1176,6 @@ local function csv_json(csv)
   return '[' .. table.concat(out, ',') .. ']'
 end
 
--- Appends an audit entry to its owner's audit stream (in the tenant's slot) in the same step as
--- the change it records. `ctx` (the request context) names the operation, its caller and the
--- status the request answers; `action` says what this entry changed (a cascade writes several).
-local function audit(key, ctx, action, resource_type, resource_id, now, details)
-  -- a bulk action's rows: the invocation's one entry is written apart, with every row's outcome
-  if ctx and ctx.bulk then return end
-  ctx = ctx or {}
-  local entry = { timestamp_ms = now, tenant_id = ctx.tenant or '', operation = ctx.operation or action,
-    status = tonumber(ctx.status) or 200, resource_type = resource_type, resource_id = resource_id,
-    key_id = ctx.key_id or '', request_id = ctx.request_id or '', trace_id = ctx.trace_id or '',
-    user_agent = ctx.user_agent, source_ip = ctx.source_ip, actor_type = ctx.actor or 'system', action = action,
-    correlation_id = ctx.correlation_id, details = details }
-  redis.call('XADD', key, '*', 'entry', cjson.encode(entry))
-end
-
 -- The owning tenant of an admin mutation: TENANT_CLOSED for a closed one, 500 for a
 -- malformed record; `missing` is the error for an unknown tenant.
 local function owner_guard(tenant_key, missing)
@@ -900,13 +1184,6 @@ local function owner_guard(tenant_key, missing)
   if not t then return nil, missing end
   if t.status == 'CLOSED' then return nil, err('TENANT_CLOSED', MSG.TENANT_CLOSED) end
   return t, nil
-end
-
--- Ledger state as EventDataBudgetLifecycle's previous_state/new_state (amounts as raw digits).
-local function ledger_state(b, with_reserved)
-  return '{"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"debt":' .. b.debt ..
-    ',"spent":' .. b.spent .. (with_reserved and (',"reserved":' .. b.reserved) or '') ..
-    ',"status":"' .. b.status .. '"}'
 end
 
 -- Writes a ledger's amounts, flag, status and update time (after d_fits checks by the caller).

@@ -8,13 +8,14 @@ local r, answer = open_reservation(K, A, now, function(r)
 end)
 if not r then return answer end
 
-local budgets = read_budgets(K.budgets)
+local budgets = read_budgets(K.budgets, r.sc)
 for _, b in ipairs(budgets) do
   b.reserved = d_sub(b.reserved, r.estimate)
   b.remaining = d_add(b.remaining, r.estimate)
 end
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
+budget_events(r.sc, budgets, r.unit)
 
 local result = {released = r.estimate, balances = balances(budgets)}
 local rec = r.rec

@@ -28,8 +28,11 @@ local pol = policy_settings(K.policies, scope_path, now, tenant)
 local limited = rate_check(K.policies, pol.rl_r, 'reservations', scope_path, now, A.reclaimed == '')
 if limited then return limited end
 
+local sc = scene(K.events, request_context(A.context), now, tenant)
+-- the first attempt of a request is counted (a reclaim retry is the same attempt)
+if A.digest ~= '' and A.reclaimed == '' then count(sc, 'n') end
 local unit, amount = A.unit, A.amount
-local e = evaluate(K.scope_units, K.budgets, A.scopes, unit, amount)
+local e = evaluate(K.scope_units, K.budgets, A.scopes, unit, amount, sc)
 if e.unit_error then return e.unit_error end
 if e.reason == 'BUDGET_NOT_FOUND' then return err('NOT_FOUND', e.message) end
 if e.reason == 'BUDGET_EXCEEDED' and A.reclaimed == '' then
@@ -38,7 +41,10 @@ if e.reason == 'BUDGET_EXCEEDED' and A.reclaimed == '' then
   local overdue = redis.call('ZRANGEBYSCORE', K.expiry_index, '-inf', '(' .. now, 'LIMIT', 0, 50)
   if #overdue > 0 then return ok({reclaim = overdue}, 'RECLAIM', now_s) end
 end
-if e.reason then return err(e.reason, e.message) end
+if e.reason then
+  denied_event(sc, e, e.reason, A)
+  return err(e.reason, e.message)
+end
 local budgets = e.budgets
 
 -- TTL: request, else a policy's default, else the tenant's; capped by the tenant's maximum
@@ -56,6 +62,7 @@ for _, b in ipairs(budgets) do
 end
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
+budget_events(sc, budgets, unit, nil, policy)
 
 local codes = table.concat(e.codes)
 local rid = A.id_prefix .. codes

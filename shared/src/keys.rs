@@ -230,6 +230,10 @@ impl TenantKeys {
     pub fn policy_names(&self) -> String {
         format!("{}:pol:names", self.prefix)
     }
+    /// The tenant's recurring ledgers by the end of their period (score), for the sweep's rolls.
+    pub fn periods(&self) -> String {
+        format!("{}:periods", self.prefix)
+    }
     /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).
     pub fn audit_log(&self) -> String {
         format!("{}:auditlog", self.prefix)

@@ -113,6 +113,7 @@ impl NewBudget {
             rollover_policy: None,
             period_start: None,
             period_end: None,
+            period_recurrence: None,
             metadata: None,
             caps: self.caps.clone(),
         }

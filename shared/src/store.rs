@@ -430,10 +430,17 @@ impl Library {
 pub fn link(lib: &str, body: &str) -> String {
     let mut items: Vec<(Vec<&str>, String)> = Vec::new();
     for line in lib.lines() {
+        // a top-level `local` definition, or the later definition of a forward-declared one
+        // (`name = function`), starts an item
+        let assigned = line.split_once(" = function").map(|(name, _)| name);
         if let Some(def) = line.strip_prefix("local ") {
             let names = def.strip_prefix("function ").unwrap_or(def);
             let names = names.split(['=', '(']).next().unwrap_or_default();
             items.push((names.split(',').map(str::trim).collect(), String::new()));
+        } else if let Some(name) =
+            assigned.filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        {
+            items.push((vec![name], String::new()));
         }
         if let Some((_, text)) = items.last_mut() {
             text.push_str(line);

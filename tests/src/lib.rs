@@ -128,6 +128,13 @@ impl Resp {
         assert_no_nulls(&self.body, &self.raw);
         &self.body
     }
+    /// Asserts a 201 whose body carries no `null`.
+    #[track_caller]
+    pub fn assert_created(&self) -> &Value {
+        assert_eq!(self.status, 201, "unexpected answer: {}", self.raw);
+        assert_no_nulls(&self.body, &self.raw);
+        &self.body
+    }
 }
 
 /// No property of a response is `null` (client-supplied free-form maps excepted).
@@ -238,6 +245,10 @@ impl Harness {
         isolated: bool,
         configure: impl FnOnce(&mut Config),
     ) -> Harness {
+        // CYCLES_TEST_LOG=<filter> shows the server's log (the causes of 500s) while debugging
+        if let Ok(filter) = std::env::var("CYCLES_TEST_LOG") {
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        }
         let mut config = Config::from_env(Some(&url));
         config.redis_url = url.clone();
         config.admin_api_key = Some(ADMIN_KEY.to_string());
@@ -375,9 +386,16 @@ impl Harness {
         entries.ids.iter().map(|e| serde_json::from_str(&e.get::<String>("event").unwrap()).unwrap()).collect()
     }
 
-    /// The runtime plane's events of a tenant (provisioning's own events left out).
+    /// A tenant's runtime transition events: neither operator changes nor threshold alerts
+    /// (`events_of`).
     pub async fn events(&self, tenant: &str) -> Vec<Value> {
-        self.all_events(tenant).await.into_iter().filter(|e| e["source"] != "cycles-admin").collect()
+        let transition = |e: &Value| e["source"] != "cycles-admin" && e["event_type"] != "budget.threshold_crossed";
+        self.all_events(tenant).await.into_iter().filter(transition).collect()
+    }
+
+    /// A tenant's events of one type, oldest first.
+    pub async fn events_of(&self, tenant: &str, event_type: &str) -> Vec<Value> {
+        self.all_events(tenant).await.into_iter().filter(|e| e["event_type"] == event_type).collect()
     }
 
     /// A request to the operator plane with the admin key.

@@ -44,6 +44,9 @@ pub struct BudgetCreateRequest {
     pub period_start: Option<String>,
     #[serde(default)]
     pub period_end: Option<String>,
+    /// How the period recurs (an extension; README "Budget periods").
+    #[serde(default)]
+    pub period_recurrence: Option<String>,
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
     /// Operator caps returned with ALLOW_WITH_CAPS (an extension; not part of the spec body,
@@ -61,6 +64,15 @@ struct BudgetUpdateRequest {
     commit_overage_policy: Option<OveragePolicy>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
+    // The period fields are an extension of updateBudget (README "Budget periods").
+    #[serde(default)]
+    rollover_policy: Option<RolloverPolicy>,
+    #[serde(default)]
+    period_start: Option<String>,
+    #[serde(default)]
+    period_end: Option<String>,
+    #[serde(default)]
+    period_recurrence: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -125,7 +137,58 @@ fn check_amount(a: &Amount, unit: Unit, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// The wire `BudgetLedger` (closed schema: no metadata, no caps).
+impl RolloverPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloverPolicy::None => "NONE",
+            RolloverPolicy::CarryForward => "CARRY_FORWARD",
+            RolloverPolicy::CapAtAllocated => "CAP_AT_ALLOCATED",
+        }
+    }
+}
+
+/// The stored fields of a period as given: `period_start_ms` and `period_end_ms` (with
+/// `period_day`, a monthly period's anchor), `period_recurrence` and its `period_every`
+/// (`domain::periods`; both "" when the recurrence is `NONE`, which removes it).
+fn period_fields(
+    start: &Option<String>,
+    end: &Option<String>,
+    recurrence: &Option<String>,
+) -> ApiResult<Map<String, Value>> {
+    let mut f = Map::new();
+    let mut at = |name: &str, v: &Option<String>| -> ApiResult<Option<i64>> {
+        let Some(s) = v else { return Ok(None) };
+        let ms =
+            parse_rfc3339_ms(s).ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))?;
+        f.insert(format!("{name}_ms"), json!(ms.to_string()));
+        Ok(Some(ms))
+    };
+    let (start_ms, end_ms) = (at("period_start", start)?, at("period_end", end)?);
+    if let Some(end_ms) = end_ms {
+        f.insert("period_day".into(), json!(crate::domain::periods::day_of_month(end_ms).to_string()));
+    }
+    match recurrence.as_deref() {
+        None => {}
+        Some("NONE") => {
+            f.insert("period_recurrence".into(), json!(""));
+            f.insert("period_every".into(), json!(""));
+        }
+        Some(text) => {
+            let every = crate::domain::periods::Recurrence::parse(text)?;
+            if let (Some(s), Some(e)) = (start_ms, end_ms) {
+                if e <= s {
+                    return Err(ApiError::invalid("period_end must be after period_start"));
+                }
+            }
+            f.insert("period_recurrence".into(), json!(text));
+            f.insert("period_every".into(), json!(every.code()));
+        }
+    }
+    Ok(f)
+}
+
+/// The wire `BudgetLedger` (closed schema: no metadata, no caps; `period_recurrence`, an
+/// extension, only on a budget whose period recurs).
 pub fn ledger_json(l: &Ledger) -> Value {
     let amount = |amount: i64| json!({"unit": l.unit, "amount": amount});
     let mut b = json!({
@@ -149,6 +212,9 @@ pub fn ledger_json(l: &Ledger) -> Value {
     }
     if let Some(p) = &l.commit_overage_policy {
         b["commit_overage_policy"] = json!(p);
+    }
+    if let Some(r) = &l.period_recurrence {
+        b["period_recurrence"] = json!(r);
     }
     for (name, at) in
         [("period_start", l.period_start_ms), ("period_end", l.period_end_ms), ("updated_at", l.updated_at_ms)]
@@ -174,22 +240,16 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
         "unit": r.unit.as_str(),
         "allocated": r.allocated.amount.to_string(),
         "overdraft_limit": r.overdraft_limit.as_ref().map(|o| o.amount).unwrap_or(0).to_string(),
-        "rollover_policy": match r.rollover_policy.unwrap_or(RolloverPolicy::None) {
-            RolloverPolicy::None => "NONE",
-            RolloverPolicy::CarryForward => "CARRY_FORWARD",
-            RolloverPolicy::CapAtAllocated => "CAP_AT_ALLOCATED",
-        },
+        "rollover_policy": r.rollover_policy.unwrap_or(RolloverPolicy::None).as_str(),
     });
     if let Some(p) = r.commit_overage_policy {
         f["commit_overage_policy"] = json!(p.as_str());
     }
-    for (name, v) in [("period_start", &r.period_start), ("period_end", &r.period_end)] {
-        if let Some(s) = v {
-            let ms = parse_rfc3339_ms(s)
-                .ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))?;
-            f[format!("{name}_ms")] = json!(ms.to_string());
-        }
+    let period = period_fields(&r.period_start, &r.period_end, &r.period_recurrence)?;
+    if r.period_recurrence.as_deref().is_some_and(|t| t != "NONE") && r.period_end.is_none() {
+        return Err(ApiError::invalid("period_recurrence needs a period_end (the end of the first period)"));
     }
+    f.as_object_mut().expect("object").extend(period.into_iter().filter(|(_, v)| v != ""));
     if let Some(m) = &r.metadata {
         f["metadata"] = json!(Value::Object(m.clone()).to_string());
     }
@@ -203,6 +263,7 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
         scope_units: keys.scope_units(),
         events: keys.events(),
         audit_log: keys.audit_log(),
+        due_index: keys.due_index(),
         context: context.to_string(),
         fields: f.to_string(),
     };
@@ -425,6 +486,7 @@ async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: Str
         budget: keys.budget(&scope, unit),
         events: keys.events(),
         audit_log: keys.audit_log(),
+        due_index: keys.due_index(),
         context: script_context(ctx, &Caller::Admin, false, None),
         mode: mode.to_string(),
         scope,
@@ -448,6 +510,10 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     if let Some(m) = &r.metadata {
         patch.insert("metadata".into(), json!(Value::Object(m.clone()).to_string()));
     }
+    if let Some(p) = r.rollover_policy {
+        patch.insert("rollover_policy".into(), json!(p.as_str()));
+    }
+    patch.extend(period_fields(&r.period_start, &r.period_end, &r.period_recurrence)?);
     change(app, ctx, req, "update", Value::Object(patch).to_string()).await
 }
 

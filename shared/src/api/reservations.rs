@@ -138,6 +138,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         subject: serde_json::to_string(&r.subject).expect("serializable"),
         action: serde_json::to_string(&r.action).expect("serializable"),
         metadata: json_or_empty(&r.metadata),
+        context: event_context(ctx, Some(&caller), &caller.tenant),
         ..Default::default()
     }
     .keys(&keys, &caller.key_id, &token, &r.idempotency_key, &scopes, unit);

@@ -56,6 +56,7 @@ pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
 }
 
 pub mod messages;
+pub mod periods;
 pub mod policies;
 pub mod rules;
 

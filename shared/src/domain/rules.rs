@@ -24,11 +24,41 @@ pub const FUNDING_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
 /// The most policies one tenant may hold (every runtime script reads all of them).
 pub const MAX_POLICIES: usize = 100;
 
+/// The most period rolls one script applies to one ledger (a ledger further behind is caught
+/// up by the next script or sweep that touches it).
+pub const MAX_ROLLS: i64 = 100;
+
+/// The alert settings of the spec's `WebhookThresholdConfig`, at its defaults: what a tenant
+/// without subscriptions that set them is alerted at.
+pub mod alerts {
+    /// `budget_utilization`: budget.threshold_crossed.
+    pub const UTILIZATION: [f64; 3] = [0.80, 0.95, 1.0];
+    /// `burn_rate_multiplier` and `burn_rate_window_seconds`: budget.burn_rate_anomaly.
+    pub const BURN_MULTIPLIER: f64 = 3.0;
+    pub const BURN_WINDOW_S: i64 = 300;
+    /// `denial_rate_threshold`, `expiry_rate_threshold`, `auth_failure_rate_threshold`.
+    pub const DENIAL_RATE: f64 = 0.10;
+    pub const EXPIRY_RATE: f64 = 0.05;
+    pub const AUTH_FAILURE_RATE: f64 = 0.10;
+    /// `rate_window_seconds`: the rate spikes' window.
+    pub const RATE_WINDOW_S: i64 = 300;
+    /// A rate spike needs this many attempts in its window (a handful of requests is no rate).
+    pub const MIN_SAMPLES: i64 = 10;
+    /// A burn-rate baseline needs this many closed windows of history.
+    pub const MIN_BURN_WINDOWS: i64 = 3;
+}
+
 /// The `RULES` table of the script library.
 pub fn lua_table() -> String {
+    use alerts::*;
+    let th: Vec<String> = UTILIZATION.iter().map(|t| t.to_string()).collect();
     format!(
         "local RULES = {{DEFAULT_TTL_MS = {DEFAULT_TTL_MS}, MAX_TTL_MS = {MAX_TTL_MS}, MAX_EXTENSIONS = {MAX_EXTENSIONS}, \
-         DEFAULT_GRACE_MS = {DEFAULT_GRACE_MS}, DEFAULT_OVERAGE_POLICY = '{}', MAX_POLICIES = {MAX_POLICIES}}}\n",
-        DEFAULT_OVERAGE_POLICY.as_str()
+         DEFAULT_GRACE_MS = {DEFAULT_GRACE_MS}, DEFAULT_OVERAGE_POLICY = '{}', MAX_POLICIES = {MAX_POLICIES}, \
+         MAX_ROLLS = {MAX_ROLLS}, ALERTS = {{th = {{{}}}, bm = {BURN_MULTIPLIER:?}, bw = {BURN_WINDOW_S}, \
+         dr = {DENIAL_RATE:?}, er = {EXPIRY_RATE:?}, ar = {AUTH_FAILURE_RATE:?}, rw = {RATE_WINDOW_S}, \
+         min_samples = {MIN_SAMPLES}, min_burn_windows = {MIN_BURN_WINDOWS}}}}}\n",
+        DEFAULT_OVERAGE_POLICY.as_str(),
+        th.join(", ")
     )
 }

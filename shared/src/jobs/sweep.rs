@@ -18,7 +18,7 @@ use crate::domain::now_ms;
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY, TRIM_CURSOR};
 use crate::ops::listing::Backfill;
-use crate::ops::maintenance::{expire_reservations, schedule, Trim};
+use crate::ops::maintenance::{expire_reservations, roll_periods, schedule, Trim};
 use crate::ops::tenants::redrive_closes;
 use crate::store::Store;
 
@@ -30,6 +30,8 @@ pub struct SweepReport {
     /// Tenants the retention crawl visited.
     pub trimmed_tenants: u64,
     pub expired: u64,
+    /// Budget periods rolled over (`ops::maintenance::roll_periods`).
+    pub rolled: u64,
     /// Index entries of reservations already finalized or gone.
     pub dropped: u64,
     pub quarantined: u64,
@@ -51,6 +53,7 @@ impl SweepReport {
             tenants = self.tenants,
             trimmed_tenants = self.trimmed_tenants,
             expired = self.expired,
+            rolled = self.rolled,
             dropped = self.dropped,
             quarantined = self.quarantined,
             trimmed_index = self.trimmed_index,
@@ -66,6 +69,7 @@ impl SweepReport {
         self.tenants += other.tenants;
         self.trimmed_tenants += other.trimmed_tenants;
         self.expired += other.expired;
+        self.rolled += other.rolled;
         self.dropped += other.dropped;
         self.quarantined += other.quarantined;
         self.trimmed_index += other.trimmed_index;
@@ -162,13 +166,33 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> 
     Ok(())
 }
 
-/// Expires one tenant's due reservations, batch by batch, then sets its next due time.
+/// Rolls one tenant's recurring ledgers whose period has ended, batch by batch.
+async fn roll_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    let periods = TenantKeys::new(tenant).periods();
+    loop {
+        let due: Vec<String> =
+            store.conn().zrangebyscore_limit(&periods, "-inf", now_ms(), 0, opts.batch as isize).await?;
+        let full = due.len() == opts.batch;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let rolled = roll_periods(store, tenant, due).await?.rolled;
+        report.rolled += rolled;
+        if !full || rolled == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Rolls one tenant's ended budget periods, expires its due reservations batch by batch, then
+/// sets its next due time.
 pub async fn expire_tenant(
     store: &Store,
     tenant: &str,
     opts: &SweepOptions,
     report: &mut SweepReport,
 ) -> ApiResult<()> {
+    roll_tenant(store, tenant, opts, report).await?;
     let keys = TenantKeys::new(tenant);
     let mut conn = store.conn();
     let mut batches = 0;
@@ -310,7 +334,13 @@ pub async fn sweep_loop(
     loop {
         match sweep(store, opts).await {
             Ok(r) => {
-                if r.expired + r.quarantined + r.trimmed_index + r.trimmed_events + r.trimmed_audit + r.closes_converged
+                if r.expired
+                    + r.rolled
+                    + r.quarantined
+                    + r.trimmed_index
+                    + r.trimmed_events
+                    + r.trimmed_audit
+                    + r.closes_converged
                     > 0
                 {
                     r.log("sweep");

@@ -33,6 +33,8 @@ pub struct Ledger {
     pub commit_overage_policy: Option<String>,
     pub period_start_ms: Option<i64>,
     pub period_end_ms: Option<i64>,
+    /// How the period recurs (an extension: `domain::periods`); `None` when it does not.
+    pub period_recurrence: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: Option<i64>,
 }
@@ -61,6 +63,7 @@ impl Ledger {
             commit_overage_policy: field(r, "commit_overage_policy").map(String::from),
             period_start_ms: int_field(r, "period_start_ms"),
             period_end_ms: int_field(r, "period_end_ms"),
+            period_recurrence: field(r, "period_recurrence").map(String::from),
             created_at_ms: int_field(r, "created_at_ms").unwrap_or(0),
             updated_at_ms: int_field(r, "updated_at_ms"),
         })
@@ -145,7 +148,7 @@ pub enum MaybeLedger {
 script! {
     /// createBudget (`lua/budget_create.lua`): `fields` is the ledger's record (JSON).
     pub struct CreateBudget = budget_create -> RecordAnswer {
-        keys: [tenant, budget, scope_units, events, audit_log],
+        keys: [tenant, budget, scope_units, events, audit_log, due_index],
         args: [context, fields],
     }
 }
@@ -154,7 +157,7 @@ script! {
     /// updateBudget, freezeBudget, unfreezeBudget (`lua/budget_update.lua`): `mode` is `update`
     /// (`change`: a JSON patch) or `freeze` / `unfreeze` (`change`: the reason).
     pub struct UpdateBudget = budget_update -> RecordAnswer {
-        keys: [tenant, budget, events, audit_log],
+        keys: [tenant, budget, events, audit_log, due_index],
         args: [context, mode, scope, change],
     }
 }

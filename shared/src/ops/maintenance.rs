@@ -47,9 +47,23 @@ script! {
     /// Sets a tenant's due time in its slot's due index (`lua/sweep_schedule.lua`): `mode` is
     /// `reset` or `ensure`.
     pub struct Schedule = sweep_schedule -> Nothing {
-        keys: [due_index, expiry_index],
+        keys: [due_index, expiry_index, periods],
         args: [tenant, mode],
     }
+}
+
+script! {
+    /// Rolls a batch of one tenant's recurring ledgers whose period has ended
+    /// (`lua/period_roll.lua`).
+    pub struct RollPeriods = period_roll -> Rolled {
+        keys: [events, periods; budgets],
+        args: [tenant],
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Rolled {
+    pub rolled: u64,
 }
 
 script! {
@@ -117,8 +131,16 @@ pub async fn schedule(store: &Store, tenant: &str, mode: &str) -> ApiResult<()> 
     let call = Schedule {
         due_index: keys.due_index(),
         expiry_index: keys.expiry_index(),
+        periods: keys.periods(),
         tenant: tenant.to_string(),
         mode: mode.to_string(),
     };
     store.run(call).await.map(|_| ())
+}
+
+/// Rolls the given ledgers of one tenant where their period has ended (one script, one slot).
+pub async fn roll_periods(store: &Store, tenant: &str, budgets: Vec<String>) -> ApiResult<Rolled> {
+    let keys = TenantKeys::new(tenant);
+    let call = RollPeriods { events: keys.events(), periods: keys.periods(), budgets, tenant: tenant.to_string() };
+    Ok(store.run(call).await?.value)
 }

@@ -109,6 +109,7 @@ const SCRIPTS: &[Script] = &[
     maintenance::Expire::SCRIPT,
     maintenance::Trim::SCRIPT,
     maintenance::Schedule::SCRIPT,
+    maintenance::RollPeriods::SCRIPT,
     maintenance::Health::SCRIPT,
     records::ReadHashes::SCRIPT,
     settings::WriteWebhookSecurity::SCRIPT,

@@ -37,9 +37,9 @@ script! {
     /// Live reservation (`lua/reserve.lua`).
     pub struct Reserve = reserve -> Reserved {
         keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_index, due_index,
-            listing_index, meta, policies; budgets],
+            listing_index, meta, policies, events; budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
-            idempotency_key, subject, action, metadata, reclaimed; scopes],
+            idempotency_key, subject, action, metadata, reclaimed, context; scopes],
     }
 }
 
@@ -65,6 +65,7 @@ impl Reserve {
         self.listing_index = keys.listing_index();
         self.meta = keys.reservation_metadata(token);
         self.policies = keys.policy_rules();
+        self.events = keys.events();
         self.budgets = scopes.iter().map(|s| keys.budget(s, unit)).collect();
         self.scopes = scope_args(scopes, unit);
         self
