@@ -155,6 +155,7 @@ local function authorize(key_record, digest, accepted, now)
   local reason = nil
   if not f[1] then reason = 'KEY_NOT_FOUND'
   elseif f[1] ~= digest then reason = 'INVALID_KEY'
+  elseif f[2] == 'EXPIRED' then reason = 'KEY_EXPIRED'
   elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
   if reason then return err('UNAUTHORIZED', MSG.UNAUTHORIZED, reason) end
@@ -867,6 +868,16 @@ end
 local function count_and_check(sc, field)
   count(sc, field)
   spike_check(sc, field)
+end
+
+-- An ACTIVE key (`k`: its key_id, name, status, expires_at_ms) past its expiry becomes
+-- EXPIRED, with api_key.expired and an audit row.
+local function expire_key(sc, key, k)
+  redis.call('HSET', key, 'status', 'EXPIRED')
+  emit(sc.events, 'api_key.expired', sc.name, nil, nil, 'cycles-server', '{"key_id":' .. cjson.encode(k[1]) ..
+    ',"key_name":' .. cjson.encode(k[2] or '') .. ',"previous_status":"ACTIVE","new_status":"EXPIRED"}', sc.now)
+  audit(sc.prefix .. ':auditlog', {tenant = sc.name, operation = 'expireApiKey', actor = 'system', status = 200},
+    'api_key.expire', 'api_key', k[1], sc.now)
 end
 
 -- The end of the period after one ending at `end_ms`: `every` is its length in ms, or 'M'

@@ -11,6 +11,37 @@ if owner ~= '__system__' then
   if e then return e end
 end
 
+-- The tenant's alert settings (its record's `alerts`, read by every script that may raise an
+-- alert): over its subscriptions, each at the spec's defaults where it sets nothing, the union
+-- of their utilization thresholds and the lowest of each other setting; none (the defaults)
+-- when it has no subscription. Kept by every write of a tenant's subscriptions.
+local SETTINGS = {burn_rate_multiplier = 'bm', burn_rate_window_seconds = 'bw', denial_rate_threshold = 'dr',
+  expiry_rate_threshold = 'er', auth_failure_rate_threshold = 'ar', rate_window_seconds = 'rw'}
+local function keep_alert_settings()
+  if owner == '__system__' then return end
+  local prefix = string.match(K.subscription, '^(cy:{[^}]*})')
+  local union, seen, cfg = {}, {}, nil
+  for _, sid in ipairs(redis.call('SMEMBERS', K.subscription_index)) do
+    local ok_, own = pcall(cjson.decode, redis.call('HGET', prefix .. ':wh:' .. sid, 'thresholds') or '')
+    if not ok_ or type(own) ~= 'table' then own = {} end
+    cfg = cfg or {}
+    for _, t in ipairs(own.budget_utilization or RULES.ALERTS.th) do
+      if not seen[t] then seen[t] = true; union[#union + 1] = t end
+    end
+    for name, short in pairs(SETTINGS) do
+      local v = tonumber(own[name]) or RULES.ALERTS[short]
+      if not cfg[short] or v < cfg[short] then cfg[short] = v end
+    end
+  end
+  if not cfg then
+    redis.call('HDEL', K.tenant, 'alerts')
+    return
+  end
+  table.sort(union)
+  cfg.th = union
+  redis.call('HSET', K.tenant, 'alerts', cjson.encode(cfg))
+end
+
 local function lifecycle(kind, previous, new, changed)
   emit(K.events, kind, owner, nil, ctx, 'cycles-admin', '{"subscription_id":' .. cjson.encode(id) ..
     ',"tenant_id":' .. cjson.encode(owner) .. (previous and (',"previous_status":"' .. previous .. '"') or '') ..
@@ -25,6 +56,7 @@ if mode == 'create' then
   ctx.correlation_id = ctx.correlation_id or ('webhook_create:' .. id)
   lifecycle('webhook.created', nil, 'ACTIVE', '[]')
   audit(K.audit_log, ctx, 'webhook.create', 'webhook', id, now)
+  keep_alert_settings()
   return ok(record_json(K.subscription), 'ACTIVE', now_s)
 end
 
@@ -36,6 +68,7 @@ if mode == 'delete' then
   ctx.correlation_id = ctx.correlation_id or ('webhook_delete:' .. id)
   lifecycle('webhook.deleted', cur[2], nil, '[]')
   audit(K.audit_log, ctx, 'webhook.delete', 'webhook', id, now)
+  keep_alert_settings()
   return ok('{}', 'DELETED', now_s)
 end
 
@@ -65,4 +98,5 @@ if to == from then lifecycle('webhook.updated', from, to, fields)
 elseif to == 'PAUSED' then lifecycle('webhook.paused', from, to, fields)
 else lifecycle('webhook.resumed', from, to, fields) end
 audit(K.audit_log, ctx, 'webhook.update', 'webhook', id, now, {previous_status = from, new_status = to, changed_fields = changed})
+keep_alert_settings()
 return ok(record_json(K.subscription), to, now_s)

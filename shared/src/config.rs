@@ -38,6 +38,14 @@ pub struct Config {
     /// Origins allowed cross-origin access to both planes (`CYCLES_CORS_ORIGINS`, comma-separated
     /// `scheme://host[:port]`); empty: none.
     pub cors_origins: Vec<String>,
+    /// Failed authentications per minute from one key id or one source address after which
+    /// further failures answer 429 (`CYCLES_AUTH_FAILURE_LIMIT`; 0: never).
+    pub auth_failure_limit: u64,
+    /// An operation's p99 latency (ms) over a window above which a container writes
+    /// system.high_latency (`CYCLES_HIGH_LATENCY_MS`; 0: never).
+    pub high_latency_ms: f64,
+    /// That window (`CYCLES_HIGH_LATENCY_WINDOW_MS`, a minute by default).
+    pub high_latency_window: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -218,6 +226,9 @@ impl Config {
             cors_origins: env("CYCLES_CORS_ORIGINS")
                 .map(|v| v.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect())
                 .unwrap_or_default(),
+            auth_failure_limit: env("CYCLES_AUTH_FAILURE_LIMIT").and_then(|v| v.parse().ok()).unwrap_or(20),
+            high_latency_ms: env("CYCLES_HIGH_LATENCY_MS").and_then(|v| v.parse().ok()).unwrap_or(1_000.0),
+            high_latency_window: env_ms("CYCLES_HIGH_LATENCY_WINDOW_MS", 60_000),
         }
     }
 

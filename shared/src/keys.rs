@@ -26,6 +26,12 @@ pub fn policy_lookup(id: &str) -> String {
     format!("cy:polid:{id}")
 }
 
+/// Failed authentications of one key id (`kind` "k") or one source address ("s") in one
+/// minute (epoch minutes).
+pub fn auth_failures(kind: &str, who: &str, minute: i64) -> String {
+    format!("cy:af:{kind}:{}:{minute}", encode_component(who))
+}
+
 /// Global registry of tenants (for sweeps and operator listings).
 pub const TENANT_REGISTRY: &str = "cy:tenants";
 

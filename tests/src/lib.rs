@@ -258,6 +258,9 @@ impl Harness {
         config.webhooks.egress = cycles_shared::egress::EgressRules::development();
         config.webhooks.timeout = Duration::from_millis(1500);
         config.webhooks.lease = Duration::from_millis(500);
+        // every test calls from 127.0.0.1, and many fail authentication on purpose: the throttle
+        // is tested on its own (tests/tests/alerts.rs, from source addresses of its own)
+        config.auth_failure_limit = 0;
         configure(&mut config);
         let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
         let webhooks = config.webhooks.clone();
@@ -460,21 +463,7 @@ impl Harness {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> Resp {
-        let url = format!("{base}{path}");
-        let mut req = self.http.request(method.parse().unwrap(), url);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b.to_string());
-        }
-        let res = req.send().await.expect("request");
-        let status = res.status().as_u16();
-        let headers =
-            res.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect();
-        let raw = res.text().await.unwrap();
-        let body = serde_json::from_str(&raw).unwrap_or(Value::Null);
-        Resp { status, headers, body, raw }
+        send_with(&self.http, base, method, path, headers, body).await
     }
 
     pub async fn post(&self, key: &str, path: &str, body: &Value) -> Resp {
@@ -534,4 +523,30 @@ pub fn merge(body: &mut Value, extra: Value) {
             }
         }
     }
+}
+
+/// A request through `client` (say, one bound to a source address of its own).
+pub async fn send_with(
+    client: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Resp {
+    let url = format!("{base}{path}");
+    let mut req = client.request(method.parse().unwrap(), url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b.to_string());
+    }
+    let res = req.send().await.expect("request");
+    let status = res.status().as_u16();
+    let headers =
+        res.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect();
+    let raw = res.text().await.unwrap();
+    let body = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    Resp { status, headers, body, raw }
 }

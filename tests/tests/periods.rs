@@ -90,7 +90,8 @@ async fn the_sweep_rolls_an_ended_period_exactly_once() {
     assert_eq!(b["period_start"], format_rfc3339_ms(end).as_str());
     assert_eq!(b["period_end"], format_rfc3339_ms(end + HOUR).as_str());
     assert_eq!(b["period_recurrence"], "PT1H");
-    let resets = h.events_of(&t.id, "budget.reset_spent").await;
+    let path = format!("/v1/admin/events?tenant_id={}&event_type=budget.reset_spent", t.id);
+    let resets = h.admin("GET", &path, None).await.assert_ok()["events"].as_array().unwrap().clone();
     assert_eq!(resets.len(), 1);
     let e = &resets[0];
     assert_eq!((e["source"].as_str(), e["actor"]["type"].as_str()), (Some("cycles-periods"), Some("system")));

@@ -87,6 +87,18 @@ async fn a_paused_redis_is_a_bounded_500_and_retries_apply_once() {
     }
     assert!(answered.is_some(), "the service recovered without a restart");
     assert_eq!(h.root(&t).await.reserved, 25, "held exactly once");
+    // the outage is told once the store answers again: lost, then restored, each once
+    let system = h.all_events("__system__").await;
+    let types: Vec<&str> = system.iter().map(|e| e["event_type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["system.store_connection_lost", "system.store_connection_restored"]);
+    let (lost, restored) = (&system[0]["data"], &system[1]["data"]);
+    assert_eq!((lost["component"].as_str(), lost["severity"].as_str()), (Some("store"), Some("critical")));
+    assert_eq!(restored["severity"], "info");
+    assert!(lost["details"]["failed_requests"].as_i64().unwrap() >= 1);
+    assert!(lost["details"]["outage_ms"].as_i64().unwrap() > 0);
+    let r =
+        h.admin("GET", "/v1/admin/events?tenant_id=__system__&event_type=system.store_connection_restored", None).await;
+    assert_eq!(r.assert_ok()["events"].as_array().unwrap().len(), 1);
 }
 
 /// Connections dropped under load (CLIENT KILL from the server side): requests fail fast or

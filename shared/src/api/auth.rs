@@ -71,6 +71,22 @@ pub fn unauthorized() -> ApiError {
     ApiError::unauthorized(messages::UNAUTHORIZED)
 }
 
+/// The 401 of a key rejected for `reason` (told to the log and the auth_failed event, never to
+/// the caller), as the scripts' rejections read (`store::Reply`).
+fn rejected(e: ApiError, reason: &str) -> ApiError {
+    ApiError { cause: Some(format!("{REJECTED}{reason}")), ..e }
+}
+
+const REJECTED: &str = "api key rejected: ";
+
+/// The failure reason of a 401 (EventDataApiKey.failure_reason): `key_not_found`,
+/// `invalid_key`, `key_revoked`, `key_expired`, `invalid_format`, `missing_key`,
+/// `invalid_admin_key`.
+pub fn failure_reason(e: &ApiError) -> String {
+    let reason = e.cause.as_deref().and_then(|c| c.strip_prefix(REJECTED));
+    reason.map(str::to_ascii_lowercase).unwrap_or_else(|| "missing_key".to_string())
+}
+
 /// Splits `cyc_live_<16 chars key id>_<secret>` (or `cyc_test_...`) into its key id.
 pub fn key_id_of(key: &str) -> Option<&str> {
     let rest = key.strip_prefix("cyc_live_").or_else(|| key.strip_prefix("cyc_test_"))?;
@@ -102,19 +118,61 @@ impl App {
                 return if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
                     Ok(Caller::Admin)
                 } else {
-                    Err(ApiError::unauthorized("Invalid admin API key"))
+                    Err(rejected(ApiError::unauthorized("Invalid admin API key"), "INVALID_ADMIN_KEY"))
                 };
             }
         }
-        let key = header(headers, API_KEY_HEADER).ok_or_else(unauthorized)?;
-        let key_id = key_id_of(key).ok_or_else(unauthorized)?;
-        let tenant = self.tenant_of_key(key_id).await?.ok_or_else(unauthorized)?;
+        let key = header(headers, API_KEY_HEADER).ok_or_else(|| rejected(unauthorized(), "MISSING_KEY"))?;
+        let key_id = key_id_of(key).ok_or_else(|| rejected(unauthorized(), "INVALID_FORMAT"))?;
+        let tenant = self.tenant_of_key(key_id).await?.ok_or_else(|| rejected(unauthorized(), "KEY_NOT_FOUND"))?;
         Ok(Caller::Tenant(TenantKey {
             tenant,
             key_id: key_id.to_string(),
             digest: key_digest(&self.config.key_pepper, key),
             grant: None,
         }))
+    }
+
+    /// After a 401: the failure is recorded (`ops::auth::record_failure`: its event, its
+    /// tenant's alert count, a lazy key expiry), and once its key id or source address has
+    /// failed more than `auth_failure_limit` times this minute, the answer is 429
+    /// LIMIT_EXCEEDED with Retry-After instead. A store failure here leaves the 401 as it was.
+    pub async fn auth_failed(&self, ctx: &super::Ctx, headers: &HeaderMap, e: ApiError) -> ApiError {
+        let presented = header(headers, API_KEY_HEADER).filter(|_| !headers.contains_key(ADMIN_KEY_HEADER));
+        let key_id = presented.and_then(key_id_of);
+        let tenant = match key_id {
+            Some(k) => self.tenant_of_key(k).await.ok().flatten(),
+            None => None,
+        };
+        let context = serde_json::json!({"request_id": ctx.request_id, "trace_id": ctx.trace.trace_id,
+            "actor": "system", "tenant": tenant.clone().unwrap_or_default()});
+        let failure = crate::ops::auth::Failure {
+            tenant: tenant.as_deref(),
+            key_id,
+            source: ctx.source_ip.as_deref().unwrap_or("unknown"),
+            reason: &failure_reason(&e),
+            context: context.to_string(),
+        };
+        let count = match crate::ops::auth::record_failure(&self.store, failure).await {
+            Ok(count) => count,
+            Err(store) => {
+                tracing::warn!(error = %store.message, "could not record a failed authentication");
+                return e;
+            }
+        };
+        let limit = self.config.auth_failure_limit;
+        if limit == 0 || count <= limit {
+            return e;
+        }
+        let now = crate::domain::now_ms();
+        let reset_ms = (now / 60_000 + 1) * 60_000;
+        let retry = (reset_ms - now + 999) / 1000;
+        ApiError::new(
+            crate::error::ErrorCode::LimitExceeded,
+            format!("Too many failed authentications from this key or address; retry in {retry} s"),
+        )
+        .with_status(429)
+        .with_details(serde_json::json!({"limit": limit, "retry_after_seconds": retry, "reset_at": reset_ms / 1000}))
     }
 
     /// The owner of a key id; immutable once written, so positive answers are cached.

@@ -2,6 +2,7 @@
 //! dispatcher every front end (Lambda, the local gateway) calls.
 
 pub mod admin;
+mod alarms;
 pub mod api_keys;
 pub mod audit;
 pub mod auth;
@@ -37,11 +38,12 @@ pub struct App {
     pub store: Store,
     pub config: Config,
     key_tenants: Mutex<HashMap<String, String>>,
+    alarms: alarms::Alarms,
 }
 
 impl App {
     pub fn new(store: Store, config: Config) -> App {
-        App { store, config, key_tenants: Mutex::new(HashMap::new()) }
+        App { store, config, key_tenants: Mutex::new(HashMap::new()), alarms: Default::default() }
     }
 
     /// Connects to Redis as configured by the environment (the Lambda init path).
@@ -361,7 +363,12 @@ pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     } else {
         (route.handler)(app, &mut ctx, &req).await
     };
+    let outcome = match outcome {
+        Err(e) if e.code == crate::error::ErrorCode::Unauthorized => Err(app.auth_failed(&ctx, &req.headers, e).await),
+        other => other,
+    };
     let replayed = outcome.as_ref().is_ok_and(|a| a.replayed);
+    let store_down = outcome.as_ref().is_err_and(|e| e.message == crate::error::STORE_UNAVAILABLE);
     let in_script = ctx.audit_in_script.load(std::sync::atomic::Ordering::Relaxed);
     let audit =
         (route.plane == Plane::Admin && !(outcome.is_ok() && in_script)).then(|| audit_entry(&ctx, &req, &outcome));
@@ -375,6 +382,7 @@ pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     }
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     crate::metrics::request(route.function, res.status, latency_ms, &res.body, replayed);
+    alarms::observe(app, &ctx, res.status, store_down, latency_ms).await;
     res
 }
 

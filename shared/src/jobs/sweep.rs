@@ -32,6 +32,8 @@ pub struct SweepReport {
     pub expired: u64,
     /// Budget periods rolled over (`ops::maintenance::roll_periods`).
     pub rolled: u64,
+    /// API keys found past their expiry by the crawl (`ops::auth::expire_keys`).
+    pub keys_expired: u64,
     /// Index entries of reservations already finalized or gone.
     pub dropped: u64,
     pub quarantined: u64,
@@ -54,6 +56,7 @@ impl SweepReport {
             trimmed_tenants = self.trimmed_tenants,
             expired = self.expired,
             rolled = self.rolled,
+            keys_expired = self.keys_expired,
             dropped = self.dropped,
             quarantined = self.quarantined,
             trimmed_index = self.trimmed_index,
@@ -70,6 +73,7 @@ impl SweepReport {
         self.trimmed_tenants += other.trimmed_tenants;
         self.expired += other.expired;
         self.rolled += other.rolled;
+        self.keys_expired += other.keys_expired;
         self.dropped += other.dropped;
         self.quarantined += other.quarantined;
         self.trimmed_index += other.trimmed_index;
@@ -159,6 +163,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> 
         report.trimmed_tenants += 1;
         backfill_listing(store, &tenant).await?;
         trim_tenant(store, &tenant, opts, report).await?;
+        report.keys_expired += crate::ops::auth::expire_keys(store, &tenant).await?;
         schedule(store, &tenant, "ensure").await?;
         let _: () = conn.sadd(SWEEP_SLOTS, TenantKeys::new(&tenant).slot()).await?;
     }
@@ -219,10 +224,13 @@ pub async fn expire_tenant(
     schedule(store, tenant, "reset").await
 }
 
-/// All of one tenant's maintenance at once: its due reservations, then its retention.
+/// All of one tenant's maintenance at once: its due periods and reservations, its retention
+/// and its keys past their expiry.
 pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     expire_tenant(store, tenant, opts, report).await?;
-    trim_tenant(store, tenant, opts, report).await
+    trim_tenant(store, tenant, opts, report).await?;
+    report.keys_expired += crate::ops::auth::expire_keys(store, tenant).await?;
+    Ok(())
 }
 
 /// Most created-index batches one tenant's trim walks per sweep (bounds a sweep's work).
@@ -336,6 +344,7 @@ pub async fn sweep_loop(
             Ok(r) => {
                 if r.expired
                     + r.rolled
+                    + r.keys_expired
                     + r.quarantined
                     + r.trimmed_index
                     + r.trimmed_events

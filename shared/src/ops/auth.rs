@@ -170,3 +170,86 @@ script! {
         args: [context, mode, change],
     }
 }
+
+script! {
+    /// One failed authentication of a key id or source (`lua/count_failure.lua`).
+    pub struct CountFailure = count_failure -> FailureCount {
+        keys: [counter],
+        args: [],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FailureCount {
+    pub count: u64,
+}
+
+script! {
+    /// A failed authentication's event, alert count and lazy key expiry, in its owner's slot
+    /// (`lua/auth_failure.lua`).
+    pub struct AuthFailure = auth_failure -> super::Nothing {
+        keys: [events, api_key],
+        args: [context, owner, key_id, reason, source, sample],
+    }
+}
+
+script! {
+    /// Expires a tenant's keys past their expiry (`lua/key_expiry.lua`), for the sweep.
+    pub struct ExpireKeys = key_expiry -> ExpiredKeys {
+        keys: [events, api_key_index],
+        args: [tenant],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ExpiredKeys {
+    pub expired: u64,
+}
+
+/// A failed authentication as the dispatcher saw it.
+pub struct Failure<'a> {
+    /// The key's tenant, when the presented key id names one.
+    pub tenant: Option<&'a str>,
+    /// The presented key id (None for the admin key or an unreadable key).
+    pub key_id: Option<&'a str>,
+    pub source: &'a str,
+    /// EventDataApiKey.failure_reason (`key_not_found`, `invalid_key`, `key_expired`, ...).
+    pub reason: &'a str,
+    /// The request context (request and trace ids) for the event.
+    pub context: String,
+}
+
+/// Records a failed authentication: counts it against its key id and its source for this
+/// minute, and writes its event (the first of either in the minute), its tenant's alert count
+/// and a lazy key expiry. Answers the larger of the two counts.
+pub async fn record_failure(store: &Store, f: Failure<'_>) -> ApiResult<u64> {
+    let minute = crate::domain::now_ms() / 60_000;
+    let mut counts = vec![];
+    for (kind, who) in [("k", f.key_id), ("s", Some(f.source))] {
+        if let Some(who) = who {
+            let counter = keys::auth_failures(kind, who, minute);
+            counts.push(store.run(CountFailure { counter }).await?.value.count);
+        }
+    }
+    let owner = f.tenant.unwrap_or(crate::ops::events::SYSTEM_TENANT);
+    let owner_keys = TenantKeys::new(owner);
+    let call = AuthFailure {
+        events: owner_keys.events(),
+        api_key: owner_keys.api_key(f.key_id.unwrap_or("-")),
+        context: f.context,
+        owner: owner.to_string(),
+        key_id: f.key_id.unwrap_or("admin").to_string(),
+        reason: f.reason.to_string(),
+        source: f.source.to_string(),
+        sample: if counts.contains(&1) { "1" } else { "" }.to_string(),
+    };
+    store.run(call).await?;
+    Ok(counts.into_iter().max().unwrap_or(0))
+}
+
+/// The sweep's expiry of one tenant's keys past their expiry date.
+pub async fn expire_keys(store: &Store, tenant: &str) -> ApiResult<u64> {
+    let keys = TenantKeys::new(tenant);
+    let call = ExpireKeys { events: keys.events(), api_key_index: keys.api_key_index(), tenant: tenant.to_string() };
+    Ok(store.run(call).await?.value.expired)
+}

@@ -74,6 +74,15 @@ script! {
     }
 }
 
+script! {
+    /// System alerts one container observed, written once per marker period
+    /// (`lua/system_alert.lua`): `alerts` alternates event types and their data.
+    pub struct SystemAlert = system_alert -> Nothing {
+        keys: [events, marker],
+        args: [marker_ttl_ms, context; alerts],
+    }
+}
+
 /// A tenant's subscriptions (or the system-wide ones), decoded.
 pub async fn subscriptions(store: &Store, owner: &str) -> ApiResult<Vec<Subscription>> {
     let keys = TenantKeys::new(owner);
@@ -404,7 +413,45 @@ impl Subscription {
         };
         let admitted = self.key_scope_filter.is_empty()
             || scope.is_some_and(|s| crate::domain::scope_admitted(&self.key_scope_filter, s));
-        selected && scoped && admitted && self.may_receive(event)
+        selected && scoped && admitted && self.may_receive(event) && self.alerted_at(event)
+    }
+
+    /// An alert reaches a subscription only at its own `thresholds` (the spec's defaults where
+    /// it sets none): a threshold crossing at one of its utilization thresholds, a burn-rate
+    /// anomaly at or above its multiplier, a rate spike above its threshold for that rate. The
+    /// scripts emit at the union of a tenant's subscriptions' settings (`alert_settings` in
+    /// `lua/lib.lua`), so each subscription sees exactly its own alerts.
+    pub fn alerted_at(&self, event: &Value) -> bool {
+        use crate::domain::rules::alerts;
+        let own = |name: &str| self.thresholds.as_ref().and_then(|t| t.get(name)).and_then(Value::as_f64);
+        let data = &event["data"];
+        let number = |name: &str| data[name].as_f64().unwrap_or(0.0);
+        match event["event_type"].as_str().unwrap_or_default() {
+            "budget.threshold_crossed" => {
+                let listed: Option<Vec<f64>> = self
+                    .thresholds
+                    .as_ref()
+                    .and_then(|t| t.get("budget_utilization"))
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_f64).collect());
+                let at = number("threshold");
+                listed.unwrap_or_else(|| alerts::UTILIZATION.to_vec()).iter().any(|t| (t - at).abs() < 1e-9)
+            }
+            "budget.burn_rate_anomaly" => {
+                number("multiplier") >= own("burn_rate_multiplier").unwrap_or(alerts::BURN_MULTIPLIER) - 1e-9
+            }
+            spike @ ("reservation.denial_rate_spike"
+            | "reservation.expiry_rate_spike"
+            | "api_key.auth_failure_rate_spike") => {
+                let (name, default) = match spike {
+                    "reservation.denial_rate_spike" => ("denial_rate_threshold", alerts::DENIAL_RATE),
+                    "reservation.expiry_rate_spike" => ("expiry_rate_threshold", alerts::EXPIRY_RATE),
+                    _ => ("auth_failure_rate_threshold", alerts::AUTH_FAILURE_RATE),
+                };
+                number("current_rate") > own(name).unwrap_or(default)
+            }
+            _ => true,
+        }
     }
 
     /// Invariant 2 at dispatch and replay: a tenant-owned subscription never receives an
@@ -457,6 +504,31 @@ pub fn delivery_json(r: &Record) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alerts_reach_a_subscription_at_its_own_thresholds() {
+        let record = |thresholds: &str| -> Subscription {
+            let mut r = Record::new();
+            r.insert("subscription_id".into(), "s".into());
+            if !thresholds.is_empty() {
+                r.insert("thresholds".into(), thresholds.into());
+            }
+            Subscription::from_record(&r).unwrap()
+        };
+        let event = |t: &str, data: serde_json::Value| serde_json::json!({"event_type": t, "data": data});
+        let (defaults, own) = (
+            record(""),
+            record(r#"{"budget_utilization":[0.5],"burn_rate_multiplier":5,"denial_rate_threshold":0.5}"#),
+        );
+        let crossed = |at: f64| event("budget.threshold_crossed", serde_json::json!({"threshold": at}));
+        assert!(defaults.alerted_at(&crossed(0.95)) && !defaults.alerted_at(&crossed(0.5)));
+        assert!(own.alerted_at(&crossed(0.5)) && !own.alerted_at(&crossed(0.8)));
+        let burn = |m: f64| event("budget.burn_rate_anomaly", serde_json::json!({"multiplier": m}));
+        assert!(defaults.alerted_at(&burn(3.0)) && !own.alerted_at(&burn(4.0)) && own.alerted_at(&burn(5.0)));
+        let denials = |r: f64| event("reservation.denial_rate_spike", serde_json::json!({"current_rate": r}));
+        assert!(defaults.alerted_at(&denials(0.2)) && !own.alerted_at(&denials(0.2)) && own.alerted_at(&denials(0.6)));
+        assert!(own.alerted_at(&event("budget.funded", serde_json::json!({}))), "other events are not alerts");
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -1,0 +1,333 @@
+//! Alert events: each produced through the API and read back from `GET /v1/admin/events`, with
+//! its EventData shape; the thresholds of a tenant's subscriptions; and the 429 answer to
+//! repeated authentication failures on both planes.
+
+use std::time::Duration;
+
+use cycles_shared::domain::{format_rfc3339_ms, now_ms};
+use cycles_shared::jobs::sweep::{sweep_tenant, SweepOptions, SweepReport};
+use cycles_shared::model::Unit;
+use cycles_tests::*;
+use serde_json::Value;
+
+/// A tenant's events of one type through the operator API, oldest first.
+async fn alerts(h: &Harness, tenant: &str, event_type: &str) -> Vec<Value> {
+    let path = format!("/v1/admin/events?tenant_id={tenant}&event_type={event_type}&limit=100");
+    let r = h.admin("GET", &path, None).await;
+    let mut events = r.assert_ok()["events"].as_array().unwrap().clone();
+    events.reverse();
+    events
+}
+
+async fn sweep(h: &Harness, t: &Tenant) -> SweepReport {
+    let mut report = SweepReport::default();
+    sweep_tenant(&h.store, &t.id, &SweepOptions::default(), &mut report).await.unwrap();
+    report
+}
+
+fn balances(t: &Tenant) -> String {
+    format!("/v1/balances?tenant={}", t.id)
+}
+
+/// A client of its own source address (127.0.0.x), so its failures are counted apart.
+fn client_from(last_octet: u8) -> reqwest::Client {
+    reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, last_octet])).build().unwrap()
+}
+
+#[tokio::test]
+async fn utilization_thresholds_fire_once_per_direction() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let r79 = h.reserve_ok(&t, 79, json!({})).await;
+    assert!(alerts(&h, &t.id, "budget.threshold_crossed").await.is_empty(), "0.79 crosses nothing");
+    let r2 = h.reserve_ok(&t, 2, json!({})).await;
+    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    assert_eq!(crossed.len(), 1);
+    let d = &crossed[0]["data"];
+    assert_eq!((d["threshold"].as_f64(), d["direction"].as_str()), (Some(0.8), Some("rising")));
+    assert_eq!(
+        (d["utilization"].as_f64(), d["allocated"].as_i64(), d["reserved"].as_i64()),
+        (Some(0.81), Some(100), Some(81))
+    );
+    assert_eq!((d["remaining"].as_i64(), d["spent"].as_i64(), d["unit"].as_str()), (Some(19), Some(0), Some("TOKENS")));
+    assert_eq!(crossed[0]["scope"], format!("tenant:{}", t.id).as_str());
+    // staying above: nothing; back to exactly 0.80: still at-or-above, nothing
+    let r1 = h.reserve_ok(&t, 1, json!({})).await;
+    h.release(&t, &r2).await.assert_ok();
+    assert_eq!(alerts(&h, &t.id, "budget.threshold_crossed").await.len(), 1);
+    // below: one falling crossing (a commit of less than the hold returns the rest)
+    h.commit(&t, &r1, 0).await.assert_ok();
+    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    assert_eq!(crossed.len(), 2);
+    assert_eq!(
+        (crossed[1]["data"]["threshold"].as_f64(), crossed[1]["data"]["direction"].as_str()),
+        (Some(0.8), Some("falling"))
+    );
+    // one change across two thresholds: two events
+    h.reserve_ok(&t, 16, json!({})).await;
+    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    let last: Vec<(f64, &str)> = crossed[2..]
+        .iter()
+        .map(|e| (e["data"]["threshold"].as_f64().unwrap(), e["data"]["direction"].as_str().unwrap()))
+        .collect();
+    assert_eq!(last, vec![(0.8, "rising"), (0.95, "rising")]);
+    h.release(&t, &r79).await.assert_ok();
+    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    assert_eq!(crossed.len(), 6, "0.95 -> 0.16: both fall");
+}
+
+#[tokio::test]
+async fn a_subscriptions_thresholds_are_the_ones_alerted() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let sub = json!({"url": "http://127.0.0.1:9/x", "event_types": ["budget.threshold_crossed"],
+        "thresholds": {"budget_utilization": [0.5]}});
+    let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", t.id), Some(&sub)).await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let id = r.body["subscription"]["subscription_id"].as_str().unwrap().to_string();
+    h.reserve_ok(&t, 60, json!({})).await;
+    h.reserve_ok(&t, 25, json!({})).await;
+    let crossed: Vec<f64> = alerts(&h, &t.id, "budget.threshold_crossed")
+        .await
+        .iter()
+        .map(|e| e["data"]["threshold"].as_f64().unwrap())
+        .collect();
+    assert_eq!(crossed, vec![0.5], "only the subscription's threshold, not the defaults");
+    // without subscriptions the defaults apply again
+    h.admin("DELETE", &format!("/v1/admin/webhooks/{id}"), None).await;
+    h.reserve_ok(&t, 10, json!({})).await;
+    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    assert_eq!(crossed.last().unwrap()["data"]["threshold"].as_f64(), Some(0.95));
+}
+
+#[tokio::test]
+async fn a_live_denial_is_an_event_and_many_are_a_spike() {
+    let h = Harness::start().await;
+    let t = h.funded(10).await;
+    let r = h.reserve(&t, 100, json!({})).await;
+    r.assert_error(409, "BUDGET_EXCEEDED");
+    let denied = alerts(&h, &t.id, "reservation.denied").await;
+    assert_eq!(denied.len(), 1);
+    let d = &denied[0]["data"];
+    assert_eq!(
+        (d["reason_code"].as_str(), d["requested_amount"].as_i64(), d["remaining"].as_i64()),
+        (Some("BUDGET_EXCEEDED"), Some(100), Some(10))
+    );
+    assert_eq!(denied[0]["request_id"], r.headers["x-request-id"].as_str());
+    assert_eq!(h.root(&t).await.reserved, 0, "a denial holds nothing");
+    assert!(alerts(&h, &t.id, "reservation.denial_rate_spike").await.is_empty(), "one attempt is no rate");
+    for _ in 0..12 {
+        h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    }
+    let spikes = alerts(&h, &t.id, "reservation.denial_rate_spike").await;
+    assert_eq!(spikes.len(), 1, "once per window");
+    let d = &spikes[0]["data"];
+    assert_eq!(
+        (d["metric"].as_str(), d["current_rate"].as_f64(), d["threshold_rate"].as_f64()),
+        (Some("denial_rate"), Some(1.0), Some(0.1))
+    );
+    assert_eq!((d["window_seconds"].as_i64(), d["sample_count"].as_i64()), (Some(300), Some(10)));
+}
+
+#[tokio::test]
+async fn expiries_over_the_threshold_are_a_spike() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    for _ in 0..10 {
+        h.reserve_ok(&t, 1, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(sweep(&h, &t).await.expired, 10);
+    let spikes = alerts(&h, &t.id, "reservation.expiry_rate_spike").await;
+    assert_eq!(spikes.len(), 1);
+    let d = &spikes[0]["data"];
+    // the first expiry of ten reservations is already 10% > 5%
+    assert_eq!(
+        (d["metric"].as_str(), d["current_rate"].as_f64(), d["threshold_rate"].as_f64()),
+        (Some("expiry_rate"), Some(0.1), Some(0.05))
+    );
+    assert_eq!(d["sample_count"].as_i64(), Some(10));
+    assert_eq!(spikes[0]["actor"]["type"], "system");
+}
+
+#[tokio::test]
+async fn spending_far_over_the_baseline_is_a_burn_rate_anomaly() {
+    let h = Harness::start().await;
+    let t = h.funded(100_000).await;
+    let root = format!("tenant:{}", t.id);
+    // five windows of history at 10 per window (staged: windows are minutes long)
+    let w = 300_000;
+    let start = now_ms() - now_ms() % w;
+    h.set_budget(&t.id, &root, Unit::Tokens, &[("burn", &format!("{start}:0:10:5:0"))]).await;
+    let rid = h.reserve_ok(&t, 25, json!({})).await;
+    h.commit(&t, &rid, 25).await.assert_ok();
+    assert!(alerts(&h, &t.id, "budget.burn_rate_anomaly").await.is_empty(), "25 < 3 x 10");
+    let rid = h.reserve_ok(&t, 5, json!({})).await;
+    h.commit(&t, &rid, 5).await.assert_ok();
+    let anomalies = alerts(&h, &t.id, "budget.burn_rate_anomaly").await;
+    assert_eq!(anomalies.len(), 1);
+    let d = &anomalies[0]["data"];
+    assert_eq!((d["multiplier"].as_f64(), d["window_seconds"].as_i64()), (Some(3.0), Some(300)));
+    assert_eq!((d["current_rate"].as_f64(), d["baseline_rate"].as_f64()), (Some(6.0), Some(2.0)), "per minute");
+    let remaining = h.root(&t).await.remaining as f64;
+    assert!((d["projected_exhaustion_minutes"].as_f64().unwrap() - remaining / 6.0).abs() < 0.01);
+    // once per window
+    let rid = h.reserve_ok(&t, 50, json!({})).await;
+    h.commit(&t, &rid, 50).await.assert_ok();
+    assert_eq!(alerts(&h, &t.id, "budget.burn_rate_anomaly").await.len(), 1);
+    // a window closes into the baseline (weight 1/12) and empty windows decay it
+    let t2 = h.funded(100_000).await;
+    let root2 = format!("tenant:{}", t2.id);
+    h.set_budget(&t2.id, &root2, Unit::Tokens, &[("burn", &format!("{}:100:10:5:0", start - 2 * w))]).await;
+    let rid = h.reserve_ok(&t2, 40, json!({})).await;
+    h.commit(&t2, &rid, 40).await.assert_ok();
+    assert!(alerts(&h, &t2.id, "budget.burn_rate_anomaly").await.is_empty(), "40 < 3 x 16.04");
+    let rid = h.reserve_ok(&t2, 10, json!({})).await;
+    h.commit(&t2, &rid, 10).await.assert_ok();
+    assert_eq!(alerts(&h, &t2.id, "budget.burn_rate_anomaly").await.len(), 1, "50 >= 3 x 16.04");
+}
+
+#[tokio::test]
+async fn failed_authentications_are_events_a_spike_and_expire_keys() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let wrong = format!("{}x", t.key);
+    let r = h.reserve(&Tenant { key: wrong.clone(), ..t.clone() }, 1, json!({})).await;
+    r.assert_error(401, "UNAUTHORIZED");
+    let failed = alerts(&h, &t.id, "api_key.auth_failed").await;
+    assert_eq!(failed.len(), 1);
+    let d = &failed[0]["data"];
+    assert_eq!(
+        (d["key_id"].as_str(), d["failure_reason"].as_str(), d["source_ip"].as_str()),
+        (Some(t.key_id.as_str()), Some("invalid_key"), Some("127.0.0.1"))
+    );
+    assert_eq!(failed[0]["request_id"], r.headers["x-request-id"].as_str());
+    // sampled: more failures of the same key and source this minute write no more events
+    for _ in 0..11 {
+        h.get(&wrong, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
+    }
+    assert_eq!(alerts(&h, &t.id, "api_key.auth_failed").await.len(), 1);
+    let spikes = alerts(&h, &t.id, "api_key.auth_failure_rate_spike").await;
+    assert_eq!(spikes.len(), 1);
+    assert_eq!(spikes[0]["data"]["metric"], "auth_failure_rate");
+    assert_eq!(spikes[0]["data"]["threshold_rate"].as_f64(), Some(0.1));
+    // an unknown key id is a system event
+    let unknown = "cyc_live_zzzzzzzzzzzzzzzz_nope";
+    h.get(unknown, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
+    let system = alerts(&h, "__system__", "api_key.auth_failed").await;
+    assert!(system
+        .iter()
+        .any(|e| e["data"]["key_id"] == "zzzzzzzzzzzzzzzz" && e["data"]["failure_reason"] == "key_not_found"));
+
+    // a key past its expiry: EXPIRED at its next use, with api_key.expired (once)
+    let soon = format_rfc3339_ms(now_ms() + 1200);
+    let body = json!({"tenant_id": t.id, "name": "short", "permissions": ["reservations:create", "balances:read"], "expires_at": soon});
+    let k = h.admin("POST", "/v1/admin/api-keys", Some(&body)).await;
+    assert_eq!(k.status, 201, "{}", k.raw);
+    let (key, key_id) =
+        (k.body["key_secret"].as_str().unwrap().to_string(), k.body["key_id"].as_str().unwrap().to_string());
+    h.get(&key, &balances(&t)).await.assert_ok();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    h.get(&key, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
+    h.get(&key, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
+    let expired = alerts(&h, &t.id, "api_key.expired").await;
+    assert_eq!(expired.len(), 1);
+    assert_eq!(
+        (expired[0]["data"]["key_id"].as_str(), expired[0]["data"]["new_status"].as_str()),
+        (Some(key_id.as_str()), Some("EXPIRED"))
+    );
+    let shown = h.admin("GET", &format!("/v1/admin/api-keys?tenant_id={}&status=EXPIRED", t.id), None).await;
+    let listed = shown.assert_ok()["keys"].as_array().unwrap().clone();
+    assert!(listed.iter().any(|k| k["key_id"] == key_id.as_str()), "{}", shown.raw);
+    // and unused keys past their expiry are found by the sweep
+    let body = json!({"tenant_id": t.id, "name": "idle", "permissions": ["balances:read"], "expires_at": format_rfc3339_ms(now_ms() + 1000)});
+    let idle = h.admin("POST", "/v1/admin/api-keys", Some(&body)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(sweep(&h, &t).await.keys_expired, 1);
+    assert_eq!(sweep(&h, &t).await.keys_expired, 0);
+    let expired = alerts(&h, &t.id, "api_key.expired").await;
+    assert_eq!(expired.len(), 2);
+    assert_eq!(expired[1]["data"]["key_id"], idle.body["key_id"]);
+}
+
+#[tokio::test]
+async fn repeated_failures_are_throttled_on_both_planes() {
+    let h = Harness::start_configured(|c| c.auth_failure_limit = 3).await;
+    let t = h.funded(100).await;
+    // a key id failing from one address: the fourth failure in the minute is 429
+    let client = client_from(41);
+    let wrong = format!("{}x", t.key);
+    for _ in 0..3 {
+        let r = send_with(&client, &h.base, "GET", &balances(&t), &[("x-cycles-api-key", &wrong)], None).await;
+        r.assert_error(401, "UNAUTHORIZED");
+    }
+    let r = send_with(&client, &h.base, "GET", &balances(&t), &[("x-cycles-api-key", &wrong)], None).await;
+    r.assert_error(429, "LIMIT_EXCEEDED");
+    let after: i64 = r.headers["retry-after"].parse().unwrap();
+    assert!((1..=60).contains(&after), "Retry-After {after}");
+    // the same key id from another address is throttled too (by its key id); the right key is not
+    let r = send_with(&client_from(42), &h.base, "GET", &balances(&t), &[("x-cycles-api-key", &wrong)], None).await;
+    r.assert_error(429, "LIMIT_EXCEEDED");
+    h.get(&t.key, &balances(&t)).await.assert_ok();
+    // the admin key: counted by source address
+    let client = client_from(43);
+    for _ in 0..3 {
+        let r =
+            send_with(&client, &h.admin_base, "GET", "/v1/admin/tenants", &[("x-admin-api-key", "wrong")], None).await;
+        r.assert_error(401, "UNAUTHORIZED");
+    }
+    let r = send_with(&client, &h.admin_base, "GET", "/v1/admin/tenants", &[("x-admin-api-key", "wrong")], None).await;
+    r.assert_error(429, "LIMIT_EXCEEDED");
+    assert!(r.headers.contains_key("retry-after"));
+    // the right admin key from that address still works
+    let ok =
+        send_with(&client, &h.admin_base, "GET", "/v1/admin/tenants", &[("x-admin-api-key", &h.admin_key)], None).await;
+    ok.assert_ok();
+}
+
+#[tokio::test]
+async fn a_slow_minute_is_a_high_latency_alert() {
+    let h = Harness::start_configured(|c| {
+        c.high_latency_ms = 0.000_001;
+        c.high_latency_window = Duration::from_millis(300);
+    })
+    .await;
+    let t = h.funded(100).await;
+    for _ in 0..25 {
+        h.get(&t.key, &balances(&t)).await.assert_ok();
+    }
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    h.get(&t.key, &balances(&t)).await.assert_ok();
+    let slow: Vec<Value> = alerts(&h, "__system__", "system.high_latency")
+        .await
+        .into_iter()
+        .filter(|e| e["data"]["details"]["operation"] == "getBalances")
+        .collect();
+    assert!(!slow.is_empty(), "{:?}", h.all_events("__system__").await);
+    let d = &slow.last().unwrap()["data"];
+    assert_eq!((d["component"].as_str(), d["severity"].as_str()), (Some("api"), Some("warning")));
+    assert!(d["details"]["p99_ms"].as_f64().unwrap() > 0.0);
+    assert!(d["details"]["requests"].as_i64().unwrap() >= 20);
+}
+
+#[tokio::test]
+async fn repaying_debt_below_the_limit_exits_over_limit() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let root = format!("tenant:{}", t.id);
+    h.overdraft_budget(&t.id, &root, 100, 50).await;
+    h.set_budget(&t.id, &root, Unit::Tokens, &[("debt", "60"), ("remaining", "40"), ("is_over_limit", "true")]).await;
+    let path = format!("/v1/admin/budgets/fund?scope={root}&unit=TOKENS&tenant_id={}", t.id);
+    let body = json!({"operation": "REPAY_DEBT", "amount": {"unit": "TOKENS", "amount": 20}});
+    h.admin("POST", &path, Some(&body)).await.assert_ok();
+    let exited = alerts(&h, &t.id, "budget.over_limit_exited").await;
+    assert_eq!(exited.len(), 1);
+    let d = &exited[0]["data"];
+    assert_eq!(
+        (d["debt"].as_i64(), d["overdraft_limit"].as_i64(), d["is_over_limit"].as_bool()),
+        (Some(40), Some(50), Some(false))
+    );
+    assert_eq!(d["scope"], root.as_str());
+    // the runtime admits the tenant again
+    h.reserve_ok(&t, 1, json!({})).await;
+}
