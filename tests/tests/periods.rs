@@ -132,6 +132,33 @@ async fn a_reserve_after_the_period_end_rolls_it_first() {
 }
 
 #[tokio::test]
+async fn reserves_and_sweeps_racing_past_the_end_roll_once() {
+    let h = Arc::new(Harness::start().await);
+    let t = h.tenant().await;
+    periodic(&h, &t, 1000, "NONE", now_ms() + 1000, "PT1H").await.assert_created();
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    h.commit(&t, &rid, 100).await.assert_ok();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut tasks = vec![];
+    for i in 0..12 {
+        let (h, t) = (h.clone(), t.clone());
+        tasks.push(tokio::spawn(async move {
+            if i % 3 == 0 {
+                sweep(&h, &t).await;
+            } else {
+                h.reserve_ok(&t, 10, json!({})).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(h.events_of(&t.id, "budget.reset_spent").await.len(), 1);
+    let l = h.ledger(&t.id, &root(&t), Unit::Tokens).await;
+    assert_eq!((l.spent, l.reserved, l.remaining), (0, 80, 920), "the 100 spent before the end cleared once");
+}
+
+#[tokio::test]
 async fn rollover_policies_carry_what_was_unused() {
     let h = Harness::start().await;
     // (policy, allocated after the first roll, after the second)
