@@ -16,7 +16,7 @@ local tenant = tenant_record(K.tenant)
 local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
 
-local sc = scene(K.events, request_context(A.context), now, tenant)
+local sc = scene(K.events, A.context, now, tenant)
 if A.digest ~= '' then count(sc, 'a') end
 local unit, X = A.unit, A.amount
 local e = scoped_budgets(K.scope_units, K.budgets, A.scopes, unit, sc)

@@ -33,9 +33,9 @@ if overflow then
 end
 local failed = write_budgets(budgets, now_s, r.sc)
 if failed then return failed end
-local ctx = r.sc.ctx
 budget_events(r.sc, budgets, r.unit, r.rid, r.policy)
-if ctx and d_cmp(X, E) > 0 then
+local ctx = d_cmp(X, E) > 0 and r.sc.ctx
+if ctx then
   local debt = '0'
   for _, b in ipairs(budgets) do debt = d_max(debt, d_sub(b.debt, b.before.debt)) end
   emit(K.events, 'reservation.commit_overage', ctx.tenant, r.scope_path, ctx, 'cycles-server',

@@ -29,7 +29,7 @@ end
 
 local tenant = tenant_record(K.tenant)
 if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
-sc = scene(K.events, request_context(A.context), now, tenant)
+sc = scene(K.events, A.context, now, tenant)
 if A.digest ~= '' then count(sc, 'n') end
 if tenant and tenant.status == 'CLOSED' then return decide('DENY', 'TENANT_CLOSED') end
 if tenant and tenant.status == 'SUSPENDED' then return decide('DENY', 'TENANT_SUSPENDED') end

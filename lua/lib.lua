@@ -736,13 +736,27 @@ end
 
 -- ---------------------------------------------------------------------------------------------
 -- Alerts and budget periods. A script that changes ledgers carries a scene: its tenant's event
--- stream and key prefix, the tenant's name and record, the request context (nil for system
--- work) and Redis's clock. Every key below shares the tenant's prefix, so its slot.
+-- stream and key prefix, the tenant's name (tenant ids need no escaping in keys) and record, the
+-- request context (nil for system work) and Redis's clock. Every key below shares the tenant's
+-- prefix, so its slot. A context given as its JSON text is decoded only when an event needs it.
+
+local LAZY_CONTEXT = {__index = function(sc, field)
+  if field ~= 'ctx' then return nil end
+  local ctx = request_context(sc.raw_ctx) or false
+  rawset(sc, 'ctx', ctx)
+  return ctx
+end}
 
 local function scene(events_key, ctx, now, tenant, name)
   local prefix = string.match(events_key, '^(cy:{[^}]*})')
-  return {events = events_key, prefix = prefix, ctx = ctx, now = now, tenant = tenant,
-    name = name or (ctx and ctx.tenant) or string.match(prefix, '^cy:{(.*)}$')}
+  local sc = {events = events_key, prefix = prefix, now = now, tenant = tenant,
+    name = name or string.match(prefix, '^cy:{(.*)}$')}
+  if type(ctx) == 'string' then
+    sc.raw_ctx = ctx
+    return setmetatable(sc, LAZY_CONTEXT)
+  end
+  sc.ctx = ctx
+  return sc
 end
 
 -- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
@@ -752,10 +766,12 @@ local function alert_settings(sc)
   local raw = (type(sc.tenant) == 'table') and sc.tenant.alerts
   if raw == nil then raw = redis.call('HGET', sc.prefix .. ':tenant', 'alerts') end
   local cfg = RULES.ALERTS
-  local ok_, own = pcall(cjson.decode, raw or '')
-  if ok_ and type(own) == 'table' then
-    for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
-    cfg = own
+  if raw then
+    local ok_, own = pcall(cjson.decode, raw)
+    if ok_ and type(own) == 'table' then
+      for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
+      cfg = own
+    end
   end
   sc.cfg = cfg
   return cfg
@@ -1022,7 +1038,7 @@ local function open_reservation(K, A, now, replay_of)
   local guard = tenant_guard(r.tenant)
   if guard then return nil, guard end
   if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
-  r.sc = scene(K.events, request_context(A.context), now, r.tenant)
+  r.sc = scene(K.events, A.context, now, r.tenant)
   if A.digest ~= '' then count(r.sc, 'a') end
   local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index,
     tenant = r.tenant}
@@ -1129,27 +1145,27 @@ end
 -- written only by the script that makes the change, never on a replay, so a request never
 -- writes one twice.
 local function budget_events(sc, budgets, unit, reservation_id, policy)
-  local events_key, ctx, now, tenant = sc.events, sc.ctx, sc.now, sc.name
+  local events_key, now, tenant = sc.events, sc.now, sc.name
   for _, b in ipairs(budgets) do
     threshold_events(sc, b, b.before)
     if b.anomaly then
-      emit(events_key, 'budget.burn_rate_anomaly', tenant, b.scope, ctx, 'cycles-server', b.anomaly, now)
+      emit(events_key, 'budget.burn_rate_anomaly', tenant, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)
     end
     local scope = cjson.encode(b.scope)
     if d_pos(b.before.remaining) and b.remaining == '0' then
       local used = d_add(b.spent, b.reserved)
-      emit(events_key, 'budget.exhausted', tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.exhausted', tenant, b.scope, sc.ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
         ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
         ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
     end
     if b.over and not b.before.over then
-      emit(events_key, 'budget.over_limit_entered', tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.over_limit_entered', tenant, b.scope, sc.ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
         b.overdraft_limit .. ',"is_over_limit":true,"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
     end
     if d_cmp(b.debt, b.before.debt) > 0 then
-      emit(events_key, 'budget.debt_incurred', tenant, b.scope, ctx, 'cycles-server',
+      emit(events_key, 'budget.debt_incurred', tenant, b.scope, sc.ctx, 'cycles-server',
         '{"scope":' .. scope .. ',"unit":"' .. unit .. '"' ..
         (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
         ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..

@@ -28,7 +28,7 @@ local pol = policy_settings(K.policies, scope_path, now, tenant)
 local limited = rate_check(K.policies, pol.rl_r, 'reservations', scope_path, now, A.reclaimed == '')
 if limited then return limited end
 
-local sc = scene(K.events, request_context(A.context), now, tenant)
+local sc = scene(K.events, A.context, now, tenant)
 -- the first attempt of a request is counted (a reclaim retry is the same attempt)
 if A.digest ~= '' and A.reclaimed == '' then count(sc, 'n') end
 local unit, amount = A.unit, A.amount
