@@ -7,12 +7,13 @@
 local now, now_s = now_ms()
 local ttl = tonumber(A.record_ttl_ms)
 local expired, dropped, quarantined = 0, 0, 0
+local sc = scene(K.events, nil, now) -- one per batch: the tenant's alert settings read once
 local k = 1
 for i = 1, #A.reservations, 2 do
   local rid, nb = A.reservations[i], tonumber(A.reservations[i + 1])
   local record = K.reservation_keys[k]
   local ix = {record = record, meta = K.reservation_keys[k + 1], expiry = K.expiry_index, events = K.events,
-    list = K.listing_index}
+    list = K.listing_index, sc = sc}
   local budget_keys = {}
   for j = 1, nb do budget_keys[j] = K.reservation_keys[k + 1 + j] end
   k = k + 2 + nb

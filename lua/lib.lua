@@ -843,7 +843,9 @@ end
 local function count(sc, field)
   local size = alert_settings(sc).rw * 100
   local key = sc.prefix .. ':rt:' .. size .. ':' .. math.floor(sc.now / size)
-  if redis.call('HINCRBY', key, field, 1) == 1 then redis.call('PEXPIRE', key, size * 11) end
+  local n = redis.call('HINCRBY', key, field, 1)
+  if n == 1 then redis.call('PEXPIRE', key, size * 11) end
+  return n
 end
 
 local SPIKES = {
@@ -880,10 +882,12 @@ local function spike_check(sc, field)
     itoa(cfg.rw) .. ',"sample_count":' .. itoa(total) .. '}', sc.now)
 end
 
--- A counted occurrence that may make a spike (d, x, f).
+-- A counted occurrence that may make a spike (d, x, f). The window is looked at for each of
+-- the first occurrences of a tenth, then for every tenth one, so a burst (a sweep expiring
+-- thousands) pays about one look per ten.
 local function count_and_check(sc, field)
-  count(sc, field)
-  spike_check(sc, field)
+  local n = count(sc, field)
+  if n <= RULES.ALERTS.min_samples or n % 10 == 0 then spike_check(sc, field) end
 end
 
 -- An ACTIVE key (`k`: its key_id, name, status, expires_at_ms) past its expiry becomes
@@ -996,7 +1000,7 @@ end
 local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
   local tenant = string.match(r.rid, '^([^.]+)%.')
-  local sc = scene(ix.events, nil, now, ix.tenant, tenant)
+  local sc = ix.sc or scene(ix.events, nil, now, ix.tenant, tenant)
   local budgets = read_budgets(budget_keys, sc)
   for _, b in ipairs(budgets) do
     b.reserved = d_sub(b.reserved, r.estimate)

@@ -331,3 +331,13 @@ async fn repaying_debt_below_the_limit_exits_over_limit() {
     // the runtime admits the tenant again
     h.reserve_ok(&t, 1, json!({})).await;
 }
+
+#[tokio::test]
+async fn the_wrong_credential_for_a_route_says_so() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    h.admin_as(&t.key, "GET", "/v1/admin/tenants", None).await.assert_error(401, "UNAUTHORIZED");
+    let failed = alerts(&h, &t.id, "api_key.auth_failed").await;
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["data"]["failure_reason"], "admin_key_required");
+}

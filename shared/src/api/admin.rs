@@ -20,7 +20,8 @@ pub use crate::ops::records::{
 /// Admin-key-only operations: anything else is 401.
 pub async fn require_admin(app: &App, req: &ApiRequest) -> ApiResult<()> {
     if req.headers.get(super::auth::ADMIN_KEY_HEADER).is_none() {
-        return Err(ApiError::unauthorized("This operation requires X-Admin-API-Key"));
+        let e = ApiError::unauthorized("This operation requires X-Admin-API-Key");
+        return Err(super::auth::rejected(e, "ADMIN_KEY_REQUIRED"));
     }
     app.authenticate(&req.headers, true).await.map(|_| ())
 }
@@ -41,7 +42,10 @@ pub async fn dual_auth(
 pub async fn tenant_auth(app: &App, ctx: &mut Ctx, req: &ApiRequest, permission: Permission) -> ApiResult<TenantKey> {
     match auth(app, ctx, req, Some(permission), false).await? {
         Caller::Tenant(k) => Ok(k),
-        Caller::Admin => Err(ApiError::unauthorized("This operation requires X-Cycles-API-Key")),
+        Caller::Admin => Err(super::auth::rejected(
+            ApiError::unauthorized("This operation requires X-Cycles-API-Key"),
+            "API_KEY_REQUIRED",
+        )),
     }
 }
 

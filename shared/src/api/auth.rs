@@ -73,7 +73,7 @@ pub fn unauthorized() -> ApiError {
 
 /// The 401 of a key rejected for `reason` (told to the log and the auth_failed event, never to
 /// the caller), as the scripts' rejections read (`store::Reply`).
-fn rejected(e: ApiError, reason: &str) -> ApiError {
+pub fn rejected(e: ApiError, reason: &str) -> ApiError {
     ApiError { cause: Some(format!("{REJECTED}{reason}")), ..e }
 }
 
@@ -81,7 +81,7 @@ const REJECTED: &str = "api key rejected: ";
 
 /// The failure reason of a 401 (EventDataApiKey.failure_reason): `key_not_found`,
 /// `invalid_key`, `key_revoked`, `key_expired`, `invalid_format`, `missing_key`,
-/// `invalid_admin_key`.
+/// `invalid_admin_key`, `admin_key_required`, `api_key_required`.
 pub fn failure_reason(e: &ApiError) -> String {
     let reason = e.cause.as_deref().and_then(|c| c.strip_prefix(REJECTED));
     reason.map(str::to_ascii_lowercase).unwrap_or_else(|| "missing_key".to_string())

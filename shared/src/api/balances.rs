@@ -43,7 +43,7 @@ fn decode_cursor(cursor: &str, filters: &str) -> ApiResult<(String, String)> {
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = match app.authenticate(&req.headers, false).await? {
         Caller::Tenant(c) => c,
-        Caller::Admin => return Err(super::auth::unauthorized()),
+        Caller::Admin => return Err(super::auth::rejected(super::auth::unauthorized(), "API_KEY_REQUIRED")),
     };
     ctx.tenant = Some(caller.tenant.clone());
     let query = parse_query(&req.query)?;

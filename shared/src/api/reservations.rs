@@ -45,7 +45,7 @@ async fn authenticate(app: &App, ctx: &mut Ctx, req: &ApiRequest, admin_allowed:
 async fn tenant_key(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<TenantKey> {
     match authenticate(app, ctx, req, false).await? {
         Caller::Tenant(c) => Ok(c),
-        Caller::Admin => Err(unauthorized()),
+        Caller::Admin => Err(super::auth::rejected(unauthorized(), "API_KEY_REQUIRED")),
     }
 }
 
