@@ -41,6 +41,9 @@ pub struct Config {
     /// Failed authentications per minute from one key id or one source address after which
     /// further failures answer 429 (`CYCLES_AUTH_FAILURE_LIMIT`; 0: never).
     pub auth_failure_limit: u64,
+    /// Requests per minute one source address may make to the public action-kind registry
+    /// (`CYCLES_PUBLIC_RATE_LIMIT`; 0: unlimited).
+    pub public_rate_limit: u64,
     /// An operation's p99 latency (ms) over a window above which a container writes
     /// system.high_latency (`CYCLES_HIGH_LATENCY_MS`; 0: never).
     pub high_latency_ms: f64,
@@ -227,6 +230,7 @@ impl Config {
                 .map(|v| v.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect())
                 .unwrap_or_default(),
             auth_failure_limit: env("CYCLES_AUTH_FAILURE_LIMIT").and_then(|v| v.parse().ok()).unwrap_or(20),
+            public_rate_limit: env("CYCLES_PUBLIC_RATE_LIMIT").and_then(|v| v.parse().ok()).unwrap_or(60),
             high_latency_ms: env("CYCLES_HIGH_LATENCY_MS").and_then(|v| v.parse().ok()).unwrap_or(1_000.0),
             high_latency_window: env_ms("CYCLES_HIGH_LATENCY_WINDOW_MS", 60_000),
         }

@@ -32,6 +32,11 @@ pub fn auth_failures(kind: &str, who: &str, minute: i64) -> String {
     format!("cy:af:{kind}:{}:{minute}", encode_component(who))
 }
 
+/// Requests of one source address to the public (unauthenticated) endpoints in one minute.
+pub fn public_requests(source: &str, minute: i64) -> String {
+    format!("cy:pub:{}:{minute}", encode_component(source))
+}
+
 /// Global registry of tenants (for sweeps and operator listings).
 pub const TENANT_REGISTRY: &str = "cy:tenants";
 

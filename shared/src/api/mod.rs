@@ -1,6 +1,7 @@
 //! The HTTP surface: one route table, a transport-neutral request/response pair, and the
 //! dispatcher every front end (Lambda, the local gateway) calls.
 
+mod action_kinds;
 pub mod admin;
 mod alarms;
 pub mod api_keys;
@@ -135,6 +136,8 @@ routes! {
     Runtime GET "/health/ready" => "health-ready" (healthReady), readiness;
     Runtime GET "/v1/reservations" => "list-reservations" (listReservations), list::list;
     Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
+    Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds), action_kinds::list;
+    Runtime GET "/v1/action-kinds/{kind}" => "get-action-kind" (getActionKind), action_kinds::get;
     Runtime POST "/v1/decide" => "decide" (decide), reservations::decide;
     Runtime POST "/v1/events" => "create-event" (createEvent), reservations::create_event;
     Runtime POST "/v1/reservations" => "create-reservation" (createReservation), reservations::create;
@@ -335,16 +338,24 @@ pub struct Answer {
     pub status: u16,
     pub body: Vec<u8>,
     pub replayed: bool,
+    /// Headers of this answer beyond the ones every answer carries.
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Answer {
     pub fn json(status: u16, value: &impl Serialize) -> Answer {
-        Answer { status, body: serde_json::to_vec(value).expect("response types always serialize"), replayed: false }
+        let body = serde_json::to_vec(value).expect("response types always serialize");
+        Answer { status, body, replayed: false, headers: vec![] }
     }
 
-    /// An answer without a body (204).
+    /// An answer without a body (204, 304).
     pub fn empty(status: u16) -> Answer {
-        Answer { status, body: Vec::new(), replayed: false }
+        Answer { status, body: Vec::new(), replayed: false, headers: vec![] }
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: String) -> Answer {
+        self.headers.push((name, value));
+        self
     }
 
     /// Marks the answer as the replay of an earlier identical request (counted apart in metrics).
@@ -493,8 +504,12 @@ pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
 
 fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     let mut throttle = None;
+    let mut own = vec![];
     let (status, body) = match outcome {
-        Ok(a) => (a.status, a.body),
+        Ok(a) => {
+            own = a.headers;
+            (a.status, a.body)
+        }
         Err(e) => {
             throttle = retry_headers(&e);
             // Each failure is logged once, here, with its cause (which the caller never sees).
@@ -520,6 +535,7 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
         headers.push(("x-cycles-tenant", t.clone()));
     }
     headers.extend(throttle.into_iter().flatten());
+    headers.extend(own);
     ApiResponse { status, headers, body }
 }
 

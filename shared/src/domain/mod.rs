@@ -55,6 +55,7 @@ pub fn payload_hash(body: &Value, defaults: &[(&str, Value)]) -> String {
     URL_SAFE_NO_PAD.encode(&Sha256::digest(&bytes)[..16])
 }
 
+pub mod action_kinds;
 pub mod messages;
 pub mod periods;
 pub mod policies;

@@ -172,15 +172,16 @@ script! {
 }
 
 script! {
-    /// One failed authentication of a key id or source (`lua/count_failure.lua`).
-    pub struct CountFailure = count_failure -> FailureCount {
+    /// One more occurrence in a per-minute counter (`lua/count_minute.lua`): failed authentications,
+    /// public requests.
+    pub struct CountMinute = count_minute -> MinuteCount {
         keys: [counter],
         args: [],
     }
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct FailureCount {
+pub struct MinuteCount {
     pub count: u64,
 }
 
@@ -228,7 +229,7 @@ pub async fn record_failure(store: &Store, f: Failure<'_>) -> ApiResult<u64> {
     for (kind, who) in [("k", f.key_id), ("s", Some(f.source))] {
         if let Some(who) = who {
             let counter = keys::auth_failures(kind, who, minute);
-            counts.push(store.run(CountFailure { counter }).await?.value.count);
+            counts.push(store.run(CountMinute { counter }).await?.value.count);
         }
     }
     let owner = f.tenant.unwrap_or(crate::ops::events::SYSTEM_TENANT);

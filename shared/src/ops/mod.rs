@@ -98,7 +98,7 @@ const SCRIPTS: &[Script] = &[
     auth::Validate::SCRIPT,
     auth::CreateApiKey::SCRIPT,
     auth::UpdateApiKey::SCRIPT,
-    auth::CountFailure::SCRIPT,
+    auth::CountMinute::SCRIPT,
     auth::AuthFailure::SCRIPT,
     auth::ExpireKeys::SCRIPT,
     tenants::CreateTenant::SCRIPT,
