@@ -130,3 +130,38 @@ fn system_data(severity: &str, message: &str, details: &Value) -> Value {
     let component = if details.get("operation").is_some() { "api" } else { "store" };
     json!({"component": component, "message": message, "severity": severity, "details": details})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_closes_with_its_p99_only_when_over_the_threshold() {
+        let a = Alarms::default();
+        for i in 0..100 {
+            // 1..=100 ms: p99 is 99 ms
+            assert_eq!(a.latency("op", f64::from(i + 1), 1_000 + i64::from(i), 60_000, 50.0), None);
+        }
+        assert_eq!(a.latency("op", 1.0, 61_000, 60_000, 50.0), Some((99.0, 100)));
+        // the next window starts afresh; too few requests say nothing
+        for i in 0..10 {
+            a.latency("op", 500.0, 61_001 + i, 60_000, 50.0);
+        }
+        assert_eq!(a.latency("op", 1.0, 130_000, 60_000, 50.0), None, "11 requests are not a p99");
+        // under the threshold: nothing
+        for i in 0..30 {
+            a.latency("fast", 2.0, i, 60_000, 50.0);
+        }
+        assert_eq!(a.latency("fast", 2.0, 60_000, 60_000, 50.0), None);
+    }
+
+    #[test]
+    fn an_outage_is_told_once_when_the_store_answers() {
+        let a = Alarms::default();
+        assert_eq!(a.store_answered(), None);
+        a.store_lost(1_000);
+        a.store_lost(2_000);
+        assert_eq!(a.store_answered(), Some((1_000, 2)));
+        assert_eq!(a.store_answered(), None);
+    }
+}
