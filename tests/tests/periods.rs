@@ -49,6 +49,13 @@ async fn sweep(h: &Harness, t: &Tenant) -> SweepReport {
     report
 }
 
+/// When the tenant is due in its slot's due index (what the sweep reads).
+async fn due_at(h: &Harness, t: &Tenant) -> Option<i64> {
+    let keys = TenantKeys::new(&t.id);
+    let score: Option<f64> = redis::AsyncCommands::zscore(&mut h.store.conn(), keys.due_index(), &t.id).await.unwrap();
+    score.map(|s| s as i64)
+}
+
 /// The audit rows of the tenant's period rolls (`action` budget.roll_period), oldest first.
 async fn roll_audits(h: &Harness, t: &Tenant) -> Vec<serde_json::Value> {
     let entries: redis::streams::StreamRangeReply =
@@ -67,6 +74,8 @@ async fn the_sweep_rolls_an_ended_period_exactly_once() {
     let t = h.tenant().await;
     let end = now_ms() + 1500;
     periodic(&h, &t, 100, "NONE", end, "PT1H").await.assert_created();
+    // the sweep finds the tenant through its slot's due index, at the period's end
+    assert_eq!(due_at(&h, &t).await, Some(end));
     let held = h.reserve_ok(&t, 10, json!({"ttl_ms": 60_000})).await;
     let rid = h.reserve_ok(&t, 30, json!({})).await;
     h.commit(&t, &rid, 20).await.assert_ok();
@@ -104,7 +113,9 @@ async fn the_sweep_rolls_an_ended_period_exactly_once() {
     assert_eq!(audits.len(), 1);
     assert_eq!(audits[0]["details"]["period_end"], format_rfc3339_ms(end + HOUR).as_str());
     assert_eq!(audits[0]["resource_id"], b["ledger_id"]);
-    // nothing more to roll, and the held reservation still settles
+    // nothing more to roll (due again at the next end, or earlier for the hold's expiry), and the
+    // held reservation still settles
+    assert!(due_at(&h, &t).await.is_some_and(|at| at > end && at <= end + HOUR));
     assert_eq!(sweep(&h, &t).await.rolled, 0);
     h.commit(&t, &held, 10).await.assert_ok();
     assert_eq!(h.ledger(&t.id, &root(&t), Unit::Tokens).await.spent, 10);
