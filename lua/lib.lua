@@ -734,6 +734,17 @@ local function ledger_state(b, with_reserved)
     ',"status":"' .. b.status .. '"}'
 end
 
+-- budget.over_limit_entered / budget.over_limit_exited when a write flips the flag: a runtime
+-- change, an admin write or a period roll (`source`, else 'cycles-admin').
+local function over_limit_events(events_key, ctx, b, tenant, now, source)
+  if b.over == b.before.over then return end
+  local kind = b.over and 'budget.over_limit_entered' or 'budget.over_limit_exited'
+  emit(events_key, kind, tenant, b.scope, ctx, source or 'cycles-admin',
+    '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt ..
+    ',"overdraft_limit":' .. b.overdraft_limit .. ',"is_over_limit":' .. tostring(b.over) ..
+    ',"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- Alerts and budget periods. A script that changes ledgers carries a scene: its tenant's event
 -- stream and key prefix, the tenant's name (tenant ids need no escaping in keys) and record, the
@@ -956,16 +967,11 @@ local function roll_period(sc, b)
   end
   local start_s, end_s = itoa(start_ms), itoa(end_ms)
   -- a new period is judged afresh, as RESET_SPENT does: over the limit only while the debt is
-  local was_over = b.over
   b.over = d_cmp(b.debt, b.overdraft_limit) > 0
   redis.call('HSET', b.key, 'allocated', b.allocated, 'remaining', b.remaining, 'spent', b.spent, 'period_start_ms',
     start_s, 'period_end_ms', end_s, 'roll_at_ms', end_s, 'period_carried', carried, 'is_over_limit', tostring(b.over),
     'updated_at_ms', itoa(sc.now))
-  if was_over and not b.over then
-    emit(sc.events, 'budget.over_limit_exited', sc.name, b.scope, nil, 'cycles-periods', '{"scope":' ..
-      cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
-      b.overdraft_limit .. ',"is_over_limit":false}', sc.now)
-  end
+  over_limit_events(sc.events, nil, b, sc.name, sc.now, 'cycles-periods')
   redis.call('ZADD', sc.prefix .. ':periods', end_ms, b.key)
   b.roll_at = end_s
   b.before.allocated, b.before.remaining, b.before.spent, b.before.over = b.allocated, b.remaining, b.spent, b.over
@@ -1143,7 +1149,8 @@ local function denied_event(sc, e, reason, A)
 end
 
 -- Budget events on real transitions of the budgets a script just wrote: remaining reached 0
--- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered), debt grew
+-- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered; the runtime never
+-- turns it off), debt grew
 -- (budget.debt_incurred, with `reservation_id` when a commit caused it), a utilization
 -- threshold crossed (budget.threshold_crossed), a burn-rate anomaly (`track_burn`). They are
 -- written only by the script that makes the change, never on a replay, so a request never
@@ -1155,22 +1162,17 @@ local function budget_events(sc, budgets, unit, reservation_id, policy)
     if b.anomaly then
       emit(events_key, 'budget.burn_rate_anomaly', tenant, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)
     end
-    local scope = cjson.encode(b.scope)
     if d_pos(b.before.remaining) and b.remaining == '0' then
       local used = d_add(b.spent, b.reserved)
       emit(events_key, 'budget.exhausted', tenant, b.scope, sc.ctx, 'cycles-server',
-        '{"scope":' .. scope .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
+        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
         ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
         ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
     end
-    if b.over and not b.before.over then
-      emit(events_key, 'budget.over_limit_entered', tenant, b.scope, sc.ctx, 'cycles-server',
-        '{"scope":' .. scope .. ',"unit":"' .. unit .. '","debt":' .. b.debt .. ',"overdraft_limit":' ..
-        b.overdraft_limit .. ',"is_over_limit":true,"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
-    end
+    over_limit_events(events_key, sc.ctx, b, tenant, now, 'cycles-server')
     if d_cmp(b.debt, b.before.debt) > 0 then
       emit(events_key, 'budget.debt_incurred', tenant, b.scope, sc.ctx, 'cycles-server',
-        '{"scope":' .. scope .. ',"unit":"' .. unit .. '"' ..
+        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '"' ..
         (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
         ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..
         ',"overdraft_limit":' .. b.overdraft_limit .. ',"overage_policy":"' .. policy .. '"}', now)
@@ -1224,11 +1226,3 @@ local function save_ledger(b, now)
     'status', b.status, 'updated_at_ms', tostring(now))
 end
 
--- budget.over_limit_entered / budget.over_limit_exited when an admin write flips the flag.
-local function over_limit_events(events_key, ctx, b, tenant, now)
-  if b.over == b.before.over then return end
-  local kind = b.over and 'budget.over_limit_entered' or 'budget.over_limit_exited'
-  emit(events_key, kind, tenant, b.scope, ctx, 'cycles-admin',
-    '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt ..
-    ',"overdraft_limit":' .. b.overdraft_limit .. ',"is_over_limit":' .. tostring(b.over) .. '}', now)
-end

@@ -401,6 +401,27 @@ impl Harness {
         self.all_events(tenant).await.into_iter().filter(|e| e["event_type"] == event_type).collect()
     }
 
+    /// A tenant's events of one type through the operator API (`GET /v1/admin/events`), oldest
+    /// first.
+    pub async fn admin_events(&self, tenant: &str, event_type: &str) -> Vec<Value> {
+        let path = format!("/v1/admin/events?tenant_id={tenant}&event_type={event_type}&limit=100");
+        let r = self.admin("GET", &path, None).await;
+        let mut events = r.assert_ok()["events"].as_array().unwrap().clone();
+        events.reverse();
+        events
+    }
+
+    /// One tenant's maintenance, as the sweep does it (`jobs::sweep::sweep_tenant`).
+    pub async fn sweep_tenant(
+        &self,
+        t: &Tenant,
+        opts: &cycles_shared::jobs::sweep::SweepOptions,
+    ) -> cycles_shared::jobs::sweep::SweepReport {
+        let mut report = Default::default();
+        cycles_shared::jobs::sweep::sweep_tenant(&self.store, &t.id, opts, &mut report).await.unwrap();
+        report
+    }
+
     /// A request to the operator plane with the admin key.
     pub async fn admin(&self, method: &str, path: &str, body: Option<&Value>) -> Resp {
         let body = body.map(Value::to_string);
@@ -523,6 +544,12 @@ pub fn merge(body: &mut Value, extra: Value) {
             }
         }
     }
+}
+
+/// A client whose requests come from 127.0.0.<last_octet>, so that what is counted per source
+/// address is counted apart from every other test.
+pub fn client_from(last_octet: u8) -> reqwest::Client {
+    reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, last_octet])).build().unwrap()
 }
 
 /// A request through `client` (say, one bound to a source address of its own).

@@ -3,10 +3,6 @@
 
 use cycles_tests::*;
 
-fn client_from(last_octet: u8) -> reqwest::Client {
-    reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, last_octet])).build().unwrap()
-}
-
 #[tokio::test]
 async fn the_registry_lists_in_pages_without_a_key() {
     let h = Harness::start().await;

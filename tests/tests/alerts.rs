@@ -5,33 +5,13 @@
 use std::time::Duration;
 
 use cycles_shared::domain::{format_rfc3339_ms, now_ms};
-use cycles_shared::jobs::sweep::{sweep_tenant, SweepOptions, SweepReport};
+use cycles_shared::jobs::sweep::SweepOptions;
 use cycles_shared::model::Unit;
 use cycles_tests::*;
 use serde_json::Value;
 
-/// A tenant's events of one type through the operator API, oldest first.
-async fn alerts(h: &Harness, tenant: &str, event_type: &str) -> Vec<Value> {
-    let path = format!("/v1/admin/events?tenant_id={tenant}&event_type={event_type}&limit=100");
-    let r = h.admin("GET", &path, None).await;
-    let mut events = r.assert_ok()["events"].as_array().unwrap().clone();
-    events.reverse();
-    events
-}
-
-async fn sweep(h: &Harness, t: &Tenant) -> SweepReport {
-    let mut report = SweepReport::default();
-    sweep_tenant(&h.store, &t.id, &SweepOptions::default(), &mut report).await.unwrap();
-    report
-}
-
 fn balances(t: &Tenant) -> String {
     format!("/v1/balances?tenant={}", t.id)
-}
-
-/// A client of its own source address (127.0.0.x), so its failures are counted apart.
-fn client_from(last_octet: u8) -> reqwest::Client {
-    reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, last_octet])).build().unwrap()
 }
 
 #[tokio::test]
@@ -39,9 +19,9 @@ async fn utilization_thresholds_fire_once_per_direction() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     let r79 = h.reserve_ok(&t, 79, json!({})).await;
-    assert!(alerts(&h, &t.id, "budget.threshold_crossed").await.is_empty(), "0.79 crosses nothing");
+    assert!(h.admin_events(&t.id, "budget.threshold_crossed").await.is_empty(), "0.79 crosses nothing");
     let r2 = h.reserve_ok(&t, 2, json!({})).await;
-    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
     assert_eq!(crossed.len(), 1);
     let d = &crossed[0]["data"];
     assert_eq!((d["threshold"].as_f64(), d["direction"].as_str()), (Some(0.8), Some("rising")));
@@ -54,10 +34,10 @@ async fn utilization_thresholds_fire_once_per_direction() {
     // staying above: nothing; back to exactly 0.80: still at-or-above, nothing
     let r1 = h.reserve_ok(&t, 1, json!({})).await;
     h.release(&t, &r2).await.assert_ok();
-    assert_eq!(alerts(&h, &t.id, "budget.threshold_crossed").await.len(), 1);
+    assert_eq!(h.admin_events(&t.id, "budget.threshold_crossed").await.len(), 1);
     // below: one falling crossing (a commit of less than the hold returns the rest)
     h.commit(&t, &r1, 0).await.assert_ok();
-    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
     assert_eq!(crossed.len(), 2);
     assert_eq!(
         (crossed[1]["data"]["threshold"].as_f64(), crossed[1]["data"]["direction"].as_str()),
@@ -65,14 +45,14 @@ async fn utilization_thresholds_fire_once_per_direction() {
     );
     // one change across two thresholds: two events
     h.reserve_ok(&t, 16, json!({})).await;
-    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
     let last: Vec<(f64, &str)> = crossed[2..]
         .iter()
         .map(|e| (e["data"]["threshold"].as_f64().unwrap(), e["data"]["direction"].as_str().unwrap()))
         .collect();
     assert_eq!(last, vec![(0.8, "rising"), (0.95, "rising")]);
     h.release(&t, &r79).await.assert_ok();
-    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
     assert_eq!(crossed.len(), 6, "0.95 -> 0.16: both fall");
 }
 
@@ -87,7 +67,8 @@ async fn a_subscriptions_thresholds_are_the_ones_alerted() {
     let id = r.body["subscription"]["subscription_id"].as_str().unwrap().to_string();
     h.reserve_ok(&t, 60, json!({})).await;
     h.reserve_ok(&t, 25, json!({})).await;
-    let crossed: Vec<f64> = alerts(&h, &t.id, "budget.threshold_crossed")
+    let crossed: Vec<f64> = h
+        .admin_events(&t.id, "budget.threshold_crossed")
         .await
         .iter()
         .map(|e| e["data"]["threshold"].as_f64().unwrap())
@@ -96,7 +77,7 @@ async fn a_subscriptions_thresholds_are_the_ones_alerted() {
     // without subscriptions the defaults apply again
     h.admin("DELETE", &format!("/v1/admin/webhooks/{id}"), None).await;
     h.reserve_ok(&t, 10, json!({})).await;
-    let crossed = alerts(&h, &t.id, "budget.threshold_crossed").await;
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
     assert_eq!(crossed.last().unwrap()["data"]["threshold"].as_f64(), Some(0.95));
 }
 
@@ -106,7 +87,7 @@ async fn a_live_denial_is_an_event_and_many_are_a_spike() {
     let t = h.funded(10).await;
     let r = h.reserve(&t, 100, json!({})).await;
     r.assert_error(409, "BUDGET_EXCEEDED");
-    let denied = alerts(&h, &t.id, "reservation.denied").await;
+    let denied = h.admin_events(&t.id, "reservation.denied").await;
     assert_eq!(denied.len(), 1);
     let d = &denied[0]["data"];
     assert_eq!(
@@ -115,11 +96,11 @@ async fn a_live_denial_is_an_event_and_many_are_a_spike() {
     );
     assert_eq!(denied[0]["request_id"], r.headers["x-request-id"].as_str());
     assert_eq!(h.root(&t).await.reserved, 0, "a denial holds nothing");
-    assert!(alerts(&h, &t.id, "reservation.denial_rate_spike").await.is_empty(), "one attempt is no rate");
+    assert!(h.admin_events(&t.id, "reservation.denial_rate_spike").await.is_empty(), "one attempt is no rate");
     for _ in 0..12 {
         h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
     }
-    let spikes = alerts(&h, &t.id, "reservation.denial_rate_spike").await;
+    let spikes = h.admin_events(&t.id, "reservation.denial_rate_spike").await;
     assert_eq!(spikes.len(), 1, "once per window");
     let d = &spikes[0]["data"];
     assert_eq!(
@@ -137,8 +118,8 @@ async fn expiries_over_the_threshold_are_a_spike() {
         h.reserve_ok(&t, 1, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(sweep(&h, &t).await.expired, 10);
-    let spikes = alerts(&h, &t.id, "reservation.expiry_rate_spike").await;
+    assert_eq!(h.sweep_tenant(&t, &SweepOptions::default()).await.expired, 10);
+    let spikes = h.admin_events(&t.id, "reservation.expiry_rate_spike").await;
     assert_eq!(spikes.len(), 1);
     let d = &spikes[0]["data"];
     // the first expiry of ten reservations is already 10% > 5%
@@ -161,10 +142,10 @@ async fn spending_far_over_the_baseline_is_a_burn_rate_anomaly() {
     h.set_budget(&t.id, &root, Unit::Tokens, &[("burn", &format!("{start}:0:10:5:0"))]).await;
     let rid = h.reserve_ok(&t, 25, json!({})).await;
     h.commit(&t, &rid, 25).await.assert_ok();
-    assert!(alerts(&h, &t.id, "budget.burn_rate_anomaly").await.is_empty(), "25 < 3 x 10");
+    assert!(h.admin_events(&t.id, "budget.burn_rate_anomaly").await.is_empty(), "25 < 3 x 10");
     let rid = h.reserve_ok(&t, 5, json!({})).await;
     h.commit(&t, &rid, 5).await.assert_ok();
-    let anomalies = alerts(&h, &t.id, "budget.burn_rate_anomaly").await;
+    let anomalies = h.admin_events(&t.id, "budget.burn_rate_anomaly").await;
     assert_eq!(anomalies.len(), 1);
     let d = &anomalies[0]["data"];
     assert_eq!((d["multiplier"].as_f64(), d["window_seconds"].as_i64()), (Some(3.0), Some(300)));
@@ -174,17 +155,17 @@ async fn spending_far_over_the_baseline_is_a_burn_rate_anomaly() {
     // once per window
     let rid = h.reserve_ok(&t, 50, json!({})).await;
     h.commit(&t, &rid, 50).await.assert_ok();
-    assert_eq!(alerts(&h, &t.id, "budget.burn_rate_anomaly").await.len(), 1);
+    assert_eq!(h.admin_events(&t.id, "budget.burn_rate_anomaly").await.len(), 1);
     // a window closes into the baseline (weight 1/12) and empty windows decay it
     let t2 = h.funded(100_000).await;
     let root2 = format!("tenant:{}", t2.id);
     h.set_budget(&t2.id, &root2, Unit::Tokens, &[("burn", &format!("{}:100:10:5:0", start - 2 * w))]).await;
     let rid = h.reserve_ok(&t2, 40, json!({})).await;
     h.commit(&t2, &rid, 40).await.assert_ok();
-    assert!(alerts(&h, &t2.id, "budget.burn_rate_anomaly").await.is_empty(), "40 < 3 x 16.04");
+    assert!(h.admin_events(&t2.id, "budget.burn_rate_anomaly").await.is_empty(), "40 < 3 x 16.04");
     let rid = h.reserve_ok(&t2, 10, json!({})).await;
     h.commit(&t2, &rid, 10).await.assert_ok();
-    assert_eq!(alerts(&h, &t2.id, "budget.burn_rate_anomaly").await.len(), 1, "50 >= 3 x 16.04");
+    assert_eq!(h.admin_events(&t2.id, "budget.burn_rate_anomaly").await.len(), 1, "50 >= 3 x 16.04");
 }
 
 #[tokio::test]
@@ -194,7 +175,7 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
     let wrong = format!("{}x", t.key);
     let r = h.reserve(&Tenant { key: wrong.clone(), ..t.clone() }, 1, json!({})).await;
     r.assert_error(401, "UNAUTHORIZED");
-    let failed = alerts(&h, &t.id, "api_key.auth_failed").await;
+    let failed = h.admin_events(&t.id, "api_key.auth_failed").await;
     assert_eq!(failed.len(), 1);
     let d = &failed[0]["data"];
     assert_eq!(
@@ -206,15 +187,15 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
     for _ in 0..11 {
         h.get(&wrong, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
     }
-    assert_eq!(alerts(&h, &t.id, "api_key.auth_failed").await.len(), 1);
-    let spikes = alerts(&h, &t.id, "api_key.auth_failure_rate_spike").await;
+    assert_eq!(h.admin_events(&t.id, "api_key.auth_failed").await.len(), 1);
+    let spikes = h.admin_events(&t.id, "api_key.auth_failure_rate_spike").await;
     assert_eq!(spikes.len(), 1);
     assert_eq!(spikes[0]["data"]["metric"], "auth_failure_rate");
     assert_eq!(spikes[0]["data"]["threshold_rate"].as_f64(), Some(0.1));
     // an unknown key id is a system event
     let unknown = "cyc_live_zzzzzzzzzzzzzzzz_nope";
     h.get(unknown, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
-    let system = alerts(&h, "__system__", "api_key.auth_failed").await;
+    let system = h.admin_events("__system__", "api_key.auth_failed").await;
     assert!(system
         .iter()
         .any(|e| e["data"]["key_id"] == "zzzzzzzzzzzzzzzz" && e["data"]["failure_reason"] == "key_not_found"));
@@ -230,7 +211,7 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
     tokio::time::sleep(Duration::from_millis(1300)).await;
     h.get(&key, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
     h.get(&key, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
-    let expired = alerts(&h, &t.id, "api_key.expired").await;
+    let expired = h.admin_events(&t.id, "api_key.expired").await;
     assert_eq!(expired.len(), 1);
     assert_eq!(
         (expired[0]["data"]["key_id"].as_str(), expired[0]["data"]["new_status"].as_str()),
@@ -243,9 +224,9 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
     let body = json!({"tenant_id": t.id, "name": "idle", "permissions": ["balances:read"], "expires_at": format_rfc3339_ms(now_ms() + 1000)});
     let idle = h.admin("POST", "/v1/admin/api-keys", Some(&body)).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(sweep(&h, &t).await.keys_expired, 1);
-    assert_eq!(sweep(&h, &t).await.keys_expired, 0);
-    let expired = alerts(&h, &t.id, "api_key.expired").await;
+    assert_eq!(h.sweep_tenant(&t, &SweepOptions::default()).await.keys_expired, 1);
+    assert_eq!(h.sweep_tenant(&t, &SweepOptions::default()).await.keys_expired, 0);
+    let expired = h.admin_events(&t.id, "api_key.expired").await;
     assert_eq!(expired.len(), 2);
     assert_eq!(expired[1]["data"]["key_id"], idle.body["key_id"]);
 }
@@ -298,7 +279,8 @@ async fn a_slow_minute_is_a_high_latency_alert() {
     }
     tokio::time::sleep(Duration::from_millis(350)).await;
     h.get(&t.key, &balances(&t)).await.assert_ok();
-    let slow: Vec<Value> = alerts(&h, "__system__", "system.high_latency")
+    let slow: Vec<Value> = h
+        .admin_events("__system__", "system.high_latency")
         .await
         .into_iter()
         .filter(|e| e["data"]["details"]["operation"] == "getBalances")
@@ -320,7 +302,7 @@ async fn repaying_debt_below_the_limit_exits_over_limit() {
     let path = format!("/v1/admin/budgets/fund?scope={root}&unit=TOKENS&tenant_id={}", t.id);
     let body = json!({"operation": "REPAY_DEBT", "amount": {"unit": "TOKENS", "amount": 20}});
     h.admin("POST", &path, Some(&body)).await.assert_ok();
-    let exited = alerts(&h, &t.id, "budget.over_limit_exited").await;
+    let exited = h.admin_events(&t.id, "budget.over_limit_exited").await;
     assert_eq!(exited.len(), 1);
     let d = &exited[0]["data"];
     assert_eq!(
@@ -337,7 +319,7 @@ async fn the_wrong_credential_for_a_route_says_so() {
     let h = Harness::start().await;
     let t = h.funded(100).await;
     h.admin_as(&t.key, "GET", "/v1/admin/tenants", None).await.assert_error(401, "UNAUTHORIZED");
-    let failed = alerts(&h, &t.id, "api_key.auth_failed").await;
+    let failed = h.admin_events(&t.id, "api_key.auth_failed").await;
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["data"]["failure_reason"], "admin_key_required");
 }

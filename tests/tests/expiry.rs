@@ -4,16 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cycles_shared::jobs::sweep::{sweep, sweep_tenant, SweepOptions, SweepReport};
+use cycles_shared::jobs::sweep::{sweep, SweepOptions, SweepReport};
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
 use cycles_tests::*;
 use redis::AsyncCommands;
 
 async fn sweep_one(h: &Harness, t: &Tenant, opts: &SweepOptions) -> SweepReport {
-    let mut report = SweepReport::default();
-    sweep_tenant(&h.store, &t.id, opts, &mut report).await.unwrap();
-    report
+    h.sweep_tenant(t, opts).await
 }
 
 #[tokio::test]

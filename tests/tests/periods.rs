@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cycles_shared::domain::{format_rfc3339_ms, now_ms, parse_rfc3339_ms};
-use cycles_shared::jobs::sweep::{sweep_tenant, SweepOptions, SweepReport};
+use cycles_shared::jobs::sweep::{SweepOptions, SweepReport};
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
 use cycles_tests::*;
@@ -44,9 +44,7 @@ async fn end_period(h: &Harness, t: &Tenant, ago: i64) -> Resp {
 }
 
 async fn sweep(h: &Harness, t: &Tenant) -> SweepReport {
-    let mut report = SweepReport::default();
-    sweep_tenant(&h.store, &t.id, &SweepOptions::default(), &mut report).await.unwrap();
-    report
+    h.sweep_tenant(t, &SweepOptions::default()).await
 }
 
 /// When the tenant is due in its slot's due index (what the sweep reads).
@@ -99,8 +97,7 @@ async fn the_sweep_rolls_an_ended_period_exactly_once() {
     assert_eq!(b["period_start"], format_rfc3339_ms(end).as_str());
     assert_eq!(b["period_end"], format_rfc3339_ms(end + HOUR).as_str());
     assert_eq!(b["period_recurrence"], "PT1H");
-    let path = format!("/v1/admin/events?tenant_id={}&event_type=budget.reset_spent", t.id);
-    let resets = h.admin("GET", &path, None).await.assert_ok()["events"].as_array().unwrap().clone();
+    let resets = h.admin_events(&t.id, "budget.reset_spent").await;
     assert_eq!(resets.len(), 1);
     let e = &resets[0];
     assert_eq!((e["source"].as_str(), e["actor"]["type"].as_str()), (Some("cycles-periods"), Some("system")));

@@ -73,15 +73,11 @@ async fn throttle(app: &App, ctx: &Ctx) -> ApiResult<()> {
     if limit == 0 {
         return Ok(());
     }
-    let now = crate::domain::now_ms();
-    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), now / 60_000);
+    let minute = crate::domain::now_ms() / 60_000;
+    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), minute);
     let count = app.store.run(crate::ops::auth::CountMinute { counter }).await?.value.count;
     if count <= limit {
         return Ok(());
     }
-    let reset_ms = (now / 60_000 + 1) * 60_000;
-    let retry = ((reset_ms - now + 999) / 1000).max(1);
-    Err(ApiError::new(ErrorCode::LimitExceeded, format!("Too many requests from this address; retry in {retry} s"))
-        .with_status(429)
-        .with_details(json!({"limit": limit, "retry_after_seconds": retry, "reset_at": reset_ms / 1000})))
+    Err(ApiError::minute_limit(limit, "Too many requests from this address"))
 }

@@ -164,15 +164,7 @@ impl App {
         if limit == 0 || count <= limit {
             return e;
         }
-        let now = crate::domain::now_ms();
-        let reset_ms = (now / 60_000 + 1) * 60_000;
-        let retry = (reset_ms - now + 999) / 1000;
-        ApiError::new(
-            crate::error::ErrorCode::LimitExceeded,
-            format!("Too many failed authentications from this key or address; retry in {retry} s"),
-        )
-        .with_status(429)
-        .with_details(serde_json::json!({"limit": limit, "retry_after_seconds": retry, "reset_at": reset_ms / 1000}))
+        ApiError::minute_limit(limit, "Too many failed authentications from this key or address")
     }
 
     /// The owner of a key id; immutable once written, so positive answers are cached.

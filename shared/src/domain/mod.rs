@@ -249,11 +249,9 @@ pub fn scope_admitted(filter: &[String], scope: &str) -> bool {
         })
 }
 
-/// Epoch milliseconds as an RFC 3339 UTC timestamp with millisecond precision.
-pub fn format_rfc3339_ms(ms: i64) -> String {
-    let (secs, millis) = (ms.div_euclid(1000), ms.rem_euclid(1000));
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // civil-from-days (H. Hinnant)
+/// The UTC date (year, month, day) of a day number (days since 1970-01-01): civil-from-days
+/// (H. Hinnant), as `lua/lib.lua` computes it too.
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -262,7 +260,14 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// Epoch milliseconds as an RFC 3339 UTC timestamp with millisecond precision.
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    let (secs, millis) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 

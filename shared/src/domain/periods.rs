@@ -86,14 +86,7 @@ fn iso_duration_ms(text: &str) -> Option<i64> {
 
 /// The UTC day of the month of an epoch-ms instant (a monthly period's anchor).
 pub fn day_of_month(ms: i64) -> u32 {
-    let days = ms.div_euclid(86_400_000);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    (doy - (153 * mp + 2) / 5 + 1) as u32
+    super::civil_from_days(ms.div_euclid(86_400_000)).2 as u32
 }
 
 #[cfg(test)]
