@@ -156,10 +156,9 @@ impl ApiError {
     pub fn fault(cause: impl Into<String>) -> Self {
         Self { cause: Some(cause.into()), ..Self::new(ErrorCode::InternalError, INTERNAL_FAULT) }
     }
-    /// 429 LIMIT_EXCEEDED of a per-minute limit, to retry when the current minute ends (the
-    /// answer then carries `Retry-After` and `X-RateLimit-Reset`).
-    pub fn minute_limit(limit: u64, message: &str) -> Self {
-        let now = crate::domain::now_ms();
+    /// 429 LIMIT_EXCEEDED of a per-minute limit, to retry when the minute of `now` (epoch ms)
+    /// ends (the answer then carries `Retry-After` and `X-RateLimit-Reset`).
+    pub fn minute_limit(limit: u64, message: &str, now: i64) -> Self {
         let reset_ms = (now / 60_000 + 1) * 60_000;
         let retry = ((reset_ms - now + 999) / 1000).max(1);
         Self::new(ErrorCode::LimitExceeded, format!("{message}; retry in {retry} s")).with_status(429).with_details(

@@ -73,11 +73,11 @@ async fn throttle(app: &App, ctx: &Ctx) -> ApiResult<()> {
     if limit == 0 {
         return Ok(());
     }
-    let minute = crate::domain::now_ms() / 60_000;
-    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), minute);
+    let now = crate::domain::now_ms();
+    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), now / 60_000);
     let count = app.store.run(crate::ops::auth::CountMinute { counter }).await?.value.count;
     if count <= limit {
         return Ok(());
     }
-    Err(ApiError::minute_limit(limit, "Too many requests from this address"))
+    Err(ApiError::minute_limit(limit, "Too many requests from this address", now))
 }

@@ -164,7 +164,11 @@ impl App {
         if limit == 0 || count <= limit {
             return e;
         }
-        ApiError::minute_limit(limit, "Too many failed authentications from this key or address")
+        ApiError::minute_limit(
+            limit,
+            "Too many failed authentications from this key or address",
+            crate::domain::now_ms(),
+        )
     }
 
     /// The owner of a key id; immutable once written, so positive answers are cached.
