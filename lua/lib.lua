@@ -174,7 +174,7 @@ end
 -- determined (fail closed with 500).
 local function tenant_record(key)
   local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
-    'max_reservation_extensions', 'default_commit_overage_policy', 'policies', 'alerts')
+    'max_reservation_extensions', 'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode')
   if not f[1] then
     if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
     return nil
@@ -182,7 +182,7 @@ local function tenant_record(key)
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
   return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
     max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
-    policies = tonumber(f[6]) or 0, alerts = f[7] }
+    policies = tonumber(f[6]) or 0, alerts = f[7], observe = f[8] }
 end
 
 -- The settings a reservation takes from its tenant (the defaults for a tenant without a record).
@@ -334,23 +334,40 @@ end
 -- rl_r, rl_c) from the highest-priority ACTIVE policy in effect now that matches the path and
 -- sets it (equal priority: the later-created policy, whose id sorts higher). Each entry is
 -- {value, id}. `tenant` (its record, already read) says how many policies it has: none, and
--- nothing more is read.
+-- nothing more is read. Given the request's `action` ({kind, risk}), also its v0.1.26 rules,
+-- each from the highest-priority policy that has one for it (rules are never merged across
+-- policies): `ac` the allow/deny lists (value: the policy row), `rq` the risk-class quotas of
+-- the action's class, `aq` the quotas of its kind (values: the policy's lists).
 local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c'}
-local function policy_settings(rules_key, scope_path, now, tenant)
+local function names_rule(quotas, label)
+  for _, q in ipairs(quotas or {}) do
+    if q.k == label then return true end
+  end
+  return false
+end
+local function policy_settings(rules_key, scope_path, now, tenant, action)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
   local best = {}
+  local function consider(f, p)
+    local b = best[f]
+    if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
+  end
   for _, row in ipairs(redis.call('HVALS', rules_key)) do
     local p = cjson.decode(row)
     if p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
         and pattern_matches(p.pat, scope_path) then
       for _, f in ipairs(POLICY_SETTINGS) do
-        local b = best[f]
-        if p[f] ~= nil and (not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id)) then best[f] = p end
+        if p[f] ~= nil then consider(f, p) end
+      end
+      if action then
+        if p.allow or p.deny then consider('ac', p) end
+        if names_rule(p.rq, action.risk_label) then consider('rq', p) end
+        if names_rule(p.aq, action.kind) then consider('aq', p) end
       end
     end
   end
   local out = {}
-  for f, p in pairs(best) do out[f] = {value = p[f], id = p.id} end
+  for f, p in pairs(best) do out[f] = {value = (f == 'ac') and p or p[f], id = p.id} end
   return out
 end
 
@@ -999,6 +1016,16 @@ roll_due = function(sc, b)
   if sc and b.roll_at and tonumber(b.roll_at) <= sc.now then roll_period(sc, b) end
 end
 
+-- A released or expired reservation gives its per_run action calls back (v0.1.26 quotas; never
+-- below 0, and a counter that has expired stays gone). `prefix` is the tenant's key prefix.
+local function uncount_runs(prefix, rec)
+  if type(rec.qrun) ~= 'table' then return end
+  for _, member in ipairs(rec.qrun) do
+    local key = prefix .. ':q:' .. member
+    if tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', -1) end
+  end
+end
+
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
 -- scope exactly once. Used by every script that touches a reservation, and by the sweep.
 -- `ix`: the reservation's record and meta keys and the tenant's expiry, event and listing keys
@@ -1015,6 +1042,7 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
   r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
+  uncount_runs(sc.prefix, r.rec)
   save_record(ix.record, r.rec)
   keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)
@@ -1138,13 +1166,19 @@ end
 -- reservation.denied for a denied evaluation `e` (live reserve, dry_run, decide; `A` its
 -- arguments): the scope that denied, else the deepest derived scope; and the denial counted
 -- for the denial-rate alert.
-local function denied_event(sc, e, reason, A)
+-- JSON of a table holding a DenyDetail: budget_remaining (kept as digits) becomes a number.
+local function detail_json(t)
+  return (string.gsub(cjson.encode(t), '"budget_remaining":"(%-?%d+)"', '"budget_remaining":%1'))
+end
+
+local function denied_event(sc, e, reason, A, detail)
   local scope, remaining = e and e.denied_by and e.denied_by.scope, e and e.denied_by and e.denied_by.remaining
-  scope = scope or request_scope(A.scopes)
+  scope = (detail and detail.blocked_by_scope) or scope or request_scope(A.scopes)
   emit(sc.events, 'reservation.denied', sc.name, scope, sc.ctx, 'cycles-server', '{"scope":' .. cjson.encode(scope) ..
     ',"unit":"' .. A.unit .. '","reason_code":"' .. reason .. '","requested_amount":' .. A.amount ..
     (remaining and (',"remaining":' .. remaining) or '') .. ',"action":' .. A.action .. ',"subject":' .. A.subject ..
-    '}', sc.now)
+    (detail and detail.blocked_by_policy and (',"policy_id":' .. cjson.encode(detail.blocked_by_policy)) or '') ..
+    (detail and (',"deny_detail":' .. detail_json(detail)) or '') .. '}', sc.now)
   count_and_check(sc, 'd')
 end
 
@@ -1226,3 +1260,271 @@ local function save_ledger(b, now)
     'status', b.status, 'updated_at_ms', tostring(now))
 end
 
+
+-- ---------------------------------------------------------------------------------------------
+-- Action authority (protocol v0.1.26): allow/deny lists, risk-class and per-kind quotas,
+-- DenyDetail and observe mode. `G` is the request's action as the handler resolved it
+-- (`A.governance`): kind, risk (its risk class), risk_label ("__risk__:<class>"), keys (the
+-- policy keys its kind declares), run (subject.dimensions.run_id or ''), observe (the
+-- request's observe_mode or ''), sampled (whether an observed ALLOW is written), rate (the
+-- sample rate when below 1).
+--
+-- Quota counters are hashes `<prefix>:q:<scope>|<kind or __risk__:class>|<window>|<bucket>`
+-- (n: used, lim, pol, last: last increment ms, ttl: per_run TTL, al: threshold announced),
+-- indexed by member in `<prefix>:quotas` (lexicographic, for listing) and by cleanup deadline
+-- in `<prefix>:quotas:due` (each new counter prunes up to two dead ones, so the indexes hold
+-- about the live counters only).
+
+local QUOTA_TTL_MS = {per_minute_tumbling = 120000, per_hour_tumbling = 3660000, per_day_tumbling = 90000000,
+  per_tenant_per_day = 90000000}
+local BUCKET_LEN = {per_minute_tumbling = 16, per_hour_tumbling = 13, per_day_tumbling = 10, per_tenant_per_day = 10}
+
+local function governance(raw)
+  local ok_, G = pcall(cjson.decode, raw or '')
+  if not ok_ or type(G) ~= 'table' or not G.kind then return nil end
+  G.risk_label = '__risk__:' .. G.risk
+  if type(G.keys) ~= 'table' then G.keys = {} end
+  return G
+end
+
+local function contains(list, v)
+  for _, x in ipairs(list or {}) do
+    if x == v then return true end
+  end
+  return false
+end
+
+-- The window instance of a quota at `now` (UTC calendar buckets; per_run: the run id).
+local function quota_bucket(window, now, run)
+  if window == 'per_run' then return run end
+  return string.sub(iso8601(now), 1, BUCKET_LEN[window])
+end
+
+-- A per-kind quota applies when each of its non-empty allowlists lists the request's key of
+-- that dimension; an absent key skips the rule (unknown routing is never denied by it).
+local ALLOWLISTS = {h = 'host', d = 'recipient_domain', r = 'resource_type'}
+local function keys_admit(q, keys)
+  for list, dim in pairs(ALLOWLISTS) do
+    if q[list] and not contains(q[list], keys[dim]) then return false end
+  end
+  return true
+end
+
+-- Steps 1-3 of the reservation evaluation order, reading only: the access lists, then the
+-- risk-class quotas, then the per-kind quotas of the rules `pol` found. Returns a DenyDetail
+-- (the first failing step; among violated quotas of a step the one with the least headroom),
+-- or nil, an error (400: a per_run quota applies and the run id is missing), or nil, nil and
+-- the counters a live reserve increments (`count_actions`).
+local function action_gate(sc, pol, G, scope_path)
+  local ac = pol.ac
+  if ac then
+    local p = ac.value
+    if p.deny and contains(p.deny, G.kind) then
+      return {reason_code = 'ACTION_KIND_DENIED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
+        suggested_fix = "Remove '" .. G.kind .. "' from denied_action_kinds in policy '" .. ac.id .. "'"}
+    end
+    if p.allow and not contains(p.allow, G.kind) then
+      return {reason_code = 'ACTION_KIND_NOT_ALLOWED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
+        suggested_fix = "Add '" .. G.kind .. "' to allowed_action_kinds in policy '" .. ac.id .. "'"}
+    end
+  end
+  local staged = {}
+  for _, step in ipairs({{pol.rq, G.risk_label, true}, {pol.aq, G.kind, false}}) do
+    local setting, label, by_risk = step[1], step[2], step[3]
+    local worst
+    for _, q in ipairs(setting and setting.value or {}) do
+      if q.k == label and (by_risk or keys_admit(q, G.keys)) then
+        if q.w == 'per_run' and G.run == '' then
+          return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. setting.id ..
+            ' has a per_run quota on ' .. label)
+        end
+        local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or scope_path
+        local bucket = quota_bucket(q.w, sc.now, G.run)
+        local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
+        local key = sc.prefix .. ':q:' .. member
+        local used = tonumber(redis.call('HGET', key, 'n') or '0')
+        if used >= q.n then
+          if not worst or q.n - used < worst.limit - worst.used then
+            worst = {action_kind = G.kind, window = q.w, window_key = bucket, used = used, limit = q.n, scope = scope,
+              policy_id = setting.id, risk_class = by_risk and G.risk or nil}
+          end
+        else
+          staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id, scope = scope,
+            bucket = bucket, label = label, by_risk = by_risk}
+        end
+      end
+    end
+    if worst then
+      return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
+        blocked_by_scope = worst.scope, suggested_fix = 'Increase the ' .. (by_risk and (G.risk .. ' risk-class') or
+        G.kind) .. ' quota from ' .. worst.limit .. ' ' .. worst.window .. " in policy '" .. worst.policy_id ..
+        "', or wait for the window to reset"}
+    end
+  end
+  return nil, nil, staged
+end
+
+-- The message of an access or quota denial `d` of `kind` (the 409's; the detail says more).
+local function gate_message(d, kind)
+  if d.reason_code == 'ACTION_KIND_DENIED' then
+    return "Action kind '" .. kind .. "' is denied by policy " .. d.blocked_by_policy
+  end
+  if d.reason_code == 'ACTION_KIND_NOT_ALLOWED' then
+    return "Action kind '" .. kind .. "' is not among the allowed kinds of policy " .. d.blocked_by_policy
+  end
+  local v = d.quota_violation
+  return 'Action quota exceeded: ' .. (v.risk_class and (v.risk_class .. ' risk class') or v.action_kind) .. ' used ' ..
+    v.used .. ' of ' .. v.limit .. ' (' .. v.window .. ' ' .. v.window_key .. ') on ' .. v.scope
+end
+
+-- Step 5 for the quotas: each staged counter +1 (its TTL set when new, refreshed for per_run),
+-- quota.threshold_approaching once per window instance when it reaches its threshold. Returns
+-- the per_run counters (the reservation keeps them, to give the call back on release/expiry).
+local function count_actions(sc, staged)
+  local runs = {}
+  for _, s in ipairs(staged) do
+    local q = s.q
+    local n = redis.call('HINCRBY', s.key, 'n', 1)
+    redis.call('HSET', s.key, 'lim', q.n, 'pol', s.policy, 'last', itoa(sc.now))
+    if q.w == 'per_run' then runs[#runs + 1] = s.member end
+    if n == 1 or q.w == 'per_run' then
+      local ttl = q.ttl or QUOTA_TTL_MS[q.w]
+      redis.call('PEXPIRE', s.key, ttl)
+      if q.ttl then redis.call('HSET', s.key, 'ttl', q.ttl) end
+      local due = sc.prefix .. ':quotas:due'
+      redis.call('ZADD', due, sc.now + ttl, s.member)
+      if n == 1 then
+        redis.call('ZADD', sc.prefix .. ':quotas', 0, s.member)
+        for _, dead in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', sc.now, 'LIMIT', 0, 2)) do
+          if redis.call('EXISTS', sc.prefix .. ':q:' .. dead) == 0 then
+            redis.call('ZREM', due, dead)
+            redis.call('ZREM', sc.prefix .. ':quotas', dead)
+          end
+        end
+      end
+    end
+    if n / q.n >= q.th and s.used / q.n < q.th and redis.call('HSETNX', s.key, 'al', '1') == 1 then
+      local kind = s.by_risk and '__risk__' or s.label
+      local ctx = {}
+      for k, v in pairs(sc.ctx or {}) do ctx[k] = v end
+      ctx.correlation_id = redis.sha1hex(sc.name .. '|' .. s.scope .. '|' .. (s.by_risk and string.sub(s.label, 10) or
+        s.label) .. '|' .. q.w .. '|' .. s.bucket)
+      emit(sc.events, 'quota.threshold_approaching', sc.name, s.scope, ctx, 'cycles-server', cjson.encode({
+        scope = s.scope, action_kind = kind, risk_class = s.by_risk and string.sub(s.label, 10) or nil, window = q.w,
+        window_key = s.bucket, used = n, limit = q.n, threshold_pct = q.th, policy_id = s.policy, tenant_id = sc.name}),
+        sc.now)
+    end
+  end
+  return runs
+end
+
+-- The DenyDetail of a budget or tenant denial of evaluation `e` (`A` the request).
+local FIXES = {
+  BUDGET_FROZEN = 'Unfreeze the budget of %s',
+  BUDGET_CLOSED = 'The budget of %s is closed; fund another scope',
+  OVERDRAFT_LIMIT_EXCEEDED = 'Repay the debt of %s or raise its overdraft_limit',
+  DEBT_OUTSTANDING = 'Repay the outstanding debt of %s before new reservations',
+  BUDGET_NOT_FOUND = 'Create a budget for %s',
+  TENANT_CLOSED = 'The tenant is closed; no new reservations are possible',
+  TENANT_SUSPENDED = 'Reactivate the tenant',
+}
+local function deny_detail(reason, e, A, tenant)
+  local b = e and e.denied_by
+  local scope = (b and b.scope) or (tenant and ('tenant:' .. tenant)) or request_scope(A.scopes)
+  local d = {reason_code = reason, blocked_by_scope = scope}
+  if reason == 'BUDGET_EXCEEDED' and b then
+    d.budget_remaining = b.remaining
+    d.suggested_fix = 'Fund ' .. scope .. ' by at least ' .. d_sub(A.amount, b.remaining) .. ' ' .. A.unit
+  elseif FIXES[reason] then
+    d.suggested_fix = string.format(FIXES[reason], scope)
+  end
+  return d
+end
+
+-- The effective observe mode: the request's, else the tenant's OBSERVE; DISABLED is ENFORCE.
+local function observing(G, tenant)
+  if G and G.observe ~= '' then return G.observe == 'OBSERVE' end
+  return type(tenant) == 'table' and tenant.observe == 'OBSERVE'
+end
+
+-- reservation.observed_denied / observed_allowed of an observe-mode evaluation.
+local function observed_event(sc, A, G, result, scope_path)
+  local denied = result.decision == 'DENY'
+  local ctx = {}
+  for k, v in pairs(sc.ctx or {}) do ctx[k] = v end
+  local data = '{"observe_mode":"OBSERVE","unit":"' .. A.unit .. '","estimated_amount":' .. A.amount .. ',"action":' ..
+    A.action .. ',"subject":' .. A.subject
+  local scope = scope_path
+  if denied then
+    local d = result.deny_detail
+    scope = d.blocked_by_scope or scope_path
+    local v = d.quota_violation or {}
+    ctx.correlation_id = redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.kind .. '|' .. (v.window_key or '') .. '|' ..
+      d.reason_code .. '|' .. (d.blocked_by_policy or ''))
+    data = data .. ',"scope":' .. cjson.encode(scope) .. ',"deny_detail":' .. detail_json(d) ..
+      ',"would_have_blocked_at":' .. cjson.encode(scope) .. '}'
+  else
+    ctx.correlation_id = (G.run ~= '') and redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.run) or nil
+    data = data .. ',"scope":' .. cjson.encode(scope) .. ',"decision":"' .. result.decision .. '"' ..
+      (result.caps and (',"caps_applied":' .. result.caps) or '') ..
+      (G.rate and (',"sample_rate":' .. G.rate) or '') .. '}'
+  end
+  emit(sc.events, denied and 'reservation.observed_denied' or 'reservation.observed_allowed', sc.name, scope, ctx,
+    'cycles-server', data, sc.now)
+end
+
+-- Evaluation without a reservation (dry_run, decide, and a reserve in observe mode): the
+-- checks of a live reserve in the normative order, answered as a decision; only the
+-- idempotency record is written, with reservation.denied on a denial (or, observing, the
+-- observed_* event instead). `K.record` is this namespace's idempotency record, `K.live` the
+-- reservation the same key would create (for decide, the record again); `status` the
+-- answer's status ('OBSERVED' for a reserve in observe mode).
+local function evaluation(K, A, now, now_s, status, tenant)
+  local replayed_answer = replay(K.record, A.payload_hash, status, now_s, function(old)
+    return {decision = old[1], reason_code = (old[2] ~= '') and old[2] or nil, caps = (old[3] ~= '') and old[3] or nil,
+      codes = old[4], balances = legacy_balances(old, 5)}
+  end)
+  if replayed_answer then return replayed_answer end
+  local live = (K.live ~= K.record) and load_record(K.live)
+  if live and live.ik == A.idempotency_key then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH_LIVE) end
+
+  if tenant == nil then tenant = tenant_record(K.tenant) end
+  if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
+  local sc = scene(K.events, A.context, now, tenant)
+  local G = governance(A.governance)
+  local observe = observing(G, tenant)
+  local scope_path = request_scope(A.scopes)
+  local function decide(decision, reason, e, detail)
+    local result = {decision = decision, reason_code = reason, caps = e and e.caps,
+      codes = e and table.concat(e.codes) or '', deny_detail = detail, observed = observe or nil}
+    if e and decision ~= 'DENY' then result.balances = balances(e.budgets) end
+    if observe then
+      observed_event(sc, A, G, result, scope_path)
+    elseif decision == 'DENY' then
+      denied_event(sc, e, reason, A, detail)
+    end
+    local json = detail_json(result)
+    redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', json)
+    redis.call('PEXPIRE', K.record, tonumber(A.record_ttl_ms))
+    return ok(json, status, now_s)
+  end
+  -- observed evaluations stay out of the production denial rate
+  if A.digest ~= '' and not observe then count(sc, 'n') end
+  local t = type(tenant) == 'table' and tenant
+  if t and (t.status == 'CLOSED' or t.status == 'SUSPENDED') then
+    local reason = 'TENANT_' .. t.status
+    return decide('DENY', reason, nil, deny_detail(reason, nil, A, sc.name))
+  end
+  local pol = policy_settings(K.policies, scope_path, now, tenant, G)
+  if G then
+    local gate, bad = action_gate(sc, pol, G, scope_path)
+    if bad then return bad end
+    if gate then return decide('DENY', gate.reason_code, nil, gate) end
+  end
+  local e = evaluate(K.scope_units, K.budgets, A.scopes, A.unit, A.amount, sc)
+  if e.unit_error then return e.unit_error end
+  if e.reason then return decide('DENY', e.reason, e, deny_detail(e.reason, e, A)) end
+  -- a matching policy's caps take precedence over the budget's
+  if pol.caps then e.caps = pol.caps.value end
+  return decide(e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', nil, e)
+end

@@ -20,6 +20,7 @@ budget_events(r.sc, budgets, r.unit)
 local result = {released = r.estimate, balances = balances(budgets)}
 local rec = r.rec
 rec.status, rec.finalized, rec.rk, rec.rh, rec.rr = 'RELEASED', now_s, A.idempotency_key, A.payload_hash, result
+uncount_runs(r.sc.prefix, rec)
 if A.reason ~= '' then rec.reason = A.reason end
 save_record(K.reservation, rec)
 keep_finished(K.reservation, K.meta, rec, tonumber(A.record_ttl_ms))

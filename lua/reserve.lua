@@ -2,7 +2,10 @@
 -- budgeted scope and the record, in one atomic step. The record is its own idempotency record
 -- (its key derives from the idempotency key). A reserve that would fail for want of budget
 -- while the tenant has overdue holds answers `reclaim` with their ids instead: the caller
--- expires them and calls once more with `reclaimed` set.
+-- expires them and calls once more with `reclaimed` set. v0.1.26: in observe mode (the
+-- request's, else the tenant's) the reserve is an evaluation (status OBSERVED, nothing held);
+-- otherwise the action's access lists and quotas are checked before the budgets, and its
+-- counters move with the hold.
 local now, now_s = now_ms()
 local denied, filter = authorize(K.api_key, A.digest, A.accepted, now)
 if denied then return denied end
@@ -18,13 +21,18 @@ if existing then
   result.reservation_id = A.id_prefix .. existing.codes
   return replayed(result, existing.status, now_s)
 end
+local tenant = tenant_record(K.tenant)
+local G = governance(A.governance)
+if tenant ~= 'MALFORMED' and observing(G, tenant) then
+  return evaluation({tenant = K.tenant, record = K.dry_run_record, live = K.reservation, scope_units = K.scope_units,
+    events = K.events, policies = K.policies, budgets = K.budgets}, A, now, now_s, 'OBSERVED', tenant)
+end
 if redis.call('EXISTS', K.dry_run_record) == 1 then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH_DRY_RUN) end
 
-local tenant = tenant_record(K.tenant)
 local guard = tenant_guard(tenant) or suspended_guard(tenant)
 if guard then return guard end
 -- Policies: a rate-limited reserve touches no balance (the reclaim retry is not counted twice).
-local pol = policy_settings(K.policies, scope_path, now, tenant)
+local pol = policy_settings(K.policies, scope_path, now, tenant, G)
 local limited = rate_check(K.policies, pol.rl_r, 'reservations', scope_path, now, A.reclaimed == '')
 if limited then return limited end
 
@@ -32,6 +40,17 @@ local sc = scene(K.events, A.context, now, tenant)
 -- the first attempt of a request is counted (a reclaim retry is the same attempt)
 if A.digest ~= '' and A.reclaimed == '' then count(sc, 'n') end
 local unit, amount = A.unit, A.amount
+-- Steps 1-3 (access lists, risk-class quotas, per-kind quotas): a denial touches no balance.
+local staged = {}
+if G then
+  local gate, bad
+  gate, bad, staged = action_gate(sc, pol, G, scope_path)
+  if bad then return bad end
+  if gate then
+    denied_event(sc, nil, gate.reason_code, A, gate)
+    return err(gate.reason_code, gate_message(gate, G.kind), '{"deny_detail":' .. detail_json(gate) .. '}')
+  end
+end
 local e = evaluate(K.scope_units, K.budgets, A.scopes, unit, amount, sc)
 if e.unit_error then return e.unit_error end
 if e.reason == 'BUDGET_NOT_FOUND' then return err('NOT_FOUND', e.message) end
@@ -42,8 +61,10 @@ if e.reason == 'BUDGET_EXCEEDED' and A.reclaimed == '' then
   if #overdue > 0 then return ok({reclaim = overdue}, 'RECLAIM', now_s) end
 end
 if e.reason then
-  denied_event(sc, e, e.reason, A)
-  return err(e.reason, e.message)
+  local detail = deny_detail(e.reason, e, A)
+  denied_event(sc, e, e.reason, A, detail)
+  -- a budget denial moves no counter
+  return err(e.reason, e.message, '{"deny_detail":' .. detail_json(detail) .. '}')
 end
 local budgets = e.budgets
 
@@ -63,6 +84,7 @@ end
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(sc, budgets, unit, nil, policy)
+local runs = count_actions(sc, staged)
 
 local codes = table.concat(e.codes)
 local rid = A.id_prefix .. codes
@@ -77,6 +99,7 @@ local rec = {codes = codes, status = 'ACTIVE', ik = A.idempotency_key, ph = A.pa
   created = now_s, expires = expires, policy = policy}
 if grace ~= RULES.DEFAULT_GRACE_MS then rec.grace = A.grace_ms end
 if max_ext ~= RULES.MAX_EXTENSIONS then rec.max_ext = itoa(max_ext) end
+if #runs > 0 then rec.qrun = runs end
 -- metadata lives beside the record (`m` says so), so listings never load it unless asked
 if A.metadata ~= '' then
   rec.m = '1'

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::domain::action_kinds::{parse_custom_kinds, CustomKind};
 use crate::egress;
 
 /// Default pepper for local development only; deployments must set `CYCLES_KEY_PEPPER`.
@@ -49,6 +50,15 @@ pub struct Config {
     pub high_latency_ms: f64,
     /// That window (`CYCLES_HIGH_LATENCY_WINDOW_MS`, a minute by default).
     pub high_latency_window: Duration,
+    /// The operator's `custom.*` action kinds (`CYCLES_CUSTOM_ACTION_KINDS`, a JSON array of
+    /// declarations), or why they do not load (the start stops with it).
+    pub custom_action_kinds: Result<Vec<CustomKind>, String>,
+    /// Share of observe-mode ALLOW evaluations that write reservation.observed_allowed
+    /// (`CYCLES_OBSERVE_ALLOW_SAMPLE_RATE`, 0 < rate <= 1; 1 by default).
+    pub observe_allow_sample_rate: f64,
+    /// `deny_detail` on every DENY answer (`CYCLES_DENY_DETAIL=always`), not only where v0.1.26
+    /// is in play (see `api::reservations::show_deny_detail`).
+    pub deny_detail_always: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -233,16 +243,30 @@ impl Config {
             public_rate_limit: env("CYCLES_PUBLIC_RATE_LIMIT").and_then(|v| v.parse().ok()).unwrap_or(60),
             high_latency_ms: env("CYCLES_HIGH_LATENCY_MS").and_then(|v| v.parse().ok()).unwrap_or(1_000.0),
             high_latency_window: env_ms("CYCLES_HIGH_LATENCY_WINDOW_MS", 60_000),
+            custom_action_kinds: env("CYCLES_CUSTOM_ACTION_KINDS")
+                .map(|v| parse_custom_kinds(&v))
+                .unwrap_or_else(|| Ok(Vec::new())),
+            observe_allow_sample_rate: env("CYCLES_OBSERVE_ALLOW_SAMPLE_RATE")
+                .and_then(|v| v.parse().ok())
+                .filter(|r: &f64| *r > 0.0 && *r <= 1.0)
+                .unwrap_or(1.0),
+            deny_detail_always: env("CYCLES_DENY_DETAIL").is_some_and(|v| v == "always"),
         }
     }
 
     /// Settings that must be right before serving: a wrong one stops the start with its reason.
     pub fn validate(&self) -> Result<(), String> {
+        self.custom_action_kinds.as_ref().map_err(Clone::clone)?;
         self.cors_origins.iter().try_for_each(|o| check_origin(o))?;
         match self.admin_allowed_cidrs.iter().find(|c| egress::Cidr::parse(c).is_none()) {
             Some(bad) => Err(format!("CYCLES_ADMIN_ALLOWED_CIDRS entry {bad:?} is not a CIDR range")),
             None => Ok(()),
         }
+    }
+
+    /// The declared custom action kinds (none when the declarations did not load).
+    pub fn custom_kinds(&self) -> &[CustomKind] {
+        self.custom_action_kinds.as_deref().unwrap_or(&[])
     }
 
     /// Whether the operator plane serves a request from `source` (any address when no range is

@@ -3,8 +3,9 @@
 use serde_json::Value;
 
 /// `ErrorCode` values, each with its usual HTTP status. The first 17 are the runtime plane's
-/// enum (cycles-protocol-v0.yaml); the rest exist only on the operator plane (admin spec), and
-/// no runtime script ever produces them.
+/// enum (cycles-protocol-v0.yaml), the next 3 its v0.1.26 extension (action authority, 409);
+/// the rest exist only on the operator plane (admin spec), and no runtime script ever produces
+/// them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     InvalidRequest,
@@ -24,6 +25,9 @@ pub enum ErrorCode {
     ReservationExpired,
     LimitExceeded,
     InternalError,
+    ActionQuotaExceeded,
+    ActionKindNotAllowed,
+    ActionKindDenied,
     TenantNotFound,
     TenantSuspended,
     BudgetNotFound,
@@ -39,7 +43,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 32] = [
         Self::InvalidRequest,
         Self::UnitMismatch,
         Self::Unauthorized,
@@ -57,6 +61,9 @@ impl ErrorCode {
         Self::ReservationExpired,
         Self::LimitExceeded,
         Self::InternalError,
+        Self::ActionQuotaExceeded,
+        Self::ActionKindNotAllowed,
+        Self::ActionKindDenied,
         Self::TenantNotFound,
         Self::TenantSuspended,
         Self::BudgetNotFound,
@@ -90,6 +97,9 @@ impl ErrorCode {
             Self::ReservationExpired => "RESERVATION_EXPIRED",
             Self::LimitExceeded => "LIMIT_EXCEEDED",
             Self::InternalError => "INTERNAL_ERROR",
+            Self::ActionQuotaExceeded => "ACTION_QUOTA_EXCEEDED",
+            Self::ActionKindNotAllowed => "ACTION_KIND_NOT_ALLOWED",
+            Self::ActionKindDenied => "ACTION_KIND_DENIED",
             Self::TenantNotFound => "TENANT_NOT_FOUND",
             Self::TenantSuspended => "TENANT_SUSPENDED",
             Self::BudgetNotFound => "BUDGET_NOT_FOUND",

@@ -104,6 +104,44 @@ pub struct Action {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<Vec<String>>,
+    /// v0.1.26 `ActionPolicyKeys`: routing dimensions for policy matching.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_keys: Option<ActionPolicyKeys>,
+}
+
+/// v0.1.26 `ActionPolicyKeys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionPolicyKeys {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient_domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<BTreeMap<String, String>>,
+}
+
+/// v0.1.26 `ObserveModeEnum` (DISABLED is ENFORCE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ObserveMode {
+    Disabled,
+    Observe,
+    Enforce,
+}
+
+impl ObserveMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObserveMode::Disabled => "DISABLED",
+            ObserveMode::Observe => "OBSERVE",
+            ObserveMode::Enforce => "ENFORCE",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,6 +178,9 @@ pub struct ReservationCreateRequest {
     pub dry_run: Option<bool>,
     #[serde(default)]
     pub metadata: Option<Metadata>,
+    /// v0.1.26: overrides the tenant's observe mode for this request.
+    #[serde(default)]
+    pub observe_mode: Option<ObserveMode>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -292,6 +333,23 @@ impl Action {
             }
             for t in tags {
                 check_len("action.tags[]", t, 0, 64)?;
+            }
+        }
+        if let Some(k) = &self.policy_keys {
+            let fields = [("host", &k.host, 253), ("recipient_domain", &k.recipient_domain, 253)];
+            let more = [("resource_type", &k.resource_type, 128), ("path_prefix", &k.path_prefix, 512)];
+            for (name, v, max) in fields.into_iter().chain(more) {
+                if let Some(v) = v {
+                    check_len(&format!("action.policy_keys.{name}"), v, 0, max)?;
+                }
+            }
+            if let Some(custom) = &k.custom {
+                if custom.len() > 8 {
+                    return Err(ApiError::invalid("action.policy_keys.custom must have at most 8 entries"));
+                }
+                for (name, v) in custom {
+                    check_len(&format!("action.policy_keys.custom.{name}"), v, 0, 256)?;
+                }
             }
         }
         Ok(())
@@ -511,6 +569,9 @@ pub struct ReservationCreateResponse {
     pub reason_code: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub balances: Option<Vec<Balance>>,
+    /// v0.1.26 `DenyDetail` (on a DENY, where v0.1.26 is in play).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deny_detail: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -521,6 +582,9 @@ pub struct DecisionResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
     pub affected_scopes: Vec<String>,
+    /// v0.1.26 `DenyDetail` (on a DENY, where v0.1.26 is in play).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deny_detail: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]

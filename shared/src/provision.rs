@@ -39,6 +39,7 @@ impl NewTenant {
             max_reservation_ttl_ms: self.max_reservation_ttl_ms,
             max_reservation_extensions: self.max_reservation_extensions,
             reservation_expiry_policy: None,
+            observe_mode: None,
         }
     }
 }

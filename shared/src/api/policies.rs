@@ -7,12 +7,15 @@ use serde_json::{json, Value};
 
 use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx};
+use crate::domain::action_kinds::{is_kind_shaped, is_known, RISK_CLASSES};
 use crate::domain::policies::validate_pattern;
 use crate::domain::{parse_rfc3339_ms, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::keys::TenantKeys;
 use crate::model::{parse_json, OveragePolicy};
-use crate::ops::policies::{self, Caps, Policy, RateLimits, TtlOverride, WritePolicy};
+use crate::ops::policies::{
+    self, ActionQuota, Caps, Policy, RateLimits, RiskClassQuota, TtlOverride, WritePolicy, QUOTA_WINDOWS,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +40,14 @@ struct PolicyCreateRequest {
     effective_from: Option<String>,
     #[serde(default)]
     effective_until: Option<String>,
+    #[serde(default)]
+    action_quotas: Option<Vec<ActionQuota>>,
+    #[serde(default)]
+    risk_class_quotas: Option<Vec<RiskClassQuota>>,
+    #[serde(default)]
+    allowed_action_kinds: Option<Vec<String>>,
+    #[serde(default)]
+    denied_action_kinds: Option<Vec<String>>,
 }
 
 /// A field a PATCH may set, clear (`null`), or leave alone (absent).
@@ -67,6 +78,14 @@ struct PolicyUpdateRequest {
     effective_until: Option<Option<String>>,
     #[serde(default)]
     status: Option<PolicyStatus>,
+    #[serde(default)]
+    action_quotas: Option<Vec<ActionQuota>>,
+    #[serde(default)]
+    risk_class_quotas: Option<Vec<RiskClassQuota>>,
+    #[serde(default)]
+    allowed_action_kinds: Option<Vec<String>>,
+    #[serde(default)]
+    denied_action_kinds: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -81,8 +100,81 @@ fn time(name: &str, v: Option<&String>) -> ApiResult<Option<i64>> {
         .transpose()
 }
 
+/// The v0.1.26 action-governance fields of a policy, on the resulting state of a write:
+/// quotas name known kinds (built-in or declared custom) and risk classes, within the spec's
+/// bounds; the lists hold kind-shaped strings (a `custom.*` one declared); allow and deny are
+/// mutually exclusive. Hosts and domains are stored lower-case (matching ignores case).
+fn check_action_rules(app: &App, p: &mut Policy) -> ApiResult<()> {
+    let bad = |m: String| Err(ApiError::invalid(m));
+    let custom = app.config.custom_kinds();
+    if p.action_quotas.len() > 50 || p.risk_class_quotas.len() > 20 {
+        return bad("a policy holds at most 50 action_quotas and 20 risk_class_quotas".into());
+    }
+    if !p.allowed_action_kinds.is_empty() && !p.denied_action_kinds.is_empty() {
+        return bad("allowed_action_kinds and denied_action_kinds are mutually exclusive (send [] to clear one)".into());
+    }
+    for (name, list) in
+        [("allowed_action_kinds", &p.allowed_action_kinds), ("denied_action_kinds", &p.denied_action_kinds)]
+    {
+        if list.len() > 200 {
+            return bad(format!("{name} holds at most 200 kinds"));
+        }
+        if let Some(k) = list.iter().find(|k| !is_kind_shaped(k) || k.starts_with("custom.") && !is_known(k, custom)) {
+            return bad(format!("{name}: {k:?} is not an exact action kind (custom.* kinds must be declared)"));
+        }
+    }
+    let common = |what: &str, max: i64, window: &str, ttl: Option<i64>, th: Option<f64>| -> ApiResult<()> {
+        if !(1..=100_000).contains(&max) {
+            return bad(format!("{what}: max_calls must be 1 to 100000"));
+        }
+        if !QUOTA_WINDOWS.contains(&window) {
+            return bad(format!("{what}: window must be one of {}", QUOTA_WINDOWS.join(", ")));
+        }
+        match ttl {
+            Some(_) if window != "per_run" => {
+                return bad(format!("{what}: per_run_counter_ttl_ms is only for window per_run"))
+            }
+            Some(t) if !(60_000..=604_800_000).contains(&t) => {
+                return bad(format!("{what}: per_run_counter_ttl_ms must be 60000 to 604800000"))
+            }
+            _ => {}
+        }
+        if th.is_some_and(|t| !(0.01..=0.99).contains(&t)) {
+            return bad(format!("{what}: threshold_pct must be 0.01 to 0.99"));
+        }
+        Ok(())
+    };
+    for q in &mut p.action_quotas {
+        let what = format!("action_quotas[{}]", q.action_kind);
+        if !is_known(&q.action_kind, custom) {
+            return bad(format!("{what}: not a registered or declared action kind"));
+        }
+        common(&what, q.max_calls, &q.window, q.per_run_counter_ttl_ms, q.threshold_pct)?;
+        let lists = [(&mut q.host_allowlist, 253, true), (&mut q.recipient_domain_allowlist, 253, true)];
+        for (list, max, lower) in lists.into_iter().chain([(&mut q.resource_type_allowlist, 128, false)]) {
+            for v in list.iter_mut().flatten() {
+                if v.is_empty() || v.chars().count() > max {
+                    return bad(format!("{what}: allowlist entries must be 1 to {max} characters"));
+                }
+                if lower {
+                    *v = v.to_ascii_lowercase();
+                }
+            }
+        }
+    }
+    for q in &p.risk_class_quotas {
+        let what = format!("risk_class_quotas[{}]", q.risk_class);
+        if !RISK_CLASSES.contains(&q.risk_class.as_str()) {
+            return bad(format!("{what}: risk_class must be one of {}", RISK_CLASSES.join(", ")));
+        }
+        common(&what, q.max_calls, &q.window, q.per_run_counter_ttl_ms, q.threshold_pct)?;
+    }
+    Ok(())
+}
+
 /// Every bound of the spec's Policy, on the resulting state of a write.
-fn check(p: &Policy) -> ApiResult<()> {
+fn check(app: &App, p: &mut Policy) -> ApiResult<()> {
+    check_action_rules(app, p)?;
     let bad = |m: &str| Err(ApiError::invalid(m.to_string()));
     if p.name.trim().is_empty() || p.name.chars().count() > 256 {
         return bad("name must be 1 to 256 characters");
@@ -146,6 +238,10 @@ fn changed_fields(before: &Policy, after: &Policy) -> Vec<&'static str> {
         "status",
         "effective_from",
         "effective_until",
+        "action_quotas",
+        "risk_class_quotas",
+        "allowed_action_kinds",
+        "denied_action_kinds",
     ]
     .into_iter()
     .filter(|f| b.get(f) != a.get(f))
@@ -206,9 +302,14 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         status: "ACTIVE".into(),
         effective_from_ms: time("effective_from", r.effective_from.as_ref())?,
         effective_until_ms: time("effective_until", r.effective_until.as_ref())?,
+        action_quotas: r.action_quotas.unwrap_or_default(),
+        risk_class_quotas: r.risk_class_quotas.unwrap_or_default(),
+        allowed_action_kinds: r.allowed_action_kinds.unwrap_or_default(),
+        denied_action_kinds: r.denied_action_kinds.unwrap_or_default(),
         ..Policy::default()
     };
-    check(&p)?;
+    let mut p = p;
+    check(app, &mut p)?;
     let changed = changed_fields(&Policy::default(), &p);
     policies::publish_owner(&app.store, &p.policy_id, &tenant).await?;
     let (stored, _) = write(app, ctx, &caller, &tenant, &p, "", &changed).await?;
@@ -233,11 +334,20 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         Some(s) => return Err(ApiError::invalid(format!("status {s:?} is not ACTIVE or DISABLED"))),
     };
     let pattern = q.get("scope_pattern").map(str::to_ascii_lowercase);
+    let has_quotas = match q.get("has_action_quotas") {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(v) => return Err(ApiError::invalid(format!("has_action_quotas {v:?} is not true or false"))),
+    };
+    let kind = q.get("references_action_kind");
     let rows = policies::all(&app.store, &tenant)
         .await?
         .into_iter()
         .filter(|p| status.as_ref().is_none_or(|s| *s == p.status))
         .filter(|p| pattern.as_ref().is_none_or(|x| *x == p.scope_pattern.to_ascii_lowercase()))
+        .filter(|p| has_quotas.is_none_or(|h| h == !(p.action_quotas.is_empty() && p.risk_class_quotas.is_empty())))
+        .filter(|p| kind.is_none_or(|k| p.references_kind(k)))
         .filter(|p| match &caller {
             Caller::Tenant(k) => k.check_scope(&p.scope_pattern).is_ok(),
             Caller::Admin => true,
@@ -304,7 +414,21 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             }
             .into();
         }
-        check(&p)?;
+        for (field, value) in [
+            (&mut p.allowed_action_kinds, &r.allowed_action_kinds),
+            (&mut p.denied_action_kinds, &r.denied_action_kinds),
+        ] {
+            if let Some(v) = value {
+                *field = v.clone();
+            }
+        }
+        if let Some(q) = &r.action_quotas {
+            p.action_quotas = q.clone();
+        }
+        if let Some(q) = &r.risk_class_quotas {
+            p.risk_class_quotas = q.clone();
+        }
+        check(app, &mut p)?;
         let changed = changed_fields(&current, &p);
         if changed.is_empty() {
             return Ok(Answer::json(200, &current.wire()));

@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 
 use super::auth::{unauthorized, Caller, TenantKey};
 use super::{Answer, ApiRequest, App, Ctx};
+use crate::domain::action_kinds::kind_info;
 use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ids::ReservationId;
@@ -112,14 +113,60 @@ fn event_context(ctx: &Ctx, caller: Option<&TenantKey>, tenant: &str) -> String 
     .to_string()
 }
 
+/// The v0.1.26 side of a request (`A.governance` of the reserve and evaluate scripts): the
+/// action's kind and risk class, the policy keys its kind declares, the run id, the requested
+/// observe mode ('' when absent), and whether an observed ALLOW is written (sampling).
+struct Governance {
+    json: String,
+    /// The replacement of a deprecated kind (`X-Cycles-Deprecated-Kind`).
+    replacement: Option<String>,
+}
+
+fn governance(app: &App, action: &Action, subject: &Subject, observe: &str) -> ApiResult<Governance> {
+    let info = kind_info(&action.kind, app.config.custom_kinds()).map_err(ApiError::invalid)?;
+    let keys = action.policy_keys.as_ref().map(|k| serde_json::to_value(k).expect("serializable"));
+    let rate = app.config.observe_allow_sample_rate;
+    let sampled = rate >= 1.0 || (uuid::Uuid::new_v4().as_u128() % 1_000_000) as f64 / 1_000_000.0 < rate;
+    let mut g = json!({
+        "kind": action.kind, "risk": info.risk_class, "keys": info.matching_keys(keys.as_ref()),
+        "run": subject.dimensions.as_ref().and_then(|d| d.get("run_id")).cloned().unwrap_or_default(),
+        "observe": observe, "sampled": sampled,
+    });
+    if rate < 1.0 {
+        g["rate"] = json!(rate);
+    }
+    Ok(Governance { json: g.to_string(), replacement: info.replacement })
+}
+
+/// Whether a DENY answer (200) carries `deny_detail`: where v0.1.26 is in play (the request
+/// uses one of its fields, the evaluation observed, or the reason is one of its codes), or
+/// always when the deployment says so. Clients of v0.1.25 that validate answers strictly (the
+/// Python client does) thus see the v0.1.25 shape.
+fn show_deny_detail(app: &App, speaks_v26: bool, e: &Evaluated) -> bool {
+    let v26_reason = e
+        .reason_code
+        .as_deref()
+        .is_some_and(|r| matches!(r, "ACTION_QUOTA_EXCEEDED" | "ACTION_KIND_DENIED" | "ACTION_KIND_NOT_ALLOWED"));
+    app.config.deny_detail_always || speaks_v26 || e.observed || v26_reason
+}
+
+fn deprecated_kind(answer: Answer, g: &Governance) -> Answer {
+    match &g.replacement {
+        Some(r) => answer.with_header("x-cycles-deprecated-kind", r.clone()),
+        None => answer,
+    }
+}
+
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_key(app, ctx, req).await?;
     let (r, raw) = parse::<ReservationCreateRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
     let hash = payload_hash(&raw, &[("grace_period_ms", json!(rules::DEFAULT_GRACE_MS)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
-    if r.dry_run == Some(true) {
-        return dry_run(app, ctx, &caller, &r, hash, scopes).await;
+    let observe = r.observe_mode.map(ObserveMode::as_str).unwrap_or("");
+    let g = governance(app, &r.action, &r.subject, observe)?;
+    if r.dry_run == Some(true) || r.observe_mode == Some(ObserveMode::Observe) {
+        return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, hash, scopes, &g).await?, &g));
     }
     let keys = TenantKeys::new(&caller.tenant);
     let token = ReservationId::token_for(&r.idempotency_key);
@@ -139,6 +186,8 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         action: serde_json::to_string(&r.action).expect("serializable"),
         metadata: json_or_empty(&r.metadata),
         context: event_context(ctx, Some(&caller), &caller.tenant),
+        governance: g.json.clone(),
+        record_ttl_ms: evaluation_ttl_ms(app),
         ..Default::default()
     }
     .keys(&keys, &caller.key_id, &token, &r.idempotency_key, &scopes, unit);
@@ -148,13 +197,19 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         expire_reservations(&app.store, &caller.tenant, reclaim, app.config.retention).await?;
         reply = app.store.run(Reserve { reclaimed: "1".to_string(), ..reserve }).await?;
     }
-    let Reserved::Held(hold) = reply.value else {
-        return Err(ApiError::fault("a reserve asked to reclaim twice"));
+    let hold = match reply.value {
+        Reserved::Held(hold) => hold,
+        Reserved::Observed(e) => {
+            // the tenant observes: the reserve was evaluated (dry-run shape), nothing held
+            let ev = evaluation_of(app, e, reply.replay, &scopes, unit, true)?;
+            return Ok(deprecated_kind(dry_run_answer(ev, &r, scopes), &g));
+        }
+        Reserved::Reclaim { .. } => return Err(ApiError::fault("a reserve asked to reclaim twice")),
     };
     let expires_at_ms = int(&hold.expires_at_ms)?;
     let codes = ReservationId::parse(&hold.reservation_id).map(|r| r.budget_codes.concat()).unwrap_or_default();
     let budgeted = budgeted_scopes(&scopes, unit, &codes);
-    Ok(Answer::json(
+    let answer = Answer::json(
         200,
         &ReservationCreateResponse {
             decision: if hold.decision == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow },
@@ -167,9 +222,11 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
             balances: Some(balances(&budgeted, unit, &hold.balances)?),
             reservation_id: Some(hold.reservation_id),
             affected_scopes: scopes,
+            deny_detail: None,
         },
     )
-    .replayed(reply.replay))
+    .replayed(reply.replay);
+    Ok(deprecated_kind(answer, &g))
 }
 
 /// The outcome of an evaluation (dry_run or decide).
@@ -179,6 +236,7 @@ struct Evaluation {
     reason_code: Option<String>,
     caps: Option<Value>,
     balances: Vec<Balance>,
+    deny_detail: Option<Value>,
 }
 
 /// What dry_run and decide evaluate, and where their answers are kept: `record` is this
@@ -193,6 +251,39 @@ struct Ask<'a> {
     hash: String,
     record: String,
     live: String,
+    governance: &'a Governance,
+    /// The request uses a v0.1.26 field.
+    speaks_v26: bool,
+}
+
+fn evaluation_ttl_ms(app: &App) -> String {
+    (app.config.retention.as_millis() as u64).min(rules::EVALUATION_RETENTION_MS).to_string()
+}
+
+/// An evaluation answer of the scripts, as the handlers give it.
+fn evaluation_of(
+    app: &App,
+    e: Evaluated,
+    replayed: bool,
+    scopes: &[String],
+    unit: Unit,
+    speaks_v26: bool,
+) -> ApiResult<Evaluation> {
+    let decision = match e.decision.as_str() {
+        "ALLOW" => Decision::Allow,
+        "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
+        _ => Decision::Deny,
+    };
+    let budgeted = budgeted_scopes(scopes, unit, &e.codes);
+    let show = decision == Decision::Deny && show_deny_detail(app, speaks_v26, &e);
+    Ok(Evaluation {
+        replayed,
+        decision,
+        reason_code: e.reason_code,
+        caps: e.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
+        balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, unit, &e.balances)? },
+        deny_detail: if show { e.deny_detail } else { None },
+    })
 }
 
 async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> ApiResult<Evaluation> {
@@ -213,53 +304,21 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
         unit: unit.as_str().to_string(),
         amount: ask.estimate.amount.to_string(),
         idempotency_key: ask.idempotency_key.to_string(),
-        record_ttl_ms: (app.config.retention.as_millis() as u64).min(rules::EVALUATION_RETENTION_MS).to_string(),
+        record_ttl_ms: evaluation_ttl_ms(app),
         context: event_context(ctx, Some(caller), &caller.tenant),
         subject: serde_json::to_string(ask.subject).expect("serializable"),
         action: serde_json::to_string(ask.action).expect("serializable"),
+        governance: ask.governance.json.clone(),
         scopes: scope_args(ask.scopes, unit),
     };
     let reply = app.store.run(call).await?;
-    let e = reply.value;
-    let decision = match e.decision.as_str() {
-        "ALLOW" => Decision::Allow,
-        "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
-        _ => Decision::Deny,
-    };
-    let budgeted = budgeted_scopes(ask.scopes, unit, &e.codes);
-    Ok(Evaluation {
-        replayed: reply.replay,
-        decision,
-        reason_code: e.reason_code,
-        caps: e.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
-        balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, unit, &e.balances)? },
-    })
+    evaluation_of(app, reply.value, reply.replay, ask.scopes, unit, ask.speaks_v26)
 }
 
-/// A reserve with `dry_run: true`: evaluated, not held; its answer is kept under reserve's
-/// idempotency namespace.
-async fn dry_run(
-    app: &App,
-    ctx: &Ctx,
-    caller: &TenantKey,
-    r: &ReservationCreateRequest,
-    hash: String,
-    scopes: Vec<String>,
-) -> ApiResult<Answer> {
-    let keys = TenantKeys::new(&caller.tenant);
-    let ask = Ask {
-        idempotency_key: &r.idempotency_key,
-        subject: &r.subject,
-        action: &r.action,
-        estimate: &r.estimate,
-        scopes: &scopes,
-        hash,
-        record: keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
-        live: keys.reservation(&ReservationId::token_for(&r.idempotency_key)),
-    };
-    let ev = evaluate(app, ctx, caller, ask).await?;
+/// The dry-run shaped answer of a reserve evaluation (dry_run, or observe mode).
+fn dry_run_answer(ev: Evaluation, r: &ReservationCreateRequest, scopes: Vec<String>) -> Answer {
     let allowed = ev.decision != Decision::Deny;
-    Ok(Answer::json(
+    Answer::json(
         200,
         &ReservationCreateResponse {
             decision: ev.decision,
@@ -272,9 +331,38 @@ async fn dry_run(
             caps: ev.caps,
             reason_code: ev.reason_code,
             balances: allowed.then_some(ev.balances),
+            deny_detail: ev.deny_detail,
         },
     )
-    .replayed(ev.replayed))
+    .replayed(ev.replayed)
+}
+
+/// A reserve with `dry_run: true` (or `observe_mode: OBSERVE`): evaluated, not held; its answer
+/// is kept under reserve's idempotency namespace.
+async fn dry_run(
+    app: &App,
+    ctx: &Ctx,
+    caller: &TenantKey,
+    r: &ReservationCreateRequest,
+    hash: String,
+    scopes: Vec<String>,
+    g: &Governance,
+) -> ApiResult<Answer> {
+    let keys = TenantKeys::new(&caller.tenant);
+    let ask = Ask {
+        idempotency_key: &r.idempotency_key,
+        subject: &r.subject,
+        action: &r.action,
+        estimate: &r.estimate,
+        scopes: &scopes,
+        hash,
+        record: keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
+        live: keys.reservation(&ReservationId::token_for(&r.idempotency_key)),
+        governance: g,
+        speaks_v26: r.observe_mode.is_some() || r.action.policy_keys.is_some(),
+    };
+    let ev = evaluate(app, ctx, caller, ask).await?;
+    Ok(dry_run_answer(ev, r, scopes))
 }
 
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -282,6 +370,8 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let (r, raw) = parse::<DecisionRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
+    // decide is no reservation: the tenant's observe mode does not apply to it
+    let g = governance(app, &r.action, &r.subject, ObserveMode::Enforce.as_str())?;
     let record = TenantKeys::new(&caller.tenant).idempotency("decide", &[&r.idempotency_key]);
     let ask = Ask {
         idempotency_key: &r.idempotency_key,
@@ -292,18 +382,22 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         hash: payload_hash(&raw, &[]),
         live: record.clone(),
         record,
+        governance: &g,
+        speaks_v26: r.action.policy_keys.is_some(),
     };
     let ev = evaluate(app, ctx, &caller, ask).await?;
-    Ok(Answer::json(
+    let answer = Answer::json(
         200,
         &DecisionResponse {
             decision: ev.decision,
             caps: ev.caps,
             reason_code: ev.reason_code,
             affected_scopes: scopes,
+            deny_detail: ev.deny_detail,
         },
     )
-    .replayed(ev.replayed))
+    .replayed(ev.replayed);
+    Ok(deprecated_kind(answer, &g))
 }
 
 /// createEvent: the post-only debit of `actual`, without a reservation (201).

@@ -7,7 +7,7 @@ use super::admin::*;
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, rules, validate_tenant_id};
 use crate::error::{ApiError, ApiResult};
-use crate::model::{parse_json, OveragePolicy, TTL_MS};
+use crate::model::{parse_json, ObserveMode, OveragePolicy, TTL_MS};
 use crate::ops;
 use crate::ops::tenants::Tenant;
 use crate::store::Store;
@@ -47,6 +47,9 @@ pub struct TenantCreateRequest {
     pub max_reservation_extensions: Option<i64>,
     #[serde(default)]
     pub reservation_expiry_policy: Option<ExpiryPolicy>,
+    /// v0.1.26: the tenant's default observe mode (ENFORCE when absent).
+    #[serde(default)]
+    pub observe_mode: Option<ObserveMode>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -66,6 +69,8 @@ struct TenantUpdateRequest {
     max_reservation_ttl_ms: Option<i64>,
     #[serde(default)]
     max_reservation_extensions: Option<i64>,
+    #[serde(default)]
+    observe_mode: Option<ObserveMode>,
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
@@ -126,6 +131,7 @@ pub fn tenant_json(t: &Tenant) -> Value {
         "max_reservation_ttl_ms": t.max_reservation_ttl_ms,
         "max_reservation_extensions": t.max_reservation_extensions,
         "reservation_expiry_policy": t.reservation_expiry_policy,
+        "observe_mode": t.observe_mode,
         "created_at": format_rfc3339_ms(t.created_at_ms),
     });
     if let Some(p) = &t.parent_tenant_id {
@@ -177,6 +183,7 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
         ExpiryPolicy::GraceOnly => "GRACE_ONLY",
     };
     fields.insert("reservation_expiry_policy".into(), json!(expiry));
+    fields.insert("observe_mode".into(), json!(r.observe_mode.unwrap_or(ObserveMode::Enforce).as_str()));
     ops::tenants::create(store, context, &r.tenant_id, Value::Object(fields).to_string()).await
 }
 
@@ -205,7 +212,7 @@ pub struct TenantFilter {
     pub status: Option<String>,
     #[serde(default)]
     pub parent_tenant_id: Option<String>,
-    /// A v0.1.26 property, accepted and not yet applied (no tenant has an observe mode).
+    /// v0.1.26: DISABLED, OBSERVE or ENFORCE.
     #[serde(default)]
     pub observe_mode: Option<String>,
     #[serde(default)]
@@ -217,7 +224,7 @@ impl TenantFilter {
         let f = TenantFilter {
             status: q.get("status").map(String::from),
             parent_tenant_id: q.get("parent_tenant_id").map(String::from),
-            observe_mode: None,
+            observe_mode: q.get("observe_mode").map(String::from),
             search: q.get("search").map(String::from),
         };
         f.check()?;
@@ -226,12 +233,16 @@ impl TenantFilter {
 
     pub fn check(&self) -> ApiResult<()> {
         check_status(self.status.as_deref(), &["ACTIVE", "SUSPENDED", "CLOSED"])?;
+        if self.observe_mode.as_deref().is_some_and(|m| !["DISABLED", "OBSERVE", "ENFORCE"].contains(&m)) {
+            return Err(ApiError::invalid("observe_mode must be DISABLED, OBSERVE or ENFORCE"));
+        }
         check_search(self.search.as_deref())
     }
 
     pub fn matches(&self, t: &Tenant) -> bool {
         self.status.as_ref().is_none_or(|s| t.status == *s)
             && self.parent_tenant_id.as_ref().is_none_or(|p| t.parent_tenant_id.as_deref() == Some(p))
+            && self.observe_mode.as_ref().is_none_or(|m| t.observe_mode == *m)
             && search_matches(self.search.as_deref(), &[&t.tenant_id, &t.name])
     }
 }
@@ -278,6 +289,9 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     )?;
     for (k, v) in s {
         patch.insert(k.into(), json!(v));
+    }
+    if let Some(m) = r.observe_mode {
+        patch.insert("observe_mode".into(), json!(m.as_str()));
     }
     let closing = r.status == Some(TenantStatus::Closed);
     if let Some(s) = r.status {

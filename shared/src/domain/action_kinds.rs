@@ -4,7 +4,8 @@
 
 use std::sync::LazyLock;
 
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 /// The risk classes, in ascending risk.
@@ -67,6 +68,132 @@ impl Registry {
     }
 }
 
+/// The risk class of a kind neither registered nor declared (`proprietary.action`).
+pub const UNREGISTERED_RISK: &str = "side_effect";
+
+/// An operator's declaration of a `custom.<org>.<operation>[.<qualifier>]` kind
+/// (`CYCLES_CUSTOM_ACTION_KINDS`, a JSON array of these, validated at start-up).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomKind {
+    pub kind: String,
+    pub risk_class: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub policy_key_spec: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub mcp_tool_prefixes: Option<Vec<String>>,
+}
+
+/// Whether a string has the shape of a kind: `<category>.<operation>[.<qualifier>...]`,
+/// lower-case letters, digits and `_`, at most 64 characters.
+pub fn is_kind_shaped(kind: &str) -> bool {
+    let segments: Vec<&str> = kind.split('.').collect();
+    kind.len() <= 64
+        && segments.len() >= 2
+        && segments
+            .iter()
+            .all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+}
+
+/// Parses and validates the custom-kind declarations: each kind `custom.<org>.<operation>...`,
+/// a known risk class, a policy key spec of the spec's four dimensions, declared once. A tool
+/// prefix a built-in kind already claims is logged and left to the built-in.
+pub fn parse_custom_kinds(text: &str) -> Result<Vec<CustomKind>, String> {
+    let kinds: Vec<CustomKind> = serde_json::from_str(text)
+        .map_err(|e| format!("CYCLES_CUSTOM_ACTION_KINDS is not a list of declarations: {e}"))?;
+    let mut seen = std::collections::HashSet::new();
+    for k in &kinds {
+        let bad = |why: &str| Err(format!("CYCLES_CUSTOM_ACTION_KINDS: {:?} {why}", k.kind));
+        if !k.kind.starts_with("custom.") || k.kind.split('.').count() < 3 || !is_kind_shaped(&k.kind) {
+            return bad("is not custom.<org>.<operation>[.<qualifier>] (lower-case letters, digits, _)");
+        }
+        if !RISK_CLASSES.contains(&k.risk_class.as_str()) {
+            return bad("has no valid risk_class");
+        }
+        if k.description.as_ref().is_some_and(|d| d.chars().count() > 512) {
+            return bad("has a description over 512 characters");
+        }
+        let dims = ["host", "recipient_domain", "resource_type", "path_prefix"];
+        if k.policy_key_spec.as_ref().is_some_and(|s| s.keys().any(|d| !dims.contains(&d.as_str()))) {
+            return bad(
+                "has a policy_key_spec dimension other than host, recipient_domain, resource_type, path_prefix",
+            );
+        }
+        if !seen.insert(k.kind.clone()) {
+            return bad("is declared twice");
+        }
+        for p in k.mcp_tool_prefixes.iter().flatten() {
+            if registry().mcp_kind(p) != UNKNOWN_KIND {
+                tracing::warn!(kind = %k.kind, prefix = %p, "a custom kind's MCP prefix overlaps a built-in kind's; the built-in wins");
+            }
+        }
+    }
+    Ok(kinds)
+}
+
+/// What the reservation path knows of a request's kind: its risk class, the policy keys that
+/// matter for it (`None`: no policy-key matching), and the replacement of a deprecated kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KindInfo {
+    pub risk_class: String,
+    pub key_spec: Option<Map<String, Value>>,
+    pub replacement: Option<String>,
+}
+
+/// Resolves a request's kind: a built-in, a declared custom kind, an unregistered kind
+/// (`side_effect`, no policy-key matching), or, for an undeclared `custom.*` kind, the
+/// 400 message (custom kinds are governed: no default applies to them).
+pub fn kind_info(kind: &str, custom: &[CustomKind]) -> Result<KindInfo, String> {
+    if let Some(k) = registry().get(kind) {
+        return Ok(KindInfo {
+            risk_class: k["risk_class"].as_str().unwrap_or(UNREGISTERED_RISK).to_string(),
+            key_spec: k["policy_key_spec"].as_object().cloned(),
+            replacement: (k["deprecated"] == true)
+                .then(|| k["replacement_kind"].as_str().unwrap_or(UNKNOWN_KIND).to_string()),
+        });
+    }
+    if let Some(c) = custom.iter().find(|c| c.kind == kind) {
+        return Ok(KindInfo {
+            risk_class: c.risk_class.clone(),
+            key_spec: c.policy_key_spec.clone(),
+            replacement: None,
+        });
+    }
+    if kind.starts_with("custom.") {
+        return Err(format!("action.kind {kind:?} is not registered: custom.* kinds must be declared by the operator"));
+    }
+    tracing::info!(kind, "unregistered action kind (risk class side_effect)");
+    Ok(KindInfo { risk_class: UNREGISTERED_RISK.to_string(), key_spec: None, replacement: None })
+}
+
+impl KindInfo {
+    /// The request's policy keys that take part in matching: only the dimensions the kind's
+    /// policy key spec declares (hosts and domains lower-cased); `{}` when none.
+    pub fn matching_keys(&self, keys: Option<&Value>) -> Value {
+        let mut out = Map::new();
+        let (Some(spec), Some(keys)) = (&self.key_spec, keys) else { return Value::Object(out) };
+        for dim in ["host", "recipient_domain", "resource_type"] {
+            let declared = match &spec.get(dim) {
+                Some(Value::Bool(b)) => *b,
+                Some(Value::String(_)) => true,
+                _ => false,
+            };
+            if let (true, Some(v)) = (declared, keys.get(dim).and_then(Value::as_str)) {
+                let v = if dim == "resource_type" { v.to_string() } else { v.to_ascii_lowercase() };
+                out.insert(dim.to_string(), json!(v));
+            }
+        }
+        Value::Object(out)
+    }
+}
+
+/// Whether a kind may be named by a policy's quota: a built-in or a declared custom kind.
+pub fn is_known(kind: &str, custom: &[CustomKind]) -> bool {
+    registry().get(kind).is_some() || custom.iter().any(|c| c.kind == kind)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +230,48 @@ mod tests {
                 assert!(seen.insert(p, k["kind"].clone()).is_none(), "prefix {p} claimed twice");
             }
         }
+    }
+
+    #[test]
+    fn kinds_resolve_to_their_risk_class_and_declared_keys() {
+        let custom = parse_custom_kinds(
+            r#"[{"kind":"custom.acme.erp.post","risk_class":"high_risk","policy_key_spec":{"resource_type":"ledger"}}]"#,
+        )
+        .unwrap();
+        let email = kind_info("message.email.send", &custom).unwrap();
+        assert_eq!(email.risk_class, "external_side_effect");
+        let keys =
+            json!({"host": "SMTP.Example.com", "recipient_domain": "x.org", "resource_type": "t", "path_prefix": "/a"});
+        assert_eq!(email.matching_keys(Some(&keys)), json!({"host": "smtp.example.com", "recipient_domain": "x.org"}));
+        let unregistered = kind_info("proprietary.action", &custom).unwrap();
+        assert_eq!(unregistered.risk_class, "side_effect");
+        assert_eq!(unregistered.matching_keys(Some(&keys)), json!({}), "no policy-key matching");
+        let erp = kind_info("custom.acme.erp.post", &custom).unwrap();
+        assert_eq!(
+            (erp.risk_class.as_str(), erp.matching_keys(Some(&keys))),
+            ("high_risk", json!({"resource_type": "t"}))
+        );
+        assert!(kind_info("custom.acme.other", &custom).unwrap_err().contains("not registered"));
+        assert!(is_known("llm.completion", &custom) && is_known("custom.acme.erp.post", &custom));
+        assert!(!is_known("proprietary.action", &custom));
+    }
+
+    #[test]
+    fn custom_declarations_are_validated_at_load() {
+        for bad in [
+            r#"[{"kind":"acme.erp.post","risk_class":"high_risk"}]"#,
+            r#"[{"kind":"custom.acme","risk_class":"high_risk"}]"#,
+            r#"[{"kind":"custom.acme.Post","risk_class":"high_risk"}]"#,
+            r#"[{"kind":"custom.acme.post","risk_class":"scary"}]"#,
+            r#"[{"kind":"custom.acme.post","risk_class":"read_only","policy_key_spec":{"color":true}}]"#,
+            r#"[{"kind":"custom.acme.post","risk_class":"read_only"},{"kind":"custom.acme.post","risk_class":"read_only"}]"#,
+            r#"{"kind":"custom.acme.post"}"#,
+        ] {
+            assert!(parse_custom_kinds(bad).is_err(), "{bad}");
+        }
+        let ok = parse_custom_kinds(
+            r#"[{"kind":"custom.acme.sap.query","risk_class":"read_only","mcp_tool_prefixes":["llm_x"]}]"#,
+        );
+        assert_eq!(ok.unwrap().len(), 1, "an overlapping prefix is a warning, not an error");
     }
 }

@@ -50,6 +50,69 @@ pub struct Caps {
     pub cooldown_ms: Option<u64>,
 }
 
+/// The quota windows of v0.1.26 (`ActionQuotaWindow`).
+pub const QUOTA_WINDOWS: [&str; 5] =
+    ["per_run", "per_minute_tumbling", "per_hour_tumbling", "per_day_tumbling", "per_tenant_per_day"];
+
+/// The per_run counter TTL when a quota gives none (24 h).
+pub const DEFAULT_RUN_TTL_MS: i64 = 86_400_000;
+/// The share of max_calls at which quota.threshold_approaching is written by default.
+pub const DEFAULT_THRESHOLD_PCT: f64 = 0.80;
+
+/// A per-kind action quota (v0.1.26 `ActionQuota`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionQuota {
+    pub action_kind: String,
+    pub max_calls: i64,
+    pub window: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_allowlist: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient_domain_allowlist: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_type_allowlist: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_run_counter_ttl_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold_pct: Option<f64>,
+}
+
+/// A risk-class quota (v0.1.26 `RiskClassQuota`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RiskClassQuota {
+    pub risk_class: String,
+    pub max_calls: i64,
+    pub window: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_run_counter_ttl_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold_pct: Option<f64>,
+}
+
+/// A quota as the scripts read it: `k` the kind (or `__risk__:<class>`), `n` max_calls, `w`
+/// the window, `ttl` the per_run TTL, `th` the threshold share, `h`/`d`/`r` the allowlists.
+fn quota_rule(
+    label: String,
+    max: i64,
+    window: &str,
+    ttl: Option<i64>,
+    th: Option<f64>,
+    lists: [&Option<Vec<String>>; 3],
+) -> Value {
+    let mut v = json!({"k": label, "n": max, "w": window, "th": th.unwrap_or(DEFAULT_THRESHOLD_PCT)});
+    if window == "per_run" {
+        v["ttl"] = json!(ttl.unwrap_or(DEFAULT_RUN_TTL_MS));
+    }
+    for (name, list) in ["h", "d", "r"].into_iter().zip(lists) {
+        if let Some(l) = list.as_ref().filter(|l| !l.is_empty()) {
+            v[name] = json!(l);
+        }
+    }
+    v
+}
+
 fn is_zero(n: &i64) -> bool {
     *n == 0
 }
@@ -78,6 +141,14 @@ pub struct Policy {
     pub effective_from_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_until_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub action_quotas: Vec<ActionQuota>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub risk_class_quotas: Vec<RiskClassQuota>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_action_kinds: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied_action_kinds: Vec<String>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub created_at_ms: i64,
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -90,6 +161,9 @@ impl Policy {
         let mut v = json!({
             "policy_id": self.policy_id, "name": self.name, "scope_pattern": self.scope_pattern,
             "priority": self.priority, "status": self.status,
+            // v0.1.26: always present, empty lists when unset
+            "action_quotas": self.action_quotas, "risk_class_quotas": self.risk_class_quotas,
+            "allowed_action_kinds": self.allowed_action_kinds, "denied_action_kinds": self.denied_action_kinds,
             "created_at": format_rfc3339_ms(self.created_at_ms),
             "updated_at": format_rfc3339_ms(self.updated_at_ms),
         });
@@ -108,6 +182,14 @@ impl Policy {
             }
         }
         v
+    }
+
+    /// Whether the policy's quotas or allow/deny lists name a kind (listPolicies'
+    /// `references_action_kind`).
+    pub fn references_kind(&self, kind: &str) -> bool {
+        self.action_quotas.iter().any(|q| q.action_kind == kind)
+            || self.allowed_action_kinds.iter().any(|k| k == kind)
+            || self.denied_action_kinds.iter().any(|k| k == kind)
     }
 
     /// What the runtime scripts read (`policy_settings` in `lua/lib.lua`): the matching inputs
@@ -133,6 +215,48 @@ impl Policy {
             if let Some(x) = value {
                 v[name] = x;
             }
+        }
+        // v0.1.26 action governance: allow/deny lists and quotas (`action_gate` in lua/lib.lua)
+        for (name, list) in [("allow", &self.allowed_action_kinds), ("deny", &self.denied_action_kinds)] {
+            if !list.is_empty() {
+                v[name] = json!(list);
+            }
+        }
+        let aq: Vec<Value> = self
+            .action_quotas
+            .iter()
+            .map(|q| {
+                let lists = [&q.host_allowlist, &q.recipient_domain_allowlist, &q.resource_type_allowlist];
+                quota_rule(
+                    q.action_kind.clone(),
+                    q.max_calls,
+                    &q.window,
+                    q.per_run_counter_ttl_ms,
+                    q.threshold_pct,
+                    lists,
+                )
+            })
+            .collect();
+        let rq: Vec<Value> = self
+            .risk_class_quotas
+            .iter()
+            .map(|q| {
+                let label = format!("__risk__:{}", q.risk_class);
+                quota_rule(
+                    label,
+                    q.max_calls,
+                    &q.window,
+                    q.per_run_counter_ttl_ms,
+                    q.threshold_pct,
+                    [&None, &None, &None],
+                )
+            })
+            .collect();
+        if !aq.is_empty() {
+            v["aq"] = json!(aq);
+        }
+        if !rq.is_empty() {
+            v["rq"] = json!(rq);
         }
         v.to_string()
     }

@@ -39,7 +39,7 @@ script! {
         keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_index, due_index,
             listing_index, meta, policies, events; budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
-            idempotency_key, subject, action, metadata, reclaimed, context; scopes],
+            idempotency_key, subject, action, metadata, reclaimed, context, governance, record_ttl_ms; scopes],
     }
 }
 
@@ -72,12 +72,14 @@ impl Reserve {
     }
 }
 
-/// A reserve's answer: the hold, or (status RECLAIM) the overdue reservations to expire first.
+/// A reserve's answer: the hold, (status RECLAIM) the overdue reservations to expire first, or
+/// (status OBSERVED) the evaluation of a reserve in observe mode.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum Reserved {
     Reclaim { reclaim: Vec<String> },
     Held(Hold),
+    Observed(Evaluated),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -214,8 +216,8 @@ script! {
     /// Evaluation without a reservation: dry_run and decide (`lua/evaluate.lua`).
     pub struct Evaluate = evaluate -> Evaluated {
         keys: [tenant, api_key, record, live, scope_units, events, policies; budgets],
-        args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action;
-            scopes],
+        args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action,
+            governance; scopes],
     }
 }
 
@@ -230,6 +232,12 @@ pub struct Evaluated {
     pub codes: String,
     #[serde(default, deserialize_with = "lua_list")]
     pub balances: Vec<LedgerState>,
+    /// v0.1.26 `DenyDetail` of a DENY.
+    #[serde(default)]
+    pub deny_detail: Option<Value>,
+    /// Evaluated in observe mode.
+    #[serde(default)]
+    pub observed: bool,
 }
 
 script! {

@@ -27,6 +27,8 @@ pub struct Tenant {
     pub max_reservation_ttl_ms: i64,
     pub max_reservation_extensions: i64,
     pub reservation_expiry_policy: String,
+    /// v0.1.26 observe mode (ENFORCE for tenants that never set one).
+    pub observe_mode: String,
     pub created_at_ms: i64,
     pub updated_at_ms: Option<i64>,
     pub suspended_at_ms: Option<i64>,
@@ -52,6 +54,7 @@ impl Tenant {
             max_reservation_ttl_ms: int_field(r, "max_reservation_ttl_ms").unwrap_or(rules::MAX_TTL_MS),
             max_reservation_extensions: int_field(r, "max_reservation_extensions").unwrap_or(rules::MAX_EXTENSIONS),
             reservation_expiry_policy: field(r, "reservation_expiry_policy").unwrap_or("AUTO_RELEASE").to_string(),
+            observe_mode: field(r, "observe_mode").unwrap_or("ENFORCE").to_string(),
             created_at_ms: int_field(r, "created_at_ms").unwrap_or(0),
             updated_at_ms: int_field(r, "updated_at_ms"),
             suspended_at_ms: int_field(r, "suspended_at_ms"),
