@@ -628,7 +628,9 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   end
   local entry = string.format('%d-%d', ms, seq)
   local event_id = 'evt_' .. entry .. '.' .. tenant
+  -- quota.* (v0.1.26) belong to the reservation path: EventCategory has no `quota`
   local category = string.match(event_type, '^([^.]+)')
+  if category == 'quota' then category = 'reservation' end
   local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
   if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
   local json = '{"event_id":' .. cjson.encode(event_id) .. ',"event_type":' .. cjson.encode(event_type) ..

@@ -245,6 +245,18 @@ impl TenantKeys {
     pub fn periods(&self) -> String {
         format!("{}:periods", self.prefix)
     }
+    /// The tenant's v0.1.26 action-quota counters: the index by member
+    /// ("<scope>|<kind or __risk__:class>|<window>|<bucket>", lexicographic), the same by
+    /// cleanup deadline, and one counter (`count_actions` in `lua/lib.lua` writes them).
+    pub fn quota_index(&self) -> String {
+        format!("{}:quotas", self.prefix)
+    }
+    pub fn quota_due(&self) -> String {
+        format!("{}:quotas:due", self.prefix)
+    }
+    pub fn quota_counter(&self, member: &str) -> String {
+        format!("{}:q:{member}", self.prefix)
+    }
     /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).
     pub fn audit_log(&self) -> String {
         format!("{}:auditlog", self.prefix)

@@ -15,6 +15,7 @@ pub mod events;
 mod list;
 pub mod overview;
 pub mod policies;
+mod quotas;
 mod reservations;
 pub mod tenants;
 pub mod webhook_security;
@@ -165,6 +166,8 @@ routes! {
     Admin POST "/v1/admin/policies" => "create-policy" (createPolicy), policies::create;
     Admin GET "/v1/admin/policies" => "list-policies" (listPolicies), policies::list;
     Admin PATCH "/v1/admin/policies/{policy_id}" => "update-policy" (updatePolicy), policies::update;
+    Admin GET "/v1/admin/action-quota-counters" => "list-action-quota-counters" (listActionQuotaCounters), quotas::list;
+    Admin POST "/v1/admin/action-quota-counters/reset" => "reset-action-quota-counter" (resetActionQuotaCounter), quotas::reset;
     Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
     Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey), api_keys::validate;
     Admin GET "/v1/admin/overview" => "get-admin-overview" (getAdminOverview), overview::get;

@@ -346,7 +346,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         .into_iter()
         .filter(|p| status.as_ref().is_none_or(|s| *s == p.status))
         .filter(|p| pattern.as_ref().is_none_or(|x| *x == p.scope_pattern.to_ascii_lowercase()))
-        .filter(|p| has_quotas.is_none_or(|h| h == !(p.action_quotas.is_empty() && p.risk_class_quotas.is_empty())))
+        .filter(|p| has_quotas.is_none_or(|h| h != (p.action_quotas.is_empty() && p.risk_class_quotas.is_empty())))
         .filter(|p| kind.is_none_or(|k| p.references_kind(k)))
         .filter(|p| match &caller {
             Caller::Tenant(k) => k.check_scope(&p.scope_pattern).is_ok(),

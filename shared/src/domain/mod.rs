@@ -124,6 +124,8 @@ permissions! {
     AdminWebhooksWrite = "admin:webhooks:write", also "admin:write";
     AdminEventsRead = "admin:events:read", also "admin:read";
     AdminAuditRead = "admin:audit:read", also "admin:read";
+    // v0.1.26, with balances:read as its deprecated fallback (removed in v0.1.27)
+    ActionQuotasRead = "action_quotas:read", also "admin:read", "balances:read";
 }
 
 /// The default permission set of a new tenant key: the runtime plane's six.

@@ -14,6 +14,7 @@ pub mod listing;
 pub mod maintenance;
 pub mod overview;
 pub mod policies;
+pub mod quotas;
 pub mod records;
 pub mod reservations;
 pub mod settings;
@@ -118,6 +119,8 @@ const SCRIPTS: &[Script] = &[
     records::ReadHashes::SCRIPT,
     settings::WriteWebhookSecurity::SCRIPT,
     policies::WritePolicy::SCRIPT,
+    quotas::ListCounters::SCRIPT,
+    quotas::ResetCounter::SCRIPT,
 ];
 
 /// The header of the library: the rules and messages the Rust side owns.

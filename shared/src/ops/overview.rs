@@ -109,6 +109,9 @@ fn count(map: &mut BTreeMap<String, i64>, key: &str) {
     *map.entry(key.to_string()).or_default() += 1;
 }
 
+/// The most quota counters of one tenant the overview looks at.
+const QUOTA_SCAN: usize = 1_000;
+
 async fn build(store: &Store) -> ApiResult<Value> {
     let now = now_ms();
     let tenants = super::tenants::all(store).await?;
@@ -123,8 +126,26 @@ async fn build(store: &Store) -> ApiResult<Value> {
         0i64,
     );
     let owners = tenants.iter().map(|t| t.tenant_id.as_str()).chain([super::events::SYSTEM_TENANT]);
+    // v0.1.26: observe mode, access lists, quota counters
+    let (mut observing, mut with_allow, mut with_deny, mut above_80, mut at_limit, mut offenders) =
+        (0, 0, 0, 0, 0, Vec::<Value>::new());
     for t in &tenants {
         count(&mut tenant_status, &t.status);
+        if t.observe_mode == "OBSERVE" {
+            observing += 1;
+        }
+        for p in super::policies::all(store, &t.tenant_id).await? {
+            with_allow += i64::from(!p.allowed_action_kinds.is_empty());
+            with_deny += i64::from(!p.denied_action_kinds.is_empty());
+        }
+        for c in super::quotas::live(store, &t.tenant_id, QUOTA_SCAN).await? {
+            let s = c.state();
+            let (used, limit) = (s["used"].as_i64().unwrap_or(0), s["limit"].as_i64().unwrap_or(1));
+            above_80 += i64::from(used * 5 >= limit * 4);
+            at_limit += i64::from(used >= limit);
+            offenders.push(json!({"scope": s["scope"], "action_kind": s["action_kind"], "window": s["window"],
+                "used": used, "limit": limit, "utilization_pct": used as f64 / limit as f64}));
+        }
         for l in super::ledgers::of_tenant(store, &t.tenant_id).await? {
             count(&mut budgets, &l.status);
             count(&mut by_unit, &l.unit);
@@ -177,11 +198,16 @@ async fn build(store: &Store) -> ApiResult<Value> {
     worst_first(&mut over, "debt");
     worst_first(&mut debt, "debt");
     worst_first(&mut failing, "consecutive_failures");
+    offenders.sort_by(|a, b| b["utilization_pct"].as_f64().partial_cmp(&a["utilization_pct"].as_f64()).unwrap());
+    offenders.truncate(TOP);
     let n = |m: &BTreeMap<String, i64>, k: &str| m.get(k).copied().unwrap_or(0);
     Ok(json!({
         "as_of": format_rfc3339_ms(now), "as_of_ms": now, "event_window_seconds": WINDOW_SECONDS,
         "tenant_counts": {"total": tenants.len(), "active": n(&tenant_status, "ACTIVE"),
-            "suspended": n(&tenant_status, "SUSPENDED"), "closed": n(&tenant_status, "CLOSED")},
+            "suspended": n(&tenant_status, "SUSPENDED"), "closed": n(&tenant_status, "CLOSED"),
+            "in_observe_mode": observing},
+        "quota_health": {"counters_above_80pct": above_80, "counters_at_limit": at_limit, "top_offenders": offenders},
+        "access_control_stats": {"policies_with_allow_list": with_allow, "policies_with_deny_list": with_deny},
         "budget_counts": {"total": by_unit.values().sum::<i64>(), "active": n(&budgets, "ACTIVE"),
             "frozen": n(&budgets, "FROZEN"), "closed": n(&budgets, "CLOSED"), "over_limit": n(&budgets, "over_limit"),
             "with_debt": n(&budgets, "with_debt"), "by_unit": by_unit},

@@ -1,0 +1,35 @@
+-- listActionQuotaCounters: a walk of the tenant's counter index (lexicographic by
+-- "<scope>|<kind>|<window>|<bucket>") from `A.after` (exclusive; '' from the start), within the
+-- scope prefix `A.scope`, keeping counters that match the filters (`A.kind`: a kind or
+-- "__risk__"; `A.window`; `A.run`: per_run counters of that run; `A.include_zero`) until
+-- `A.limit` + 1 are found or RULES-bounded `A.examine` members were looked at. Members whose
+-- counter has expired leave the indexes. Answers the rows and the last member examined.
+local now = now_ms()
+local limit, examine = tonumber(A.limit), tonumber(A.examine)
+local lo = (A.after ~= '') and ('(' .. A.after) or ((A.scope ~= '') and ('[' .. A.scope) or '-')
+local hi = (A.scope ~= '') and ('[' .. A.scope .. '\255') or '+'
+local prefix = string.match(K.index, '^(.*):quotas$')
+local rows, last, seen = {}, '', 0
+while #rows <= limit and seen < examine do
+  local batch = redis.call('ZRANGE', K.index, lo, hi, 'BYLEX', 'LIMIT', 0, math.min(200, examine - seen))
+  if #batch == 0 then last = ''; break end
+  for _, member in ipairs(batch) do
+    seen = seen + 1
+    last = member
+    local scope, label, window, bucket = string.match(member, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+    local f = redis.call('HMGET', prefix .. ':q:' .. member, 'n', 'lim', 'pol', 'last')
+    if not f[1] then
+      redis.call('ZREM', K.index, member)
+      redis.call('ZREM', K.due, member)
+    elseif (A.kind == '' or A.kind == label or (A.kind == '__risk__' and string.sub(label, 1, 9) == '__risk__:'))
+        and (A.window == '' or A.window == window) and (A.run == '' or (window == 'per_run' and bucket == A.run))
+        and (A.include_zero == '1' or tonumber(f[1]) > 0) then
+      rows[#rows + 1] = {scope = scope, label = label, window = window, bucket = bucket, used = f[1], limit = f[2],
+        policy = f[3], last = f[4]}
+      if #rows > limit then break end
+    end
+    if seen >= examine then break end
+  end
+  lo = '(' .. last
+end
+return ok({rows = rows, last = last}, '', itoa(now))

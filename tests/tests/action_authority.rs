@@ -1,0 +1,594 @@
+//! Protocol v0.1.26 action authority through the API: the policies' allow/deny lists and
+//! quotas, the reservation evaluation order (access control, risk-class quotas, per-kind
+//! quotas, budget) with counters moved in the same script, per_run lifecycles, policy-key
+//! allowlists, observe mode, DenyDetail, threshold and reset events, the counter endpoints and
+//! the v0.1.25 answer shapes. The checklist is docs/v0.1.26-checklist.md.
+
+use std::time::Duration;
+
+use cycles_shared::jobs::sweep::SweepOptions;
+use cycles_tests::*;
+use serde_json::Value;
+
+const POLICIES: &str = "/v1/admin/policies";
+const COUNTERS: &str = "/v1/admin/action-quota-counters";
+
+async fn policy(h: &Harness, t: &Tenant, body: Value) -> Value {
+    let mut body = body;
+    body["tenant_id"] = json!(t.id);
+    if body.get("name").is_none() {
+        body["name"] = json!(unique("p"));
+    }
+    if body.get("scope_pattern").is_none() {
+        body["scope_pattern"] = json!(format!("tenant:{}", t.id));
+    }
+    h.admin("POST", POLICIES, Some(&body)).await.assert_created().clone()
+}
+
+async fn counters(h: &Harness, t: &Tenant, query: &str) -> Vec<Value> {
+    let r = h.admin("GET", &format!("{COUNTERS}?tenant_id={}&{query}", t.id), None).await;
+    r.assert_ok()["counters"].as_array().unwrap().clone()
+}
+
+async fn policy_ids(h: &Harness, t: &Tenant, q: &str) -> Vec<String> {
+    let r = h.admin("GET", &format!("{POLICIES}?tenant_id={}&{q}", t.id), None).await;
+    r.assert_ok()["policies"].as_array().unwrap().iter().map(|p| p["policy_id"].as_str().unwrap().into()).collect()
+}
+
+fn kind(k: &str) -> Value {
+    json!({"action": {"kind": k, "name": "tool"}})
+}
+
+/// Waits out the last seconds of a calendar minute, so a test's requests share one window.
+async fn early_in_a_minute() {
+    let now = cycles_shared::domain::now_ms();
+    if now % 60_000 > 45_000 {
+        tokio::time::sleep(Duration::from_millis((60_000 - now % 60_000 + 100) as u64)).await;
+    }
+}
+
+async fn reserve_run(h: &Harness, t: &Tenant, k: &str, run: &str, extra: Value) -> Resp {
+    let mut body =
+        json!({"subject": {"tenant": t.id, "dimensions": {"run_id": run}}, "action": {"kind": k, "name": "x"}});
+    merge(&mut body, extra);
+    h.reserve(t, 10, body).await
+}
+
+#[tokio::test]
+async fn policies_carry_action_rules_validated_and_announced() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let plain = policy(&h, &t, json!({"scope_pattern": "agent:*"})).await;
+    for f in ["action_quotas", "risk_class_quotas", "allowed_action_kinds", "denied_action_kinds"] {
+        assert_eq!(plain[f], json!([]), "{f}: empty lists, never absent");
+    }
+    let p = policy(
+        &h,
+        &t,
+        json!({"action_quotas": [{"action_kind": "message.email.send", "max_calls": 5,
+        "window": "per_run", "per_run_counter_ttl_ms": 60000, "host_allowlist": ["SMTP.Example.com"]}],
+        "risk_class_quotas": [{"risk_class": "high_risk", "max_calls": 10, "window": "per_hour_tumbling"}],
+        "denied_action_kinds": ["code.exec.shell"]}),
+    )
+    .await;
+    assert_eq!(p["action_quotas"][0]["host_allowlist"], json!(["smtp.example.com"]), "hosts are stored lower-case");
+    assert_eq!(p["risk_class_quotas"][0]["risk_class"], "high_risk");
+    let id = p["policy_id"].as_str().unwrap();
+
+    for bad in [
+        json!({"allowed_action_kinds": ["llm.completion"], "denied_action_kinds": ["web.search"]}),
+        json!({"action_quotas": [{"action_kind": "no.such.kind", "max_calls": 1, "window": "per_run"}]}),
+        json!({"action_quotas": [{"action_kind": "custom.acme.erp", "max_calls": 1, "window": "per_run"}]}),
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 0, "window": "per_run"}]}),
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 1, "window": "per_week"}]}),
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 1, "window": "per_day_tumbling",
+            "per_run_counter_ttl_ms": 60000}]}),
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 1, "window": "per_run",
+            "threshold_pct": 1.5}]}),
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 1}]}),
+        json!({"risk_class_quotas": [{"risk_class": "scary", "max_calls": 1, "window": "per_run"}]}),
+        json!({"allowed_action_kinds": ["custom.acme.undeclared"]}),
+        json!({"denied_action_kinds": ["Not A Kind"]}),
+    ] {
+        let mut body = bad.clone();
+        body["tenant_id"] = json!(t.id);
+        body["name"] = json!(unique("bad"));
+        body["scope_pattern"] = json!("agent:*");
+        h.admin("POST", POLICIES, Some(&body)).await.assert_error(400, "INVALID_REQUEST");
+        h.admin("PATCH", &format!("{POLICIES}/{id}"), Some(&bad)).await.assert_error(400, "INVALID_REQUEST");
+    }
+    // clearing one list while setting the other is allowed; lists are replaced whole
+    let patched = h
+        .admin(
+            "PATCH",
+            &format!("{POLICIES}/{id}"),
+            Some(&json!({"denied_action_kinds": [],
+            "allowed_action_kinds": ["llm.completion", "web.search"]})),
+        )
+        .await;
+    assert_eq!(patched.assert_ok()["allowed_action_kinds"], json!(["llm.completion", "web.search"]));
+    assert_eq!(patched.body["denied_action_kinds"], json!([]));
+    let updated = h.admin_events(&t.id, "policy.updated").await;
+    let changed = &updated.last().unwrap()["data"]["changed_fields"];
+    assert_eq!(changed, &json!(["allowed_action_kinds", "denied_action_kinds"]));
+
+    // listPolicies filters
+    assert_eq!(policy_ids(&h, &t, "has_action_quotas=true").await, vec![id.to_string()]);
+    assert_eq!(
+        policy_ids(&h, &t, "has_action_quotas=false").await,
+        vec![plain["policy_id"].as_str().unwrap().to_string()]
+    );
+    assert_eq!(policy_ids(&h, &t, "references_action_kind=web.search").await, vec![id.to_string()]);
+    assert_eq!(policy_ids(&h, &t, "references_action_kind=message.email.send").await, vec![id.to_string()]);
+    assert!(policy_ids(&h, &t, "references_action_kind=http.get").await.is_empty());
+    let r = h.admin("GET", &format!("{POLICIES}?tenant_id={}&has_action_quotas=maybe", t.id), None).await;
+    r.assert_error(400, "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn a_tenant_observe_mode_is_kept_changed_and_filtered() {
+    let h = Harness::start().await;
+    let t = h.tenant().await;
+    let path = format!("/v1/admin/tenants/{}", t.id);
+    assert_eq!(h.admin("GET", &path, None).await.assert_ok()["observe_mode"], "ENFORCE");
+    let r = h.admin("PATCH", &path, Some(&json!({"observe_mode": "OBSERVE"}))).await;
+    assert_eq!(r.assert_ok()["observe_mode"], "OBSERVE");
+    let e = h.admin_events(&t.id, "tenant.settings_changed").await;
+    assert_eq!(e.last().unwrap()["data"]["changed_fields"], json!(["observe_mode"]));
+    h.admin("PATCH", &path, Some(&json!({"observe_mode": "SOMETIMES"}))).await.assert_error(400, "INVALID_REQUEST");
+    let listed = h.admin("GET", "/v1/admin/tenants?observe_mode=OBSERVE&limit=100", None).await;
+    let ids: Vec<&str> =
+        listed.assert_ok()["tenants"].as_array().unwrap().iter().map(|x| x["tenant_id"].as_str().unwrap()).collect();
+    assert!(ids.contains(&t.id.as_str()));
+    assert!(ids.iter().all(|id| *id != "x"), "only observing tenants");
+    h.admin("GET", "/v1/admin/tenants?observe_mode=MAYBE", None).await.assert_error(400, "INVALID_REQUEST");
+    let o = cycles_shared::ops::overview::refresh(&h.store).await.unwrap();
+    assert!(o["tenant_counts"]["in_observe_mode"].as_i64().unwrap() >= 1);
+}
+
+#[tokio::test]
+async fn access_lists_are_a_hard_gate_before_quotas_and_budgets() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let deny = policy(&h, &t, json!({"priority": 1, "denied_action_kinds": ["code.exec.shell"]})).await;
+    let before = h.root(&t).await;
+    let r = h.reserve(&t, 10, kind("code.exec.shell")).await;
+    r.assert_error(409, "ACTION_KIND_DENIED");
+    let d = &r.body["details"]["deny_detail"];
+    assert_eq!(
+        (d["reason_code"].as_str(), d["blocked_by_policy"].as_str()),
+        (Some("ACTION_KIND_DENIED"), deny["policy_id"].as_str())
+    );
+    assert!(d["suggested_fix"].as_str().unwrap().contains("denied_action_kinds") && d.get("quota_violation").is_none());
+    assert_eq!(h.root(&t).await.remaining, before.remaining, "no balance touched");
+    // the denial wins over a budget that would also deny
+    h.reserve(&t, 5000, kind("code.exec.shell")).await.assert_error(409, "ACTION_KIND_DENIED");
+    h.reserve_ok(&t, 10, kind("web.search")).await;
+    let ev = h.admin_events(&t.id, "reservation.denied").await;
+    let last = &ev.last().unwrap()["data"];
+    assert_eq!(
+        (last["reason_code"].as_str(), last["policy_id"].as_str()),
+        (Some("ACTION_KIND_DENIED"), deny["policy_id"].as_str())
+    );
+    assert_eq!(last["deny_detail"]["reason_code"], "ACTION_KIND_DENIED");
+
+    // a higher-priority policy's lists replace the lower one's (never merged)
+    let allow =
+        policy(&h, &t, json!({"priority": 5, "allowed_action_kinds": ["code.exec.shell", "llm.completion"]})).await;
+    h.reserve_ok(&t, 10, kind("code.exec.shell")).await;
+    let r = h.reserve(&t, 10, kind("web.search")).await;
+    r.assert_error(409, "ACTION_KIND_NOT_ALLOWED");
+    assert_eq!(r.body["details"]["deny_detail"]["blocked_by_policy"], allow["policy_id"]);
+    // decide and dry_run answer the same as a decision, with the detail mirrored
+    let body = json!({"idempotency_key": unique("d"), "subject": {"tenant": t.id}, "action": {"kind": "web.search", "name": "x"},
+        "estimate": {"unit": "TOKENS", "amount": 1}});
+    let d = h.post(&t.key, "/v1/decide", &body).await;
+    let d = d.assert_ok();
+    assert_eq!((d["decision"].as_str(), d["reason_code"].as_str()), (Some("DENY"), Some("ACTION_KIND_NOT_ALLOWED")));
+    assert_eq!(d["deny_detail"]["reason_code"], "ACTION_KIND_NOT_ALLOWED");
+    let dry = h.reserve(&t, 10, json!({"action": {"kind": "web.search", "name": "x"}, "dry_run": true})).await;
+    assert_eq!(dry.assert_ok()["deny_detail"]["reason_code"], "ACTION_KIND_NOT_ALLOWED");
+}
+
+#[tokio::test]
+async fn a_per_minute_quota_counts_holds_and_a_quota_denial_touches_no_balance() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let p = policy(
+        &h,
+        &t,
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 2,
+        "window": "per_minute_tumbling"}]}),
+    )
+    .await;
+    early_in_a_minute().await;
+    // a budget denial moves no counter
+    h.reserve(&t, 500, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    assert!(counters(&h, &t, "").await.is_empty());
+    let a = h.reserve_ok(&t, 10, json!({})).await;
+    let b = h.reserve_ok(&t, 10, json!({})).await;
+    h.commit(&t, &a, 5).await.assert_ok();
+    h.release(&t, &b).await.assert_ok();
+    let r = h.reserve(&t, 10, json!({})).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    let v = &r.body["details"]["deny_detail"]["quota_violation"];
+    let minute = &cycles_shared::domain::format_rfc3339_ms(cycles_shared::domain::now_ms())[..16];
+    assert_eq!(v["action_kind"], "llm.completion");
+    assert_eq!(
+        (v["used"].as_i64(), v["limit"].as_i64()),
+        (Some(2), Some(2)),
+        "commit and release leave a calendar counter"
+    );
+    assert_eq!((v["window"].as_str(), v["window_key"].as_str()), (Some("per_minute_tumbling"), Some(minute)));
+    assert_eq!(v["scope"], format!("tenant:{}", t.id));
+    assert_eq!(v["policy_id"], p["policy_id"]);
+    assert!(v.get("risk_class").is_none());
+    let root = h.root(&t).await;
+    assert_eq!((root.reserved, root.spent, root.remaining), (0, 5, 95), "the denied reserve held nothing");
+    let c = counters(&h, &t, "").await;
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (c[0]["used"].as_i64(), c[0]["remaining"].as_i64(), c[0]["window_key"].as_str()),
+        (Some(2), Some(0), Some(minute))
+    );
+    assert!(c[0]["expires_at"].as_str().unwrap().ends_with(":00.000Z") && c[0]["last_incremented_at"].is_string());
+    // another kind is not counted by this quota
+    h.reserve_ok(&t, 10, kind("web.search")).await;
+}
+
+#[tokio::test]
+async fn risk_class_quotas_aggregate_their_class_and_are_checked_first() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(
+        &h,
+        &t,
+        json!({"risk_class_quotas": [{"risk_class": "external_side_effect", "max_calls": 2,
+        "window": "per_hour_tumbling"}], "action_quotas": [{"action_kind": "http.post", "max_calls": 5,
+        "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    h.reserve_ok(&t, 10, kind("http.post")).await;
+    h.reserve_ok(&t, 10, kind("message.email.send")).await;
+    h.reserve_ok(&t, 10, kind("web.search")).await; // read_only: not in the class
+    let r = h.reserve(&t, 10, kind("http.post")).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    let v = &r.body["details"]["deny_detail"]["quota_violation"];
+    assert_eq!(
+        (v["risk_class"].as_str(), v["action_kind"].as_str(), v["used"].as_i64()),
+        (Some("external_side_effect"), Some("http.post"), Some(2))
+    );
+    let c = counters(&h, &t, "").await;
+    let find = |k: &str| c.iter().find(|x| x["action_kind"] == k).cloned().unwrap();
+    assert_eq!(find("__risk__")["risk_class"], "external_side_effect");
+    assert_eq!(find("__risk__")["used"], 2);
+    assert_eq!(find("http.post")["used"], 1, "one reservation counted in both; the denied one in neither");
+    assert_eq!(counters(&h, &t, "action_kind=__risk__").await.len(), 1);
+    assert_eq!(counters(&h, &t, "action_kind=http.post&window=per_hour_tumbling").await.len(), 1);
+    assert!(counters(&h, &t, "window=per_run").await.is_empty());
+}
+
+#[tokio::test]
+async fn per_run_quotas_need_the_run_id_and_give_uncommitted_calls_back() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(
+        &h,
+        &t,
+        json!({"action_quotas": [{"action_kind": "message.email.send", "max_calls": 2, "window": "per_run",
+        "per_run_counter_ttl_ms": 60000}]}),
+    )
+    .await;
+    let r = h.reserve(&t, 10, kind("message.email.send")).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["message"].as_str().unwrap().contains("run_id"));
+    let a = reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_ok()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_ok()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    reserve_run(&h, &t, "message.email.send", "r2", json!({})).await.assert_ok(); // another run, its own counter
+    h.commit(&t, &a, 10).await.assert_ok(); // a committed call stays counted
+    h.release(&t, &b).await.assert_ok(); // a released one is given back
+    let c = counters(&h, &t, "run_id=r1").await;
+    assert_eq!((c.len(), c[0]["used"].as_i64(), c[0]["window_key"].as_str()), (1, Some(1), Some("r1")));
+    assert!(c[0].get("expires_at").is_none());
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("cy:{{{}}}:q:tenant:{}|message.email.send|per_run|r1", t.id, t.id))
+        .query_async(&mut h.store.conn())
+        .await
+        .unwrap();
+    assert!((50_000..=60_000).contains(&ttl), "per_run TTL from the quota, refreshed per increment: {ttl}");
+    // an expired, uncommitted call is given back too (once)
+    reserve_run(&h, &t, "message.email.send", "r1", json!({"ttl_ms": 1000, "grace_period_ms": 0})).await.assert_ok();
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.sweep_tenant(&t, &SweepOptions::default()).await.expired, 1);
+    assert_eq!(counters(&h, &t, "run_id=r1").await[0]["used"], 1);
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_ok();
+}
+
+#[tokio::test]
+async fn allowlists_scope_a_quota_by_the_kinds_declared_policy_keys() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(&h, &t, json!({"action_quotas": [
+        {"action_kind": "http.post", "max_calls": 1, "window": "per_day_tumbling", "host_allowlist": ["api.example.com"]},
+        {"action_kind": "llm.completion", "max_calls": 1, "window": "per_day_tumbling", "host_allowlist": ["api.openai.com"]}]}))
+    .await;
+    let post = |host: Option<&str>| {
+        let mut a = json!({"kind": "http.post", "name": "x"});
+        if let Some(host) = host {
+            a["policy_keys"] = json!({"host": host, "custom": {"team": "a"}});
+        }
+        json!({"action": a})
+    };
+    // no host: the rule does not apply (unknown routing is never denied by it)
+    h.reserve_ok(&t, 1, post(None)).await;
+    h.reserve_ok(&t, 1, post(None)).await;
+    h.reserve_ok(&t, 1, post(Some("other.example.org"))).await;
+    h.reserve_ok(&t, 1, post(Some("API.Example.com"))).await;
+    h.reserve(&t, 1, post(Some("api.example.com"))).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    // llm.completion declares no host dimension: the host is ignored for matching, so its
+    // host-scoped rule never applies (and the request is not refused)
+    let llm = json!({"action": {"kind": "llm.completion", "name": "x", "policy_keys": {"host": "api.openai.com"}}});
+    h.reserve_ok(&t, 1, llm.clone()).await;
+    h.reserve_ok(&t, 1, llm).await;
+    // undeclared dimensions still travel in events
+    let e = h.events_of(&t.id, "reservation.denied").await;
+    assert_eq!(e.last().unwrap()["data"]["action"]["policy_keys"]["custom"]["team"], "a");
+}
+
+#[tokio::test]
+async fn observe_mode_evaluates_fully_changes_nothing_and_reports() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    policy(
+        &h,
+        &t,
+        json!({"denied_action_kinds": ["code.exec.shell"],
+        "action_quotas": [{"action_kind": "web.search", "max_calls": 1, "window": "per_day_tumbling"}]}),
+    )
+    .await;
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"observe_mode": "OBSERVE"})))
+        .await
+        .assert_ok();
+    let before = h.root(&t).await;
+    let ik = unique("obs");
+    let ok = h
+        .reserve(&t, 10, json!({"idempotency_key": ik, "subject": {"tenant": t.id, "dimensions": {"run_id": "run-7"}}}))
+        .await;
+    let ok = ok.assert_ok().clone();
+    assert_eq!(ok["decision"], "ALLOW");
+    assert!(
+        ok.get("reservation_id").is_none() && ok.get("expires_at_ms").is_none() && ok["affected_scopes"].is_array()
+    );
+    let denied = h.reserve(&t, 10, kind("code.exec.shell")).await;
+    let denied = denied.assert_ok();
+    assert_eq!(
+        (denied["decision"].as_str(), denied["reason_code"].as_str()),
+        (Some("DENY"), Some("ACTION_KIND_DENIED"))
+    );
+    assert_eq!(denied["deny_detail"]["reason_code"], "ACTION_KIND_DENIED");
+    // the budget would deny too: observed as a DENY, with budget_remaining
+    let over = h.reserve(&t, 500, json!({})).await;
+    assert_eq!(over.assert_ok()["deny_detail"]["budget_remaining"], 100);
+    // no counter moves: the quota of 1 still admits the same search again
+    for _ in 0..2 {
+        assert_eq!(h.reserve(&t, 1, kind("web.search")).await.assert_ok()["decision"], "ALLOW");
+    }
+    assert!(counters(&h, &t, "include_zero=true").await.is_empty());
+    let after = h.root(&t).await;
+    assert_eq!((after.reserved, after.remaining), (before.reserved, before.remaining), "no balance moved");
+    // a replay answers the same and writes no second event
+    let again = h
+        .reserve(&t, 10, json!({"idempotency_key": ik, "subject": {"tenant": t.id, "dimensions": {"run_id": "run-7"}}}))
+        .await;
+    assert_eq!(again.assert_ok()["decision"], "ALLOW");
+    let allowed = h.events_of(&t.id, "reservation.observed_allowed").await;
+    assert_eq!(allowed.len(), 3, "one per evaluation, none for the replay");
+    assert_eq!(allowed[0]["data"]["observe_mode"], "OBSERVE");
+    assert_eq!(allowed[0]["data"]["decision"], "ALLOW");
+    assert!(allowed[0]["correlation_id"].is_string(), "correlated by run");
+    assert!(allowed[1].get("correlation_id").is_none(), "no run id, no correlation id");
+    let obs = h.admin_events(&t.id, "reservation.observed_denied").await;
+    assert_eq!(obs.len(), 2);
+    assert_eq!(obs[0]["data"]["deny_detail"]["reason_code"], "ACTION_KIND_DENIED");
+    assert_eq!(obs[0]["data"]["would_have_blocked_at"], obs[0]["data"]["deny_detail"]["blocked_by_scope"]);
+    assert!(obs[0]["correlation_id"].as_str().is_some_and(|c| c.len() == 40));
+    assert!(
+        h.events_of(&t.id, "reservation.denied").await.is_empty(),
+        "shadow denials stay out of the production stream"
+    );
+
+    // the request's mode wins: ENFORCE holds, even on an observing tenant
+    let live = h.reserve(&t, 10, json!({"observe_mode": "ENFORCE"})).await;
+    assert!(live.assert_ok()["reservation_id"].is_string());
+    h.reserve(&t, 10, json!({"observe_mode": "DISABLED", "action": {"kind": "code.exec.shell", "name": "x"}}))
+        .await
+        .assert_error(409, "ACTION_KIND_DENIED");
+    // and OBSERVE observes on an enforcing tenant; dry_run without observe writes no event
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"observe_mode": "ENFORCE"})))
+        .await
+        .assert_ok();
+    let n = h.events_of(&t.id, "reservation.observed_allowed").await.len();
+    let o = h.reserve(&t, 10, json!({"observe_mode": "OBSERVE"})).await;
+    assert!(o.assert_ok().get("reservation_id").is_none());
+    h.reserve(&t, 10, json!({"dry_run": true})).await.assert_ok();
+    assert_eq!(h.events_of(&t.id, "reservation.observed_allowed").await.len(), n + 1);
+}
+
+#[tokio::test]
+async fn threshold_approaching_is_announced_once_and_an_operator_can_reset_a_counter() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(
+        &h,
+        &t,
+        json!({"action_quotas": [{"action_kind": "db.write", "max_calls": 5, "window": "per_hour_tumbling",
+        "threshold_pct": 0.6}]}),
+    )
+    .await;
+    for _ in 0..5 {
+        h.reserve_ok(&t, 1, kind("db.write")).await;
+    }
+    h.reserve(&t, 1, kind("db.write")).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    let th = h.admin_events(&t.id, "quota.threshold_approaching").await;
+    assert_eq!(th.len(), 1, "once per window instance");
+    let d = &th[0]["data"];
+    assert_eq!((d["used"].as_i64(), d["limit"].as_i64(), d["threshold_pct"].as_f64()), (Some(3), Some(5), Some(0.6)));
+    assert_eq!(th[0]["category"], "reservation");
+    assert!(th[0]["correlation_id"].as_str().is_some_and(|c| c.len() == 40));
+
+    let c = &counters(&h, &t, "").await[0];
+    let body = json!({"tenant_id": t.id, "scope": c["scope"], "action_kind": "db.write", "window": "per_hour_tumbling",
+        "window_key": c["window_key"], "reason": "double counting"});
+    // admin key only; every key field must match a counter
+    h.admin_as(&t.key, "POST", &format!("{COUNTERS}/reset"), Some(&body)).await.assert_error(401, "UNAUTHORIZED");
+    let mut missing = body.clone();
+    missing["tenant_id"] = Value::Null;
+    let r = h.admin("POST", &format!("{COUNTERS}/reset"), Some(&missing)).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["message"].as_str().unwrap().contains("tenant_id"));
+    let mut other = body.clone();
+    other["window_key"] = json!("2001-01-01T00");
+    h.admin("POST", &format!("{COUNTERS}/reset"), Some(&other)).await.assert_error(404, "NOT_FOUND");
+    let r = h.admin("POST", &format!("{COUNTERS}/reset"), Some(&body)).await;
+    let r = r.assert_ok();
+    assert_eq!(
+        (r["previous_used"].as_i64(), r["counter"]["used"].as_i64(), r["counter"]["remaining"].as_i64()),
+        (Some(5), Some(0), Some(5))
+    );
+    let reset = h.admin_events(&t.id, "quota.counter_reset").await;
+    assert_eq!(reset.len(), 1);
+    let d = &reset[0]["data"];
+    assert_eq!(
+        (d["previous_used"].as_i64(), d["actor_id"].as_str(), d["reason"].as_str()),
+        (Some(5), Some("admin_api_key"), Some("double counting"))
+    );
+    assert!(reset[0]["correlation_id"].is_string());
+    let audit = h
+        .admin("GET", &format!("/v1/admin/audit/logs?tenant_id={}&operation=resetActionQuotaCounter", t.id), None)
+        .await;
+    let mut statuses: Vec<i64> =
+        audit.assert_ok()["logs"].as_array().unwrap().iter().map(|l| l["status"].as_i64().unwrap()).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 404], "the reset (in its script) and the refused attempt");
+    h.reserve_ok(&t, 1, kind("db.write")).await;
+}
+
+#[tokio::test]
+async fn counters_are_read_by_permission_in_bounded_pages() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(&h, &t, json!({"action_quotas": [{"action_kind": "web.search", "max_calls": 9, "window": "per_run"}]}))
+        .await;
+    for run in ["a", "b", "c"] {
+        reserve_run(&h, &t, "web.search", run, json!({})).await.assert_ok();
+    }
+    let admin_only = h.admin("GET", COUNTERS, None).await;
+    admin_only.assert_error(400, "INVALID_REQUEST");
+    let primary = h.key(&t.id, Some(vec!["action_quotas:read".into()])).await;
+    let r = h.admin_as(&primary.secret, "GET", &format!("{COUNTERS}?tenant_id=ignored"), None).await;
+    assert_eq!(r.assert_ok()["counters"].as_array().unwrap().len(), 3, "own tenant");
+    assert!(!r.headers.contains_key("x-cycles-permission-deprecated"));
+    let legacy = h.key(&t.id, Some(vec!["balances:read".into()])).await;
+    let r = h.admin_as(&legacy.secret, "GET", COUNTERS, None).await;
+    r.assert_ok();
+    assert_eq!(r.headers.get("x-cycles-permission-deprecated").map(String::as_str), Some("balances:read"));
+    let none = h.key(&t.id, Some(vec!["reservations:create".into()])).await;
+    h.admin_as(&none.secret, "GET", COUNTERS, None).await.assert_error(403, "INSUFFICIENT_PERMISSIONS");
+    // pages of one, in key order, until has_more is false
+    let mut seen = vec![];
+    let mut cursor = String::new();
+    loop {
+        let r = h.admin("GET", &format!("{COUNTERS}?tenant_id={}&limit=1{cursor}", t.id), None).await;
+        let b = r.assert_ok();
+        seen.extend(b["counters"].as_array().unwrap().iter().map(|c| c["window_key"].as_str().unwrap().to_string()));
+        if b["has_more"] == false {
+            break;
+        }
+        cursor = format!("&cursor={}", b["next_cursor"].as_str().unwrap());
+    }
+    assert_eq!(seen, ["a", "b", "c"]);
+    assert_eq!(counters(&h, &t, &format!("scope=tenant:{}", t.id)).await.len(), 3);
+    assert!(counters(&h, &t, "scope=tenant:zzz").await.is_empty());
+    for bad in ["limit=0", "limit=201", "window=weekly", "include_zero=yes", "cursor=%%%"] {
+        let r = h.admin("GET", &format!("{COUNTERS}?tenant_id={}&{bad}", t.id), None).await;
+        r.assert_error(400, "INVALID_REQUEST");
+    }
+}
+
+#[tokio::test]
+async fn custom_kinds_must_be_declared_and_unregistered_kinds_are_side_effects() {
+    let h = Harness::start_configured(|c| {
+        c.custom_action_kinds = cycles_shared::domain::action_kinds::parse_custom_kinds(
+            r#"[{"kind": "custom.acme.erp.post", "risk_class": "high_risk"}]"#,
+        );
+    })
+    .await;
+    let t = h.funded(1000).await;
+    policy(
+        &h,
+        &t,
+        json!({"risk_class_quotas": [{"risk_class": "high_risk", "max_calls": 1, "window": "per_hour_tumbling"},
+        {"risk_class": "side_effect", "max_calls": 1, "window": "per_hour_tumbling"}],
+        "action_quotas": [{"action_kind": "custom.acme.erp.post", "max_calls": 5, "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    let r = h.reserve(&t, 1, kind("custom.acme.erp.unknown")).await;
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["message"].as_str().unwrap().contains("not registered"));
+    h.reserve_ok(&t, 1, kind("custom.acme.erp.post")).await;
+    let r = h.reserve(&t, 1, kind("custom.acme.erp.post")).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    assert_eq!(r.body["details"]["deny_detail"]["quota_violation"]["risk_class"], "high_risk");
+    // an unregistered kind is accepted and governed as side_effect
+    h.reserve_ok(&t, 1, kind("proprietary.action")).await;
+    let r = h.reserve(&t, 1, kind("llm.completion")).await;
+    assert_eq!(r.body["details"]["deny_detail"]["quota_violation"]["risk_class"], "side_effect", "{}", r.raw);
+    // declared custom kinds are not in the public registry
+    assert_eq!(h.get("", "/v1/action-kinds/custom.acme.erp.post").await.status, 404);
+}
+
+#[tokio::test]
+async fn v0_1_25_answers_keep_their_shape_unless_v0_1_26_is_in_play() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let decide = |extra: Value| {
+        let mut body = json!({"idempotency_key": unique("d"), "subject": {"tenant": t.id},
+            "action": {"kind": "llm.completion", "name": "x"}, "estimate": {"unit": "TOKENS", "amount": 500}});
+        merge(&mut body, extra);
+        body
+    };
+    let plain = h.post(&t.key, "/v1/decide", &decide(json!({}))).await;
+    assert_eq!(plain.assert_ok()["reason_code"], "BUDGET_EXCEEDED");
+    assert!(plain.body.get("deny_detail").is_none(), "a v0.1.25 request sees the v0.1.25 shape");
+    let dry = h.reserve(&t, 500, json!({"dry_run": true})).await;
+    assert!(dry.assert_ok().get("deny_detail").is_none());
+    // a v0.1.26 field puts the detail on, mirrored
+    let keyed = decide(json!({"action": {"kind": "llm.completion", "name": "x", "policy_keys": {"host": "h"}}}));
+    let d = h.post(&t.key, "/v1/decide", &keyed).await;
+    let d = d.assert_ok();
+    assert_eq!(d["deny_detail"]["reason_code"], d["reason_code"]);
+    assert_eq!(d["deny_detail"]["budget_remaining"], 100);
+    assert_eq!(d["deny_detail"]["blocked_by_scope"], format!("tenant:{}", t.id));
+    assert!(d["deny_detail"]["suggested_fix"].as_str().unwrap().contains("400"), "fund by the shortfall");
+    let dry = h.reserve(&t, 500, json!({"dry_run": true, "observe_mode": "ENFORCE"})).await;
+    assert_eq!(dry.assert_ok()["deny_detail"]["reason_code"], "BUDGET_EXCEEDED");
+    // a live 409 carries it in details (an open object in every client)
+    let live = h.reserve(&t, 500, json!({})).await;
+    live.assert_error(409, "BUDGET_EXCEEDED");
+    assert_eq!(live.body["details"]["deny_detail"]["budget_remaining"], 100);
+    // the deployment can ask for it always
+    let always = Harness::start_configured(|c| c.deny_detail_always = true).await;
+    let t2 = always.funded(100).await;
+    let body = json!({"idempotency_key": unique("d"), "subject": {"tenant": t2.id},
+        "action": {"kind": "llm.completion", "name": "x"}, "estimate": {"unit": "TOKENS", "amount": 500}});
+    let r = always.post(&t2.key, "/v1/decide", &body).await;
+    assert_eq!(r.assert_ok()["deny_detail"]["reason_code"], "BUDGET_EXCEEDED");
+}
