@@ -1501,7 +1501,8 @@ local function evaluation(K, A, now, now_s, status, tenant)
       codes = e and table.concat(e.codes) or '', deny_detail = detail, observed = observe or nil}
     if e and decision ~= 'DENY' then result.balances = balances(e.budgets) end
     if observe then
-      observed_event(sc, A, G, result, scope_path)
+      -- observed ALLOWs are sampled (the handler drew `sampled`); every observed DENY is written
+      if decision == 'DENY' or G.sampled then observed_event(sc, A, G, result, scope_path) end
     elseif decision == 'DENY' then
       denied_event(sc, e, reason, A, detail)
     end

@@ -548,7 +548,14 @@ async fn main() {
         cycles_tests::merge(&mut body, extra);
         assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201, "policy {name}");
     }
-    let (h, a, lt, pt) = (&h, &a, &lt, &pt);
+    // a tenant whose reserves two v0.1.26 quota rules count (a risk-class and a per-kind quota,
+    // never reached)
+    let qt = h.funded(1_000_000_000).await;
+    let body = json!({"tenant_id": qt.id, "name": "quotas", "scope_pattern": format!("tenant:{}", qt.id),
+        "risk_class_quotas": [{"risk_class": "side_effect", "max_calls": 100_000, "window": "per_hour_tumbling"}],
+        "action_quotas": [{"action_kind": "llm.completion", "max_calls": 100_000, "window": "per_day_tumbling"}]});
+    assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201, "quota policy");
+    let (h, a, lt, pt, qt) = (&h, &a, &lt, &pt, &qt);
     let mut ops: Vec<(&str, Op)> = vec![
         // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
         (
@@ -572,6 +579,10 @@ async fn main() {
         (
             "Reserve (2 matching policies)",
             Box::new(move |i| Box::pin(async move { reserve(h, pt, format!("rp-{i}")).await.is_some() })),
+        ),
+        (
+            "Reserve (2 quota rules)",
+            Box::new(move |i| Box::pin(async move { reserve(h, qt, format!("rq-{i}")).await.is_some() })),
         ),
         (
             "Commit",

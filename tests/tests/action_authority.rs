@@ -188,6 +188,16 @@ async fn access_lists_are_a_hard_gate_before_quotas_and_budgets() {
     assert_eq!(d["deny_detail"]["reason_code"], "ACTION_KIND_NOT_ALLOWED");
     let dry = h.reserve(&t, 10, json!({"action": {"kind": "web.search", "name": "x"}, "dry_run": true})).await;
     assert_eq!(dry.assert_ok()["deny_detail"]["reason_code"], "ACTION_KIND_NOT_ALLOWED");
+    let o = cycles_shared::ops::overview::refresh(&h.store).await.unwrap();
+    assert!(o["recent_denials_by_reason"]["ACTION_KIND_DENIED"].as_i64().unwrap() >= 2);
+    assert!(o["access_control_stats"]["policies_with_deny_list"].as_i64().unwrap() >= 1);
+    assert!(o["access_control_stats"]["policies_with_allow_list"].as_i64().unwrap() >= 1);
+    // the base-spec gates come first: a suspended tenant is denied as such, whatever the lists say
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"status": "SUSPENDED"}))).await.assert_ok();
+    let mut body = body;
+    body["idempotency_key"] = json!(unique("d"));
+    let d = h.post(&t.key, "/v1/decide", &body).await;
+    assert_eq!(d.assert_ok()["reason_code"], "TENANT_SUSPENDED");
 }
 
 #[tokio::test]
@@ -234,6 +244,12 @@ async fn a_per_minute_quota_counts_holds_and_a_quota_denial_touches_no_balance()
     assert!(c[0]["expires_at"].as_str().unwrap().ends_with(":00.000Z") && c[0]["last_incremented_at"].is_string());
     // another kind is not counted by this quota
     h.reserve_ok(&t, 10, kind("web.search")).await;
+    // the key TTL only cleans up (120 s for a minute bucket); it never defines the window
+    let key = format!("cy:{{{}}}:q:tenant:{}|llm.completion|per_minute_tumbling|{minute}", t.id, t.id);
+    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut h.store.conn()).await.unwrap();
+    assert!((60_000..=120_000).contains(&ttl), "{ttl}");
+    let o = cycles_shared::ops::overview::refresh(&h.store).await.unwrap();
+    assert!(o["quota_health"]["counters_at_limit"].as_i64().unwrap() >= 1);
 }
 
 #[tokio::test]
@@ -338,6 +354,9 @@ async fn allowlists_scope_a_quota_by_the_kinds_declared_policy_keys() {
     let llm = json!({"action": {"kind": "llm.completion", "name": "x", "policy_keys": {"host": "api.openai.com"}}});
     h.reserve_ok(&t, 1, llm.clone()).await;
     h.reserve_ok(&t, 1, llm).await;
+    let custom: serde_json::Map<String, Value> = (0..9).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let nine = json!({"action": {"kind": "http.post", "name": "x", "policy_keys": {"custom": custom}}});
+    h.reserve(&t, 1, nine).await.assert_error(400, "INVALID_REQUEST");
     // undeclared dimensions still travel in events
     let e = h.events_of(&t.id, "reservation.denied").await;
     assert_eq!(e.last().unwrap()["data"]["action"]["policy_keys"]["custom"]["team"], "a");
@@ -400,6 +419,7 @@ async fn observe_mode_evaluates_fully_changes_nothing_and_reports() {
     assert_eq!(obs[0]["data"]["deny_detail"]["reason_code"], "ACTION_KIND_DENIED");
     assert_eq!(obs[0]["data"]["would_have_blocked_at"], obs[0]["data"]["deny_detail"]["blocked_by_scope"]);
     assert!(obs[0]["correlation_id"].as_str().is_some_and(|c| c.len() == 40));
+    assert_ne!(obs[0]["correlation_id"], obs[1]["correlation_id"], "another cause, another correlation");
     assert!(
         h.events_of(&t.id, "reservation.denied").await.is_empty(),
         "shadow denials stay out of the production stream"
@@ -463,6 +483,14 @@ async fn threshold_approaching_is_announced_once_and_an_operator_can_reset_a_cou
         (r["previous_used"].as_i64(), r["counter"]["used"].as_i64(), r["counter"]["remaining"].as_i64()),
         (Some(5), Some(0), Some(5))
     );
+    let key = format!(
+        "cy:{{{}}}:q:{}|db.write|per_hour_tumbling|{}",
+        t.id,
+        c["scope"].as_str().unwrap(),
+        c["window_key"].as_str().unwrap()
+    );
+    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut h.store.conn()).await.unwrap();
+    assert!(ttl > 3_000_000, "a calendar counter keeps its TTL: {ttl}");
     let reset = h.admin_events(&t.id, "quota.counter_reset").await;
     assert_eq!(reset.len(), 1);
     let d = &reset[0]["data"];
@@ -584,6 +612,8 @@ async fn v0_1_25_answers_keep_their_shape_unless_v0_1_26_is_in_play() {
     let live = h.reserve(&t, 500, json!({})).await;
     live.assert_error(409, "BUDGET_EXCEEDED");
     assert_eq!(live.body["details"]["deny_detail"]["budget_remaining"], 100);
+    let denied = h.events_of(&t.id, "reservation.denied").await;
+    assert_eq!(denied.last().unwrap()["data"]["deny_detail"]["reason_code"], "BUDGET_EXCEEDED", "every denial event");
     // the deployment can ask for it always
     let always = Harness::start_configured(|c| c.deny_detail_always = true).await;
     let t2 = always.funded(100).await;
@@ -591,4 +621,61 @@ async fn v0_1_25_answers_keep_their_shape_unless_v0_1_26_is_in_play() {
         "action": {"kind": "llm.completion", "name": "x"}, "estimate": {"unit": "TOKENS", "amount": 500}});
     let r = always.post(&t2.key, "/v1/decide", &body).await;
     assert_eq!(r.assert_ok()["deny_detail"]["reason_code"], "BUDGET_EXCEEDED");
+}
+
+#[tokio::test]
+async fn quotas_come_from_the_top_policy_report_the_least_headroom_and_keep_counting_across_edits() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    // a lower-priority policy's stricter quota on the same kind is not merged in
+    policy(
+        &h,
+        &t,
+        json!({"priority": 1, "scope_pattern": "*", "action_quotas": [{"action_kind": "db.query", "max_calls": 1,
+        "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    let top = policy(
+        &h,
+        &t,
+        json!({"priority": 9, "scope_pattern": "*", "action_quotas": [
+        {"action_kind": "db.query", "max_calls": 3, "window": "per_hour_tumbling"},
+        {"action_kind": "db.query", "max_calls": 3, "window": "per_day_tumbling"},
+        {"action_kind": "db.query", "max_calls": 9, "window": "per_tenant_per_day"}]}),
+    )
+    .await;
+    let agent = json!({"subject": {"tenant": t.id, "agent": "a1"}, "action": {"kind": "db.query", "name": "q"}});
+    for _ in 0..3 {
+        h.reserve_ok(&t, 1, agent.clone()).await;
+    }
+    // per_tenant_per_day counts at the tenant root; the others at the request's scope
+    let c = counters(&h, &t, "window=per_tenant_per_day").await;
+    assert_eq!((c[0]["scope"].as_str(), c[0]["used"].as_i64()), (Some(format!("tenant:{}", t.id).as_str()), Some(3)));
+    assert_eq!(counters(&h, &t, "window=per_day_tumbling").await[0]["scope"], format!("tenant:{}/agent:a1", t.id));
+    // lowering the limits keeps the counters (continuity); of two violated quotas the one with
+    // the least headroom is reported
+    let id = top["policy_id"].as_str().unwrap();
+    let patch = json!({"action_quotas": [
+        {"action_kind": "db.query", "max_calls": 2, "window": "per_hour_tumbling"},
+        {"action_kind": "db.query", "max_calls": 1, "window": "per_day_tumbling"}]});
+    h.admin("PATCH", &format!("{POLICIES}/{id}"), Some(&patch)).await.assert_ok();
+    let r = h.reserve(&t, 1, agent.clone()).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    let v = &r.body["details"]["deny_detail"]["quota_violation"];
+    assert_eq!(
+        (v["window"].as_str(), v["used"].as_i64(), v["limit"].as_i64()),
+        (Some("per_day_tumbling"), Some(3), Some(1))
+    );
+}
+
+#[tokio::test]
+async fn observed_allows_are_sampled_and_say_so() {
+    let h = Harness::start_configured(|c| c.observe_allow_sample_rate = 0.5).await;
+    let t = h.funded(1_000_000).await;
+    for _ in 0..40 {
+        h.reserve(&t, 1, json!({"observe_mode": "OBSERVE"})).await.assert_ok();
+    }
+    let e = h.events_of(&t.id, "reservation.observed_allowed").await;
+    assert!(!e.is_empty() && e.len() < 40, "about half of 40: {}", e.len());
+    assert!(e.iter().all(|x| x["data"]["sample_rate"] == 0.5));
 }

@@ -146,26 +146,35 @@ pub struct KindInfo {
 /// (`side_effect`, no policy-key matching), or, for an undeclared `custom.*` kind, the
 /// 400 message (custom kinds are governed: no default applies to them).
 pub fn kind_info(kind: &str, custom: &[CustomKind]) -> Result<KindInfo, String> {
-    if let Some(k) = registry().get(kind) {
-        return Ok(KindInfo {
-            risk_class: k["risk_class"].as_str().unwrap_or(UNREGISTERED_RISK).to_string(),
-            key_spec: k["policy_key_spec"].as_object().cloned(),
-            replacement: (k["deprecated"] == true)
-                .then(|| k["replacement_kind"].as_str().unwrap_or(UNKNOWN_KIND).to_string()),
-        });
+    registry().kind_info(kind, custom)
+}
+
+impl Registry {
+    /// `kind_info` against this registry.
+    pub fn kind_info(&self, kind: &str, custom: &[CustomKind]) -> Result<KindInfo, String> {
+        if let Some(k) = self.get(kind) {
+            return Ok(KindInfo {
+                risk_class: k["risk_class"].as_str().unwrap_or(UNREGISTERED_RISK).to_string(),
+                key_spec: k["policy_key_spec"].as_object().cloned(),
+                replacement: (k["deprecated"] == true)
+                    .then(|| k["replacement_kind"].as_str().unwrap_or(UNKNOWN_KIND).to_string()),
+            });
+        }
+        if let Some(c) = custom.iter().find(|c| c.kind == kind) {
+            return Ok(KindInfo {
+                risk_class: c.risk_class.clone(),
+                key_spec: c.policy_key_spec.clone(),
+                replacement: None,
+            });
+        }
+        if kind.starts_with("custom.") {
+            return Err(format!(
+                "action.kind {kind:?} is not registered: custom.* kinds must be declared by the operator"
+            ));
+        }
+        tracing::info!(kind, "unregistered action kind (risk class side_effect)");
+        Ok(KindInfo { risk_class: UNREGISTERED_RISK.to_string(), key_spec: None, replacement: None })
     }
-    if let Some(c) = custom.iter().find(|c| c.kind == kind) {
-        return Ok(KindInfo {
-            risk_class: c.risk_class.clone(),
-            key_spec: c.policy_key_spec.clone(),
-            replacement: None,
-        });
-    }
-    if kind.starts_with("custom.") {
-        return Err(format!("action.kind {kind:?} is not registered: custom.* kinds must be declared by the operator"));
-    }
-    tracing::info!(kind, "unregistered action kind (risk class side_effect)");
-    Ok(KindInfo { risk_class: UNREGISTERED_RISK.to_string(), key_spec: None, replacement: None })
 }
 
 impl KindInfo {
@@ -254,6 +263,19 @@ mod tests {
         assert!(kind_info("custom.acme.other", &custom).unwrap_err().contains("not registered"));
         assert!(is_known("llm.completion", &custom) && is_known("custom.acme.erp.post", &custom));
         assert!(!is_known("proprietary.action", &custom));
+    }
+
+    #[test]
+    fn a_deprecated_kind_is_kept_and_names_its_replacement() {
+        let r = Registry {
+            version: "x".into(),
+            kinds: vec![json!({"kind": "old.call", "risk_class": "read_only", "deprecated": true,
+                "replacement_kind": "new.call"})],
+            etag: String::new(),
+        };
+        let info = r.kind_info("old.call", &[]).unwrap();
+        assert_eq!((info.risk_class.as_str(), info.replacement.as_deref()), ("read_only", Some("new.call")));
+        assert_eq!(registry().kind_info("llm.completion", &[]).unwrap().replacement, None);
     }
 
     #[test]
