@@ -24,8 +24,11 @@ for target, source in [("Tenant", "TenantExtension"), ("TenantCreateRequest", "T
 # the returned Tenant and Policy always carry the fields (the extension's DEFAULT VALUE SEMANTICS)
 schemas["Tenant"].setdefault("required", []).append("observe_mode")
 schemas["Policy"].setdefault("required", []).extend(list(props("PolicyExtension")))
-for path, source in [("/v1/admin/tenants/{tenant_id}", "TenantPatchExtension"),
-                     ("/v1/admin/policies/{policy_id}", "PolicyPatchExtension")]:
+# the PATCH operations keep the base spec's ids (the extension's are documentation-only names
+# for the same operations: "implementations MUST merge the new fields into the existing PATCH")
+for path, source, op in [("/v1/admin/tenants/{tenant_id}", "TenantPatchExtension", "updateTenant"),
+                         ("/v1/admin/policies/{policy_id}", "PolicyPatchExtension", "updatePolicy")]:
+    merged["paths"][path]["patch"]["operationId"] = op
     body = merged["paths"][path]["patch"]["requestBody"]["content"]["application/json"]
     base = body["schema"]["allOf"][0]
     base["properties"].update(props(source))
