@@ -17,7 +17,8 @@ if from == 'CLOSED' then
 end
 
 local SETTINGS = {default_commit_overage_policy = true, default_reservation_ttl_ms = true,
-  max_reservation_ttl_ms = true, max_reservation_extensions = true, observe_mode = true}
+  max_reservation_ttl_ms = true, max_reservation_extensions = true, observe_mode = true,
+  evidence_enabled = true}
 local changed, settings = {}, false
 for f, v in pairs(patch) do
   if (redis.call('HGET', K.tenant, f) or '') ~= v then

@@ -59,6 +59,93 @@ pub struct Config {
     /// `deny_detail` on every DENY answer (`CYCLES_DENY_DETAIL=always`), not only where v0.1.26
     /// is in play (see `api::reservations::show_deny_detail`).
     pub deny_detail_always: bool,
+    /// Signed decision receipts (CyclesEvidence).
+    pub evidence: EvidenceConfig,
+}
+
+/// Which tenants get CyclesEvidence (`CYCLES_EVIDENCE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvidenceMode {
+    /// None (the default): no receipt anywhere, the evidence routes answer 404.
+    Off,
+    /// Every tenant, except one whose record says `evidence_enabled: false`.
+    On,
+    /// Only tenants whose record says `evidence_enabled: true`.
+    Tenant,
+}
+
+/// CyclesEvidence settings: `CYCLES_EVIDENCE`, the signer (`CYCLES_EVIDENCE_SERVER_ID`, and
+/// `CYCLES_EVIDENCE_KEYS` from the environment or Secrets Manager), how long envelopes are kept
+/// (`CYCLES_EVIDENCE_RETENTION_MS`, 90 days) and how long a container trusts what it read of a
+/// tenant's switch (`CYCLES_EVIDENCE_TENANT_CACHE_MS`, 5 s).
+#[derive(Debug, Clone)]
+pub struct EvidenceConfig {
+    pub mode: EvidenceMode,
+    pub signer: Option<crate::evidence::Signer>,
+    pub retention: Duration,
+    pub tenant_cache: Duration,
+    /// Why the settings do not hold together (the start stops with it).
+    pub problem: Option<String>,
+}
+
+impl EvidenceConfig {
+    fn from_env() -> EvidenceConfig {
+        let mut c = EvidenceConfig {
+            mode: EvidenceMode::Off,
+            signer: None,
+            retention: env_ms("CYCLES_EVIDENCE_RETENTION_MS", 90 * 24 * 3_600_000),
+            tenant_cache: env_ms("CYCLES_EVIDENCE_TENANT_CACHE_MS", 5_000),
+            problem: None,
+        };
+        c.mode = match env("CYCLES_EVIDENCE").as_deref().map(str::trim) {
+            None | Some("off") => return c,
+            Some("on") => EvidenceMode::On,
+            Some("tenant") => EvidenceMode::Tenant,
+            Some(other) => {
+                c.problem = Some(format!("CYCLES_EVIDENCE must be off, on or tenant (got {other:?})"));
+                return c;
+            }
+        };
+        match (env("CYCLES_EVIDENCE_SERVER_ID"), env("CYCLES_EVIDENCE_KEYS")) {
+            (Some(id), Some(keys)) => match crate::evidence::Signer::from_config(id.trim(), &keys) {
+                Ok(s) => c.signer = Some(s),
+                Err(e) => c.problem = Some(e),
+            },
+            (None, _) => c.problem = Some("CYCLES_EVIDENCE is on but CYCLES_EVIDENCE_SERVER_ID is not set".into()),
+            (_, None) => c.problem = Some("CYCLES_EVIDENCE is on but CYCLES_EVIDENCE_KEYS is not set".into()),
+        }
+        c
+    }
+
+    /// `cycles-local`: a server id from the local base when none is set, and a fresh signing key
+    /// when none is configured. Returns the generated key's `CYCLES_EVIDENCE_KEYS` text (to show
+    /// once, so it can be kept), if one was made.
+    pub fn complete_for_local(&mut self, runtime_base: &str) -> Option<String> {
+        if self.mode == EvidenceMode::Off || self.signer.is_some() {
+            return None;
+        }
+        let server_id = env("CYCLES_EVIDENCE_SERVER_ID").unwrap_or_else(|| format!("{runtime_base}/v1"));
+        self.problem = None;
+        match env("CYCLES_EVIDENCE_KEYS") {
+            Some(keys) => {
+                match crate::evidence::Signer::from_config(&server_id, &keys) {
+                    Ok(s) => self.signer = Some(s),
+                    Err(e) => self.problem = Some(e),
+                }
+                None
+            }
+            None => {
+                let (signer, text) = crate::evidence::Signer::generate(&server_id, crate::domain::now_ms());
+                self.signer = Some(signer);
+                Some(text)
+            }
+        }
+    }
+
+    /// Whether any tenant can get evidence.
+    pub fn enabled(&self) -> bool {
+        self.mode != EvidenceMode::Off && self.signer.is_some()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -172,11 +259,12 @@ fn env_ms(name: &str, default_ms: u64) -> Duration {
 
 /// Secrets that may come from AWS Secrets Manager: (environment variable, variable naming the
 /// secret's id or ARN). The secret's string value replaces the variable.
-pub const SECRET_SOURCES: [(&str, &str); 4] = [
+pub const SECRET_SOURCES: [(&str, &str); 5] = [
     ("REDIS_URL", "REDIS_URL_SECRET_ID"),
     ("ADMIN_API_KEY", "ADMIN_API_KEY_SECRET_ID"),
     ("CYCLES_KEY_PEPPER", "CYCLES_KEY_PEPPER_SECRET_ID"),
     ("CYCLES_WEBHOOK_ENCRYPTION_KEY", "CYCLES_WEBHOOK_ENCRYPTION_KEY_SECRET_ID"),
+    ("CYCLES_EVIDENCE_KEYS", "CYCLES_EVIDENCE_KEYS_SECRET_ID"),
 ];
 
 impl Config {
@@ -251,12 +339,16 @@ impl Config {
                 .filter(|r: &f64| *r > 0.0 && *r <= 1.0)
                 .unwrap_or(1.0),
             deny_detail_always: env("CYCLES_DENY_DETAIL").is_some_and(|v| v == "always"),
+            evidence: EvidenceConfig::from_env(),
         }
     }
 
     /// Settings that must be right before serving: a wrong one stops the start with its reason.
     pub fn validate(&self) -> Result<(), String> {
         self.custom_action_kinds.as_ref().map_err(Clone::clone)?;
+        if let Some(p) = &self.evidence.problem {
+            return Err(p.clone());
+        }
         self.cors_origins.iter().try_for_each(|o| check_origin(o))?;
         match self.admin_allowed_cidrs.iter().find(|c| egress::Cidr::parse(c).is_none()) {
             Some(bad) => Err(format!("CYCLES_ADMIN_ALLOWED_CIDRS entry {bad:?} is not a CIDR range")),

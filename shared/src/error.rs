@@ -151,6 +151,8 @@ pub struct ApiError {
     pub status: Option<u16>,
     /// What the server log records about this error (logged once, when the answer is sent).
     pub cause: Option<String>,
+    /// The `CyclesEvidenceRef` of the error receipt made for this denial, if any.
+    pub evidence: Option<Value>,
 }
 
 /// The answer to a store that cannot be reached: a retry with the same idempotency key is safe.
@@ -160,7 +162,7 @@ pub const INTERNAL_FAULT: &str = "Internal error; the server log records its cau
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None, status: None, cause: None }
+        Self { code, message: message.into(), details: None, status: None, cause: None, evidence: None }
     }
     /// An internal fault: a corrupt record, a script that raised, a malformed reply.
     pub fn fault(cause: impl Into<String>) -> Self {
@@ -213,6 +215,9 @@ impl ApiError {
         });
         if let Some(details) = &self.details {
             body["details"] = details.clone();
+        }
+        if let Some(r) = &self.evidence {
+            body["cycles_evidence"] = r.clone();
         }
         body
     }

@@ -37,6 +37,12 @@ pub fn public_requests(source: &str, minute: i64) -> String {
     format!("cy:pub:{}:{minute}", encode_component(source))
 }
 
+/// A signed CyclesEvidence envelope, by its content id (global: `GET /v1/evidence/{id}` knows
+/// nothing else; the ids spread over every slot).
+pub fn evidence(evidence_id: &str) -> String {
+    format!("cy:ev:{evidence_id}")
+}
+
 /// Global registry of tenants (for sweeps and operator listings).
 pub const TENANT_REGISTRY: &str = "cy:tenants";
 
@@ -200,6 +206,10 @@ impl TenantKeys {
     /// read records without it.
     pub fn reservation_metadata(&self, token: &str) -> String {
         format!("{}:rm:{token}", self.prefix)
+    }
+    /// The evidence ids of a reservation's operations (hash: reserve, commit, release).
+    pub fn reservation_evidence(&self, token: &str) -> String {
+        format!("{}:rev:{token}", self.prefix)
     }
     /// The listing index: a status member and three value members per reservation (see
     /// `lua/lib.lua`), all scored 0 and read with ZRANGE BYLEX.

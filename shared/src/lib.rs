@@ -17,6 +17,7 @@ pub mod config;
 pub mod domain;
 pub mod egress;
 pub mod error;
+pub mod evidence;
 pub mod ids;
 pub mod jobs;
 pub mod json;

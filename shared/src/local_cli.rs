@@ -118,10 +118,17 @@ async fn run(args: Args) -> Result<(), String> {
         eprintln!("ADMIN_API_KEY is not set; the operator API accepts X-Admin-API-Key: {key}");
         config.admin_api_key = Some(key);
     }
+    let addr = SocketAddr::new(args.host, args.port);
+    if let Some(keys) = config.evidence.complete_for_local(&format!("http://{addr}")) {
+        // shown once on the terminal (never logged): keep it to verify these receipts later
+        println!(
+            "CyclesEvidence signing key generated; to keep it across restarts set\n  CYCLES_EVIDENCE_KEYS='{keys}'"
+        );
+    }
+    config.validate()?;
     let store =
         Store::connect(&url, config.redis_timeout).await.map_err(|e| format!("cannot connect to {url}: {e}"))?;
     let app = Arc::new(App::new(store, config));
-    let addr = SocketAddr::new(args.host, args.port);
     let listener = local::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let admin_addr = SocketAddr::new(args.host, args.admin_port);
     let admin_listener = local::bind(admin_addr).await.map_err(|e| format!("cannot listen on {admin_addr}: {e}"))?;

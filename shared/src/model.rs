@@ -645,4 +645,7 @@ pub struct ReservationDetail {
     pub metadata: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub committed_metadata: Option<Value>,
+    /// `ReservationEvidence`: the receipts of its operations (CyclesEvidence, when on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Value>,
 }

@@ -40,6 +40,7 @@ impl NewTenant {
             max_reservation_extensions: self.max_reservation_extensions,
             reservation_expiry_policy: None,
             observe_mode: None,
+            evidence_enabled: None,
         }
     }
 }

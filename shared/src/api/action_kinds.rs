@@ -67,8 +67,9 @@ fn matches_etag(header: &str, etag: &str) -> bool {
     header.split(',').map(str::trim).any(|t| t == "*" || t.trim_start_matches("W/") == etag)
 }
 
-/// One more request of the caller's address this minute; 429 beyond the limit.
-async fn throttle(app: &App, ctx: &Ctx) -> ApiResult<()> {
+/// One more request of the caller's address this minute to a public route (the registry, the
+/// evidence routes); 429 beyond the limit.
+pub(super) async fn throttle(app: &App, ctx: &Ctx) -> ApiResult<()> {
     let limit = app.config.public_rate_limit;
     if limit == 0 {
         return Ok(());

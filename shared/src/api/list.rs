@@ -388,6 +388,17 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     if query.include.iter().any(|i| i == "metadata" || i == "committed_metadata") && !rows.is_empty() {
         attach_metadata(app, &keys, &query, &mut rows).await?;
     }
+    if query.include.iter().any(|i| i == "evidence")
+        && !rows.is_empty()
+        && super::evidence::enabled_for(app, &tenant).await?
+    {
+        let tokens: Vec<&str> =
+            rows.iter().map(|r| r.summary.reservation_id.split('.').nth(1).unwrap_or("-")).collect();
+        let found = crate::ops::evidence::of_reservations(&app.store, &keys, &tokens).await?;
+        for (row, ids) in rows.iter_mut().zip(found) {
+            row.summary.evidence = super::evidence::reservation_refs(app, &ids);
+        }
+    }
     let next_cursor = next.map(|(lsv, lrid)| {
         let c = Cursor {
             v: 1,

@@ -12,6 +12,7 @@ pub mod budgets;
 mod bulk;
 pub mod cors;
 pub mod events;
+mod evidence;
 mod list;
 pub mod overview;
 pub mod policies;
@@ -41,11 +42,19 @@ pub struct App {
     pub config: Config,
     key_tenants: Mutex<HashMap<String, String>>,
     alarms: alarms::Alarms,
+    /// Each tenant's evidence switch as last read, and when (`evidence::enabled_for`).
+    evidence_switches: Mutex<HashMap<String, (Option<bool>, std::time::Instant)>>,
 }
 
 impl App {
     pub fn new(store: Store, config: Config) -> App {
-        App { store, config, key_tenants: Mutex::new(HashMap::new()), alarms: Default::default() }
+        App {
+            store,
+            config,
+            key_tenants: Mutex::new(HashMap::new()),
+            alarms: Default::default(),
+            evidence_switches: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Connects to Redis as configured by the environment (the Lambda init path).
@@ -139,6 +148,8 @@ routes! {
     Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
     Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds), action_kinds::list;
     Runtime GET "/v1/action-kinds/{kind}" => "get-action-kind" (getActionKind), action_kinds::get;
+    Runtime GET "/v1/evidence/{evidence_id}" => "get-evidence" (getEvidence), evidence::get;
+    Runtime GET "/v1/.well-known/cycles-jwks.json" => "get-evidence-jwks" (getEvidenceJwks), evidence::jwks;
     Runtime POST "/v1/decide" => "decide" (decide), reservations::decide;
     Runtime POST "/v1/events" => "create-event" (createEvent), reservations::create_event;
     Runtime POST "/v1/reservations" => "create-reservation" (createReservation), reservations::create;

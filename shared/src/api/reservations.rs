@@ -4,14 +4,17 @@
 use serde_json::{json, Value};
 
 use super::auth::{unauthorized, Caller, TenantKey};
+use super::evidence::{self, attested_request, mirror, Receipt};
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::kind_info;
 use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::evidence::project;
 use crate::ids::ReservationId;
 use crate::keys::{budget_code, TenantKeys};
 use crate::model::*;
 use crate::ops::auth::Authenticate;
+use crate::ops::evidence::Slot;
 use crate::ops::maintenance::{expire_reservations, record_ttl};
 use crate::ops::reservations::*;
 use crate::ops::LedgerState;
@@ -158,6 +161,11 @@ fn deprecated_kind(answer: Answer, g: &Governance) -> Answer {
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let outcome = reserve(app, ctx, req).await;
+    evidence::on_error(app, ctx, "POST /v1/reservations", None, &req.body, mirror::RESERVE_REQUEST, outcome).await
+}
+
+async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_key(app, ctx, req).await?;
     let (r, raw) = parse::<ReservationCreateRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
@@ -166,7 +174,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let observe = r.observe_mode.map(ObserveMode::as_str).unwrap_or("");
     let g = governance(app, &r.action, &r.subject, observe)?;
     if r.dry_run == Some(true) || r.observe_mode == Some(ObserveMode::Observe) {
-        return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, hash, scopes, &g).await?, &g));
+        return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, &raw, hash, scopes, &g).await?, &g));
     }
     let keys = TenantKeys::new(&caller.tenant);
     let token = ReservationId::token_for(&r.idempotency_key);
@@ -201,32 +209,38 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         Reserved::Held(hold) => hold,
         Reserved::Observed(e) => {
             // the tenant observes: the reserve was evaluated (dry-run shape), nothing held
+            // (no receipt: an observed reserve is neither a dry_run nor a hold)
             let ev = evaluation_of(app, e, reply.replay, &scopes, unit, true)?;
-            return Ok(deprecated_kind(dry_run_answer(ev, &r, scopes), &g));
+            let replayed = ev.replayed;
+            return Ok(deprecated_kind(Answer::json(200, &dry_run_answer(ev, &r, scopes)).replayed(replayed), &g));
         }
         Reserved::Reclaim { .. } => return Err(ApiError::fault("a reserve asked to reclaim twice")),
     };
     let expires_at_ms = int(&hold.expires_at_ms)?;
     let codes = ReservationId::parse(&hold.reservation_id).map(|r| r.budget_codes.concat()).unwrap_or_default();
     let budgeted = budgeted_scopes(&scopes, unit, &codes);
-    let answer = Answer::json(
-        200,
-        &ReservationCreateResponse {
-            decision: if hold.decision == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow },
-            reserved: Some(r.estimate.clone()),
-            expires_at_ms: Some(expires_at_ms),
-            remaining_ttl_ms: Some(remaining_ttl(&reply.status, reply.now_ms, expires_at_ms)),
-            scope_path: scopes.last().cloned(),
-            caps: hold.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
-            reason_code: None,
-            balances: Some(balances(&budgeted, unit, &hold.balances)?),
-            reservation_id: Some(hold.reservation_id),
-            affected_scopes: scopes,
-            deny_detail: None,
-        },
-    )
-    .replayed(reply.replay);
-    Ok(deprecated_kind(answer, &g))
+    let response = ReservationCreateResponse {
+        decision: if hold.decision == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow },
+        reserved: Some(r.estimate.clone()),
+        expires_at_ms: Some(expires_at_ms),
+        remaining_ttl_ms: Some(remaining_ttl(&reply.status, reply.now_ms, expires_at_ms)),
+        scope_path: scopes.last().cloned(),
+        caps: hold.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
+        reason_code: None,
+        balances: Some(balances(&budgeted, unit, &hold.balances)?),
+        reservation_id: Some(hold.reservation_id),
+        affected_scopes: scopes,
+        deny_detail: None,
+    };
+    let mut body = serde_json::to_value(&response).expect("serializable");
+    evidence::attach(app, ctx, &caller.tenant, reply.replay, &mut body, |b| Receipt {
+        artifact: "reserve",
+        payload: json!({"request": attested_request(&raw, mirror::RESERVE_REQUEST),
+            "response": project(b, mirror::RESERVE_RESPONSE)}),
+        slot: Slot::reservation(&keys, &token, "reserve"),
+    })
+    .await?;
+    Ok(deprecated_kind(Answer::json(200, &body).replayed(reply.replay), &g))
 }
 
 /// The outcome of an evaluation (dry_run or decide).
@@ -237,6 +251,8 @@ struct Evaluation {
     caps: Option<Value>,
     balances: Vec<Balance>,
     deny_detail: Option<Value>,
+    /// Evaluated in observe mode.
+    observed: bool,
 }
 
 /// What dry_run and decide evaluate, and where their answers are kept: `record` is this
@@ -276,6 +292,7 @@ fn evaluation_of(
     };
     let budgeted = budgeted_scopes(scopes, unit, &e.codes);
     let show = decision == Decision::Deny && show_deny_detail(app, speaks_v26, &e);
+    let observed = e.observed;
     Ok(Evaluation {
         replayed,
         decision,
@@ -283,6 +300,7 @@ fn evaluation_of(
         caps: e.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
         balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, unit, &e.balances)? },
         deny_detail: if show { e.deny_detail } else { None },
+        observed,
     })
 }
 
@@ -316,34 +334,32 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
 }
 
 /// The dry-run shaped answer of a reserve evaluation (dry_run, or observe mode).
-fn dry_run_answer(ev: Evaluation, r: &ReservationCreateRequest, scopes: Vec<String>) -> Answer {
+fn dry_run_answer(ev: Evaluation, r: &ReservationCreateRequest, scopes: Vec<String>) -> ReservationCreateResponse {
     let allowed = ev.decision != Decision::Deny;
-    Answer::json(
-        200,
-        &ReservationCreateResponse {
-            decision: ev.decision,
-            reservation_id: None,
-            reserved: allowed.then(|| r.estimate.clone()),
-            expires_at_ms: None,
-            remaining_ttl_ms: None,
-            scope_path: scopes.last().cloned(),
-            affected_scopes: scopes,
-            caps: ev.caps,
-            reason_code: ev.reason_code,
-            balances: allowed.then_some(ev.balances),
-            deny_detail: ev.deny_detail,
-        },
-    )
-    .replayed(ev.replayed)
+    ReservationCreateResponse {
+        decision: ev.decision,
+        reservation_id: None,
+        reserved: allowed.then(|| r.estimate.clone()),
+        expires_at_ms: None,
+        remaining_ttl_ms: None,
+        scope_path: scopes.last().cloned(),
+        affected_scopes: scopes,
+        caps: ev.caps,
+        reason_code: ev.reason_code,
+        balances: allowed.then_some(ev.balances),
+        deny_detail: ev.deny_detail,
+    }
 }
 
 /// A reserve with `dry_run: true` (or `observe_mode: OBSERVE`): evaluated, not held; its answer
 /// is kept under reserve's idempotency namespace.
+#[allow(clippy::too_many_arguments)]
 async fn dry_run(
     app: &App,
     ctx: &Ctx,
     caller: &TenantKey,
     r: &ReservationCreateRequest,
+    raw: &Value,
     hash: String,
     scopes: Vec<String>,
     g: &Governance,
@@ -362,10 +378,27 @@ async fn dry_run(
         speaks_v26: r.observe_mode.is_some() || r.action.policy_keys.is_some(),
     };
     let ev = evaluate(app, ctx, caller, ask).await?;
-    Ok(dry_run_answer(ev, r, scopes))
+    let (replayed, observed) = (ev.replayed, r.observe_mode == Some(ObserveMode::Observe) || ev.observed);
+    let mut body = serde_json::to_value(dry_run_answer(ev, r, scopes)).expect("serializable");
+    if !observed {
+        // (an observed reserve is neither a dry_run nor a hold: no receipt)
+        evidence::attach(app, ctx, &caller.tenant, replayed, &mut body, |b| Receipt {
+            artifact: "reserve",
+            payload: json!({"request": attested_request(raw, mirror::RESERVE_REQUEST),
+                "response": project(b, mirror::RESERVE_RESPONSE)}),
+            slot: Slot::record(&keys, "reserve-dry-run", &r.idempotency_key),
+        })
+        .await?;
+    }
+    Ok(Answer::json(200, &body).replayed(replayed))
 }
 
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let outcome = evaluate_decision(app, ctx, req).await;
+    evidence::on_error(app, ctx, "POST /v1/decide", None, &req.body, mirror::DECISION_REQUEST, outcome).await
+}
+
+async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_key(app, ctx, req).await?;
     let (r, raw) = parse::<DecisionRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
@@ -386,18 +419,24 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         speaks_v26: r.action.policy_keys.is_some(),
     };
     let ev = evaluate(app, ctx, &caller, ask).await?;
-    let answer = Answer::json(
-        200,
-        &DecisionResponse {
-            decision: ev.decision,
-            caps: ev.caps,
-            reason_code: ev.reason_code,
-            affected_scopes: scopes,
-            deny_detail: ev.deny_detail,
-        },
-    )
-    .replayed(ev.replayed);
-    Ok(deprecated_kind(answer, &g))
+    let replayed = ev.replayed;
+    let response = DecisionResponse {
+        decision: ev.decision,
+        caps: ev.caps,
+        reason_code: ev.reason_code,
+        affected_scopes: scopes,
+        deny_detail: ev.deny_detail,
+    };
+    let mut body = serde_json::to_value(&response).expect("serializable");
+    let keys = TenantKeys::new(&caller.tenant);
+    evidence::attach(app, ctx, &caller.tenant, replayed, &mut body, |b| Receipt {
+        artifact: "decide",
+        payload: json!({"request": attested_request(&raw, mirror::DECISION_REQUEST),
+            "response": project(b, mirror::DECISION_RESPONSE)}),
+        slot: Slot::record(&keys, "decide", &r.idempotency_key),
+    })
+    .await?;
+    Ok(deprecated_kind(Answer::json(200, &body).replayed(replayed), &g))
 }
 
 /// createEvent: the post-only debit of `actual`, without a reservation (201).
@@ -526,6 +565,13 @@ fn settled_balances(s: &Settled, id: &ReservationId) -> ApiResult<(Unit, Vec<Bal
 }
 
 pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let outcome = settle_commit(app, ctx, req).await;
+    let id = Some(req.param("reservation_id"));
+    let endpoint = "POST /v1/reservations/{reservation_id}/commit";
+    evidence::on_error(app, ctx, endpoint, id, &req.body, mirror::COMMIT_REQUEST, outcome).await
+}
+
+async fn settle_commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, false).await?;
     let (r, raw) = parse::<CommitRequest>(req)?;
     let a = address(app, caller, req, Permission::ReservationsCommit).await?;
@@ -548,19 +594,48 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let settled = reply.value;
     let (unit, balances) = settled_balances(&settled, &a.id)?;
     let charged = settled.charged.as_deref().ok_or_else(|| ApiError::fault("a commit answered no charge"))?;
-    Ok(Answer::json(
-        200,
-        &CommitResponse {
-            status: "COMMITTED",
-            charged: Amount { unit, amount: int(charged)? },
-            released: settled.released.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
-            balances: Some(balances),
-        },
-    )
-    .replayed(reply.replay))
+    let response = CommitResponse {
+        status: "COMMITTED",
+        charged: Amount { unit, amount: int(charged)? },
+        released: settled.released.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
+        balances: Some(balances),
+    };
+    let mut body = serde_json::to_value(&response).expect("serializable");
+    settlement_receipt(app, ctx, &a, reply.replay, "commit", &raw, &mut body).await?;
+    Ok(Answer::json(200, &body).replayed(reply.replay))
+}
+
+/// The receipt of a commit or a release (its reservation id hoisted into the payload).
+async fn settlement_receipt(
+    app: &App,
+    ctx: &Ctx,
+    a: &Addressed,
+    replayed: bool,
+    artifact: &'static str,
+    raw: &Value,
+    body: &mut Value,
+) -> ApiResult<()> {
+    let (req_fields, resp_fields) = match artifact {
+        "commit" => (mirror::COMMIT_REQUEST, mirror::COMMIT_RESPONSE),
+        _ => (mirror::RELEASE_REQUEST, mirror::RELEASE_RESPONSE),
+    };
+    evidence::attach(app, ctx, &a.id.tenant, replayed, body, |b| Receipt {
+        artifact,
+        payload: json!({"reservation_id": a.raw, "request": attested_request(raw, req_fields),
+            "response": project(b, resp_fields)}),
+        slot: Slot::reservation(&a.keys, &a.id.token, artifact),
+    })
+    .await
 }
 
 pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    let outcome = settle_release(app, ctx, req).await;
+    let id = Some(req.param("reservation_id"));
+    let endpoint = "POST /v1/reservations/{reservation_id}/release";
+    evidence::on_error(app, ctx, endpoint, id, &req.body, mirror::RELEASE_REQUEST, outcome).await
+}
+
+async fn settle_release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, true).await?;
     let (r, raw) = parse::<ReleaseRequest>(req)?;
     let a = address(app, caller, req, Permission::ReservationsRelease).await?;
@@ -587,15 +662,14 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<An
     let settled = reply.value;
     let (unit, balances) = settled_balances(&settled, &a.id)?;
     let released = settled.released.as_deref().ok_or_else(|| ApiError::fault("a release answered no amount"))?;
-    Ok(Answer::json(
-        200,
-        &ReleaseResponse {
-            status: "RELEASED",
-            released: Amount { unit, amount: int(released)? },
-            balances: Some(balances),
-        },
-    )
-    .replayed(reply.replay))
+    let response = ReleaseResponse {
+        status: "RELEASED",
+        released: Amount { unit, amount: int(released)? },
+        balances: Some(balances),
+    };
+    let mut body = serde_json::to_value(&response).expect("serializable");
+    settlement_receipt(app, ctx, &a, reply.replay, "release", &raw, &mut body).await?;
+    Ok(Answer::json(200, &body).replayed(reply.replay))
 }
 
 pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -658,5 +732,9 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     let json = |s: &Option<String>| s.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
     detail.metadata = json(&stored.metadata);
     detail.committed_metadata = json(&stored.committed_metadata);
+    if evidence::enabled_for(app, &a.id.tenant).await? {
+        let ids = crate::ops::evidence::of_reservation(&app.store, &a.keys, &a.id.token).await?;
+        detail.evidence = evidence::reservation_refs(app, &ids);
+    }
     Ok(Answer::json(200, &detail))
 }

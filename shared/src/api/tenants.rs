@@ -50,6 +50,9 @@ pub struct TenantCreateRequest {
     /// v0.1.26: the tenant's default observe mode (ENFORCE when absent).
     #[serde(default)]
     pub observe_mode: Option<ObserveMode>,
+    /// CyclesEvidence for this tenant (`CYCLES_EVIDENCE=on`: unless false; `tenant`: if true).
+    #[serde(default)]
+    pub evidence_enabled: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -71,6 +74,8 @@ struct TenantUpdateRequest {
     max_reservation_extensions: Option<i64>,
     #[serde(default)]
     observe_mode: Option<ObserveMode>,
+    #[serde(default)]
+    evidence_enabled: Option<bool>,
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
@@ -140,6 +145,9 @@ pub fn tenant_json(t: &Tenant) -> Value {
     if let Some(m) = &t.metadata {
         out["metadata"] = m.clone();
     }
+    if let Some(e) = t.evidence_enabled {
+        out["evidence_enabled"] = json!(e);
+    }
     for (name, at) in
         [("updated_at", t.updated_at_ms), ("suspended_at", t.suspended_at_ms), ("closed_at", t.closed_at_ms)]
     {
@@ -184,6 +192,9 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
     };
     fields.insert("reservation_expiry_policy".into(), json!(expiry));
     fields.insert("observe_mode".into(), json!(r.observe_mode.unwrap_or(ObserveMode::Enforce).as_str()));
+    if let Some(e) = r.evidence_enabled {
+        fields.insert("evidence_enabled".into(), json!(e.to_string()));
+    }
     ops::tenants::create(store, context, &r.tenant_id, Value::Object(fields).to_string()).await
 }
 
@@ -292,6 +303,9 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     }
     if let Some(m) = r.observe_mode {
         patch.insert("observe_mode".into(), json!(m.as_str()));
+    }
+    if let Some(e) = r.evidence_enabled {
+        patch.insert("evidence_enabled".into(), json!(e.to_string()));
     }
     let closing = r.status == Some(TenantStatus::Closed);
     if let Some(s) = r.status {

@@ -9,6 +9,7 @@ pub mod audit;
 pub mod auth;
 pub mod bulk;
 pub mod events;
+pub mod evidence;
 pub mod ledgers;
 pub mod listing;
 pub mod maintenance;

@@ -322,6 +322,7 @@ impl ReservationRecord {
             affected_scopes: scopes,
             metadata: None,
             committed_metadata: None,
+            evidence: None,
         })
     }
 }

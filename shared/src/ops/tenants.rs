@@ -29,6 +29,8 @@ pub struct Tenant {
     pub reservation_expiry_policy: String,
     /// v0.1.26 observe mode (ENFORCE for tenants that never set one).
     pub observe_mode: String,
+    /// The tenant's CyclesEvidence switch, when it set one.
+    pub evidence_enabled: Option<bool>,
     pub created_at_ms: i64,
     pub updated_at_ms: Option<i64>,
     pub suspended_at_ms: Option<i64>,
@@ -55,6 +57,7 @@ impl Tenant {
             max_reservation_extensions: int_field(r, "max_reservation_extensions").unwrap_or(rules::MAX_EXTENSIONS),
             reservation_expiry_policy: field(r, "reservation_expiry_policy").unwrap_or("AUTO_RELEASE").to_string(),
             observe_mode: field(r, "observe_mode").unwrap_or("ENFORCE").to_string(),
+            evidence_enabled: field(r, "evidence_enabled").map(|v| v == "true"),
             created_at_ms: int_field(r, "created_at_ms").unwrap_or(0),
             updated_at_ms: int_field(r, "updated_at_ms"),
             suspended_at_ms: int_field(r, "suspended_at_ms"),
