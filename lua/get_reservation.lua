@@ -14,5 +14,14 @@ if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', MSG.RESERVATION_
 if r.status == 'ACTIVE' and now > r.expires_at + r.grace then return ok({}, 'OVERDUE', now_s) end
 -- records written before metadata moved beside them carry their own
 local meta = redis.call('HMGET', K.meta, 'metadata', 'cmeta')
+-- with evidence on, the receipts of its operations (operation -> evidence id)
+local evidence = nil
+if A.with_evidence ~= '' then
+  local flat = redis.call('HGETALL', K.evidence)
+  if #flat > 0 then
+    evidence = {}
+    for i = 1, #flat, 2 do evidence[flat[i]] = flat[i + 1] end
+  end
+end
 return ok({record = r.raw, scope = r.scope_path, metadata = meta[1] or r.rec.metadata,
-  committed_metadata = meta[2] or r.rec.cmeta}, r.status, now_s)
+  committed_metadata = meta[2] or r.rec.cmeta, evidence = evidence}, r.status, now_s)

@@ -239,6 +239,17 @@ impl Harness {
         Self::start_with(url, embedded, false, |_| {}).await
     }
 
+    /// A server on a Redis of its own (configured by `configure`).
+    pub async fn start_with_redis(redis: EmbeddedRedis, configure: impl FnOnce(&mut Config)) -> Harness {
+        Self::start_with(redis.url(), Some(redis), false, configure).await
+    }
+
+    /// A second server (configured by `configure`) on the Redis of `other`, as a redeploy
+    /// with new settings would run.
+    pub async fn start_beside(other: &Harness, configure: impl FnOnce(&mut Config)) -> Harness {
+        Self::start_with(other.redis_url.clone(), None, false, configure).await
+    }
+
     async fn start_with(
         url: String,
         embedded: Option<EmbeddedRedis>,

@@ -27,6 +27,34 @@ async fn one_evalsha_per_warm_request_where_the_library_cannot_be_loaded() {
     every_hot_path_request_is_one(&h, "evalsha").await;
 }
 
+/// With CyclesEvidence on, a receipt costs one more round trip: one pipeline storing the
+/// envelope and where a replay finds it, after the operation's one FCALL.
+#[tokio::test]
+async fn evidence_adds_one_pipelined_write() {
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server for the round-trip test");
+    let h = Harness::start_with_redis(redis, |c| {
+        c.evidence.mode = cycles_shared::config::EvidenceMode::On;
+        let keys = r#"[{"kid": "k", "private_key": "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60", "nbf_ms": 0}]"#;
+        c.evidence.signer = Some(cycles_shared::evidence::Signer::from_config("https://x/v1", keys).unwrap());
+        c.evidence.tenant_cache = std::time::Duration::from_secs(3600);
+    })
+    .await;
+    let t = h.funded(1_000_000).await;
+    let rid = h.reserve_ok(&t, 10, json!({})).await; // warm: scripts, the tenant's switch
+    h.commit(&t, &rid, 5).await.assert_ok();
+    let receipt = ["\"fcall\"", "\"set\"", "\"hset\"", "\"pexpire\""];
+    assert_eq!(commands(&h, "reserve+evidence", h.reserve(&t, 10, json!({}))).await, receipt);
+    let rid = h.reserve_ok(&t, 10, json!({})).await;
+    assert_eq!(commands(&h, "commit+evidence", h.commit(&t, &rid, 5)).await, receipt);
+    let decide = json!({"idempotency_key": "d-1", "subject": {"tenant": t.id}, "action": {"kind": "k", "name": "n"},
+        "estimate": {"unit": "TOKENS", "amount": 1}});
+    let record = ["\"fcall\"", "\"set\"", "\"set\""];
+    assert_eq!(commands(&h, "decide+evidence", h.post(&t.key, "/v1/decide", &decide)).await, record);
+    // reading a reservation with its receipts stays one round trip
+    let path = format!("/v1/reservations/{rid}");
+    assert_eq!(commands(&h, "get+evidence", h.get(&t.key, &path)).await, ["\"fcall\""]);
+}
+
 /// A harness on a private standalone server (other tests must not pollute MONITOR), connected
 /// as a user whose ACL removes `denied` commands, when given.
 async fn private_redis(denied: Option<&str>) -> Harness {
@@ -89,6 +117,12 @@ async fn every_hot_path_request_is_one(h: &Harness, command: &str) {
 /// that exactly one command — `command` — reached Redis from a client. MONITOR lists the
 /// commands scripts run as `[0 lua]`; those are inside the one round trip and not counted.
 async fn one_round_trip(h: &Harness, name: &str, command: &str, request: impl std::future::Future<Output = Resp>) {
+    let seen = commands(h, name, request).await;
+    assert_eq!(seen, vec![format!("\"{command}\"")], "{name} made other round trips");
+}
+
+/// The commands that reached Redis from a client while `request` ran, in order.
+async fn commands(h: &Harness, name: &str, request: impl std::future::Future<Output = Resp>) -> Vec<String> {
     let port = h.embedded.as_ref().unwrap().port;
     let mut monitor = BufReader::new(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     monitor.get_mut().write_all(b"MONITOR\r\n").await.unwrap();
@@ -109,5 +143,5 @@ async fn one_round_trip(h: &Harness, name: &str, command: &str, request: impl st
             client_commands.push(line.split("] ").nth(1).unwrap_or(&line).split(' ').next().unwrap().to_lowercase());
         }
     }
-    assert_eq!(client_commands, vec![format!("\"{command}\"")], "{name} made other round trips");
+    client_commands
 }

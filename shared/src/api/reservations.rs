@@ -704,13 +704,16 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     let caller = authenticate(app, ctx, req, true).await?;
     let a = address(app, caller, req, Permission::ReservationsList).await?;
     let record_key = a.keys.reservation(&a.id.token);
+    let with_evidence = evidence::enabled_for(app, &a.id.tenant).await?;
     let call = GetReservation {
         auth: if a.caller.is_none() { record_key.clone() } else { a.auth_key.clone() },
         reservation: record_key,
         meta: a.keys.reservation_metadata(&a.id.token),
+        evidence: a.keys.reservation_evidence(&a.id.token),
         digest: a.digest.clone(),
         accepted: Permission::ReservationsList.accepted().to_string(),
         reservation_id: a.raw.clone(),
+        with_evidence: if with_evidence { "1" } else { "" }.to_string(),
     };
     let reply = app.store.run(call).await?;
     if reply.status == "OVERDUE" {
@@ -732,9 +735,8 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     let json = |s: &Option<String>| s.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
     detail.metadata = json(&stored.metadata);
     detail.committed_metadata = json(&stored.committed_metadata);
-    if evidence::enabled_for(app, &a.id.tenant).await? {
-        let ids = crate::ops::evidence::of_reservation(&app.store, &a.keys, &a.id.token).await?;
-        detail.evidence = evidence::reservation_refs(app, &ids);
+    if let Some(ids) = &stored.evidence {
+        detail.evidence = evidence::reservation_refs(app, ids);
     }
     Ok(Answer::json(200, &detail))
 }

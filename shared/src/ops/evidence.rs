@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 
 use crate::error::ApiResult;
 use crate::keys::{self, TenantKeys};
-use crate::store::Store;
+use crate::store::{Conn, Store};
 
 /// Where the evidence id of one operation's first answer is kept.
 #[derive(Debug, Clone)]
@@ -34,40 +34,35 @@ impl Slot {
     }
 }
 
-/// Stores an envelope (kept `retention`) and its replay slot, both writes in flight at once.
+/// Stores an envelope (kept `retention`) and its replay slot in one more round trip: one
+/// pipeline on a standalone server; on a cluster (the envelope's key and the tenant's slot
+/// live on different nodes) two requests in flight at once.
 pub async fn save(store: &Store, id: &str, envelope: &str, slot: &Slot, retention: Duration) -> ApiResult<()> {
     let ms = retention.as_millis() as u64;
-    let mut envelopes = store.conn();
-    let put = async move {
-        let _: () = redis::cmd("SET")
-            .arg(keys::evidence(id))
-            .arg(envelope)
-            .arg("PX")
-            .arg(ms)
-            .query_async(&mut envelopes)
-            .await?;
-        Ok::<(), redis::RedisError>(())
-    };
-    let mut refs = store.conn();
-    let remember = async move {
-        match slot {
-            Slot::Reservation { key, field } => {
-                let _: () = redis::pipe()
-                    .hset(key, *field, id)
-                    .ignore()
-                    .pexpire(key, ms as i64)
-                    .ignore()
-                    .query_async(&mut refs)
-                    .await?;
-            }
-            Slot::Record(key) => {
-                let _: () = redis::cmd("SET").arg(key).arg(id).arg("PX").arg(ms).query_async(&mut refs).await?;
-            }
-            Slot::None => {}
+    let mut put = redis::pipe();
+    put.cmd("SET").arg(keys::evidence(id)).arg(envelope).arg("PX").arg(ms).ignore();
+    let mut remember = redis::pipe();
+    match slot {
+        Slot::Reservation { key, field } => {
+            remember.hset(key, *field, id).ignore().pexpire(key, ms as i64).ignore();
         }
-        Ok::<(), redis::RedisError>(())
-    };
-    tokio::try_join!(put, remember)?;
+        Slot::Record(key) => {
+            remember.cmd("SET").arg(key).arg(id).arg("PX").arg(ms).ignore();
+        }
+        Slot::None => {}
+    }
+    let mut conn = store.conn();
+    if matches!(conn, Conn::Single(_)) {
+        for cmd in remember.cmd_iter() {
+            put.add_command(cmd.clone()).ignore();
+        }
+        let _: () = put.query_async(&mut conn).await?;
+        return Ok(());
+    }
+    let mut other = store.conn();
+    let (a, b) = tokio::join!(put.query_async::<()>(&mut conn), remember.query_async::<()>(&mut other));
+    a?;
+    b?;
     Ok(())
 }
 
@@ -78,11 +73,6 @@ pub async fn recorded(store: &Store, slot: &Slot) -> ApiResult<Option<String>> {
         Slot::Record(key) => store.conn().get(key).await?,
         Slot::None => None,
     })
-}
-
-/// A reservation's evidence ids by operation.
-pub async fn of_reservation(store: &Store, keys: &TenantKeys, token: &str) -> ApiResult<HashMap<String, String>> {
-    Ok(store.conn().hgetall(keys.reservation_evidence(token)).await?)
 }
 
 /// The evidence ids of many reservations (one pipeline).

@@ -194,8 +194,8 @@ script! {
     /// Read one reservation (`lua/get_reservation.lua`); status OVERDUE when it is past its
     /// expiry and grace (nothing else in the answer then).
     pub struct GetReservation = get_reservation read_only -> Stored {
-        keys: [auth, reservation, meta],
-        args: [digest, accepted, reservation_id],
+        keys: [auth, reservation, meta, evidence],
+        args: [digest, accepted, reservation_id, with_evidence],
     }
 }
 
@@ -210,6 +210,9 @@ pub struct Stored {
     pub metadata: Option<String>,
     #[serde(default)]
     pub committed_metadata: Option<String>,
+    /// Operation -> evidence id, when asked for and recorded.
+    #[serde(default)]
+    pub evidence: Option<std::collections::HashMap<String, String>>,
 }
 
 script! {
