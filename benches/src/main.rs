@@ -382,7 +382,32 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     assert_eq!(report.expired, n as u64);
     json!({"finished_reservations": n, "memory_bytes_per_finished_reservation": per_reservation,
         "memory_bytes_per_finished_reservation_by_key": attributed,
-        "expiries": report.expired, "expiries_per_second": (report.expired as f64 / secs).round()})
+        "expiries": report.expired, "expiries_per_second": (report.expired as f64 / secs).round(),
+        "evidence_seal_us": seal_us()})
+}
+
+/// CPU time (µs) of one CyclesEvidence receipt of a typical reserve: the envelope, its JCS
+/// bytes, its id, the Ed25519 signature and the stored text.
+fn seal_us() -> f64 {
+    let (signer, _) = cycles_shared::evidence::Signer::generate("https://bench.invalid/v1", 0);
+    let balance = json!({"scope": "tenant:t", "scope_path": "tenant:t", "remaining": {"unit": "TOKENS", "amount": 999_900},
+        "reserved": {"unit": "TOKENS", "amount": 100}, "spent": {"unit": "TOKENS", "amount": 0},
+        "allocated": {"unit": "TOKENS", "amount": 1_000_000}});
+    let payload = json!({"request": reserve_body(&Tenant { id: "t".into(), key: String::new(), key_id: String::new() }, "k-1"),
+        "response": {"decision": "ALLOW", "reservation_id": "t.abcdefghijklmn.AbCdEfGh", "affected_scopes": ["tenant:t"],
+            "reserved": {"unit": "TOKENS", "amount": 100}, "expires_at_ms": 1_800_000_000_000_i64, "scope_path": "tenant:t",
+            "balances": [balance]}});
+    let rounds = 2_000;
+    let started = Instant::now();
+    for i in 0..rounds {
+        std::hint::black_box(signer.seal(
+            "reserve",
+            payload.clone(),
+            1_800_000_000_000 + i,
+            "0af7651916cd43dd8448eb211c80319c",
+        ));
+    }
+    (started.elapsed().as_secs_f64() * 1e6 / rounds as f64 * 10.0).round() / 10.0
 }
 
 /// Redis server time (ms) of every command since the last `CONFIG RESETSTAT` (the stats
@@ -509,7 +534,14 @@ async fn webhook_latency(h: &Harness, o: &Opts, tar_pit: bool) -> Value {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let o = opts();
-    let h = Harness::start_isolated().await;
+    // CyclesEvidence for the tenants that ask for it (`tenant` mode), so one run measures
+    // receipts beside the unchanged cases (every other tenant has none)
+    let h = Harness::start_isolated_configured(|c| {
+        c.evidence.mode = cycles_shared::config::EvidenceMode::Tenant;
+        let (signer, _) = cycles_shared::evidence::Signer::generate("https://bench.invalid/v1", 0);
+        c.evidence.signer = Some(signer);
+    })
+    .await;
     if let Some(dir) = &o.lambda_smoke {
         // the deployed shape: the shared artifact answers as a few functions, then stop
         let functions = ["health-live", "create-tenant", "create-reservation", "commit-reservation", "list-audit-logs"];
@@ -555,7 +587,17 @@ async fn main() {
         "risk_class_quotas": [{"risk_class": "side_effect", "max_calls": 100_000, "window": "per_hour_tumbling"}],
         "action_quotas": [{"action_kind": "llm.completion", "max_calls": 100_000, "window": "per_day_tumbling"}]});
     assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201, "quota policy");
-    let (h, a, lt, pt, qt) = (&h, &a, &lt, &pt, &qt);
+    // a tenant with receipts on: the same calls as tenant `a`'s, each with its signed envelope
+    let et = h.tenant().await;
+    h.budget_with(NewBudget {
+        overdraft_limit: 100_000,
+        ..NewBudget::new(&et.id, &format!("tenant:{}", et.id), Unit::Tokens, 1_000_000_000)
+    })
+    .await;
+    let on = json!({"evidence_enabled": true});
+    assert_eq!(h.admin("PATCH", &format!("/v1/admin/tenants/{}", et.id), Some(&on)).await.status, 200);
+    let evidence_commit_ids = pre_create(&h, &et, "ec", n).await;
+    let (h, a, lt, pt, qt, et) = (&h, &a, &lt, &pt, &qt, &et);
     let mut ops: Vec<(&str, Op)> = vec![
         // Floors: HTTP without Redis, one trivial EVALSHA from this process, and both together.
         (
@@ -589,6 +631,29 @@ async fn main() {
             Box::new(|i| {
                 let id = &commit_ids[i];
                 Box::pin(async move { h.commit(a, id, 80).await.status == 200 })
+            }),
+        ),
+        (
+            "Reserve (evidence)",
+            Box::new(move |i| Box::pin(async move { reserve(h, et, format!("re-{i}")).await.is_some() })),
+        ),
+        (
+            "Commit (evidence)",
+            Box::new(|i| {
+                let id = &evidence_commit_ids[i];
+                Box::pin(async move { h.commit(et, id, 80).await.status == 200 })
+            }),
+        ),
+        (
+            "Decide (evidence)",
+            Box::new(move |i| {
+                Box::pin(async move {
+                    let mut body = reserve_body(et, &format!("de-{i}"));
+                    for f in ["ttl_ms", "overage_policy"] {
+                        body.as_object_mut().unwrap().remove(f);
+                    }
+                    h.post(&et.key, "/v1/decide", &body).await.status == 200
+                })
             }),
         ),
         (

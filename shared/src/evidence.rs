@@ -149,18 +149,45 @@ impl Signer {
 
     /// A signed envelope of `artifact` (decide, reserve, commit, release, error) with its
     /// payload, issued at `now_ms`; None when no key signs at that time.
-    pub fn seal(&self, artifact: &str, payload: Value, now_ms: i64, trace_id: &str) -> Option<Value> {
+    ///
+    /// The canonical bytes are made once, with `evidence_id` and `signature` "": JCS sorts the
+    /// top-level members (artifact_type, evidence_id, issued_at_ms, payload, schema_version,
+    /// server_id, signature, signer_did, trace_id), and a quote inside a string is escaped, so
+    /// the first `"evidence_id":""` and the last `"signature":""` of those bytes are the
+    /// envelope's own, and filling them in place gives the canonical bytes of the filled
+    /// envelope (a test holds it to a full canonicalization).
+    pub fn seal(&self, artifact: &str, payload: Value, now_ms: i64, trace_id: &str) -> Option<Sealed> {
         let key = self.signing_key(now_ms)?;
-        let mut envelope = json!({
+        let envelope = json!({
             "schema_version": SCHEMA_VERSION, "artifact_type": artifact, "server_id": self.server_id,
             "signer_did": self.did(&key.kid), "issued_at_ms": now_ms, "trace_id": trace_id,
             "payload": { artifact: payload }, "evidence_id": "", "signature": "",
         });
-        envelope["evidence_id"] = json!(content_id(&envelope));
-        let signature = key.secret.as_ref()?.sign(&canonical(&envelope));
-        envelope["signature"] = json!(hex::encode(signature.to_bytes()));
-        Some(envelope)
+        let blank = canonical(&envelope);
+        let id = hex::encode(Sha256::digest(&blank));
+        let with_id = fill(&blank, br#""evidence_id":"""#, &id, false);
+        let signature = hex::encode(key.secret.as_ref()?.sign(&with_id).to_bytes());
+        let text = String::from_utf8(fill(&with_id, br#""signature":"""#, &signature, true)).ok()?;
+        Some(Sealed { evidence_id: id, text })
     }
+}
+
+/// A signed envelope: its id, and its canonical JSON (what is stored and served).
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    pub evidence_id: String,
+    pub text: String,
+}
+
+/// `bytes` with the first (or last) `"name":""` given `value`.
+fn fill(bytes: &[u8], empty: &[u8], value: &str, last: bool) -> Vec<u8> {
+    let mut at = bytes.windows(empty.len()).enumerate().filter(|(_, w)| *w == empty).map(|(i, _)| i);
+    let i = if last { at.next_back() } else { at.next() }.expect("the envelope holds the member");
+    let mut out = Vec::with_capacity(bytes.len() + value.len());
+    out.extend_from_slice(&bytes[..i + empty.len() - 1]);
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(&bytes[i + empty.len() - 1..]);
+    out
 }
 
 /// RFC 8785 canonical bytes (numbers as IEEE doubles, as JCS defines them).
@@ -273,6 +300,24 @@ pub fn project(v: &Value, fields: &[&str]) -> Value {
 mod tests {
     use super::*;
 
+    /// The envelope of a sealed text, checked to be its own canonical form.
+    fn open(sealed: Sealed) -> Value {
+        let e: Value = serde_json::from_str(&sealed.text).unwrap();
+        assert_eq!(canonical(&e), sealed.text.as_bytes(), "filled in place = canonicalized whole");
+        assert_eq!(e["evidence_id"], json!(sealed.evidence_id));
+        e
+    }
+
+    #[test]
+    fn nested_members_of_the_same_names_never_confuse_the_fill() {
+        let s = signer();
+        let tricky = json!({"request": {"metadata": {"evidence_id": "", "signature": "", "x": "\"signature\":\"\""}},
+            "response": {"decision": "ALLOW"}});
+        let e = open(s.seal("decide", tricky, 6000, "").unwrap());
+        assert_eq!(e["payload"]["decide"]["request"]["metadata"]["signature"], "");
+        assert_eq!(verify(&e, Some(&s.jwks(6000))), Disposition::Authentic);
+    }
+
     fn signer() -> Signer {
         let keys = r#"[
             {"kid": "old", "private_key": "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
@@ -287,8 +332,8 @@ mod tests {
         let s = signer();
         let jwks = s.jwks(6000);
         let payload = json!({"request": {"idempotency_key": "k"}, "response": {"decision": "ALLOW"}});
-        let old = s.seal("decide", payload.clone(), 4000, "0af7651916cd43dd8448eb211c80319c").unwrap();
-        let new = s.seal("decide", payload, 6000, "0af7651916cd43dd8448eb211c80319c").unwrap();
+        let old = open(s.seal("decide", payload.clone(), 4000, "0af7651916cd43dd8448eb211c80319c").unwrap());
+        let new = open(s.seal("decide", payload, 6000, "0af7651916cd43dd8448eb211c80319c").unwrap());
         assert!(
             old["signer_did"].as_str().unwrap().ends_with("#old")
                 && new["signer_did"].as_str().unwrap().ends_with("#new")
@@ -310,7 +355,7 @@ mod tests {
     fn tampering_and_authority_failures_are_told_apart() {
         let s = signer();
         let jwks = s.jwks(6000);
-        let e = s.seal("decide", json!({"request": {}, "response": {"decision": "DENY"}}), 6000, "").unwrap();
+        let e = open(s.seal("decide", json!({"request": {}, "response": {"decision": "DENY"}}), 6000, "").unwrap());
         let mut changed = e.clone();
         changed["payload"]["decide"]["response"]["decision"] = json!("ALLOW");
         assert_eq!(
@@ -327,7 +372,7 @@ mod tests {
         assert_eq!(verify(&other_server, Some(&jwks)), Disposition::SignerAuthorityFailed, "the DID binds the server");
         assert_eq!(verify(&e, None), Disposition::SignerResolutionFailed);
         // outside every window of its key
-        let early = s.seal("decide", json!({}), 6000, "").unwrap();
+        let early = open(s.seal("decide", json!({}), 6000, "").unwrap());
         let mut narrow = jwks.clone();
         narrow["keys"][1]["cycles_nbf_ms"] = json!(7000);
         assert_eq!(verify(&early, Some(&narrow)), Disposition::SignerAuthorityFailed);

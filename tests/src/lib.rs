@@ -229,8 +229,13 @@ impl Harness {
     /// single-threaded runtime and Redis connection, as one Lambda container would (`lambda::start`).
     /// The benchmarks use it, so the load generator and the server never share a scheduler.
     pub async fn start_isolated() -> Harness {
+        Self::start_isolated_configured(|_| {}).await
+    }
+
+    /// `start_isolated` with the server's configuration adjusted by `configure`.
+    pub async fn start_isolated_configured(configure: impl FnOnce(&mut Config) + Send + 'static) -> Harness {
         let (url, embedded, container) = redis_for_tests().await;
-        let mut h = Self::start_with(url, embedded, true, |_| {}).await;
+        let mut h = Self::start_with(url, embedded, true, configure).await;
         h._container = container;
         h
     }

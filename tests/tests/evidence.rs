@@ -75,7 +75,11 @@ async fn every_evaluated_operation_gets_a_verifiable_receipt() {
     let d = h.post(&t.key, "/v1/decide", &body).await;
     let e = authentic(&h, &d.assert_ok()["cycles_evidence"]).await;
     assert_eq!(e["artifact_type"], "decide");
-    assert_eq!(e["payload"]["decide"]["request"]["action"], json!({"kind": "llm.completion", "name": "m"}), "mirror fields only");
+    assert_eq!(
+        e["payload"]["decide"]["request"]["action"],
+        json!({"kind": "llm.completion", "name": "m"}),
+        "mirror fields only"
+    );
     assert_eq!(e["payload"]["decide"]["response"]["decision"], "ALLOW");
     // live reserve: the response without transport fields
     let r = h.reserve(&t, 100, json!({})).await;
@@ -88,7 +92,10 @@ async fn every_evaluated_operation_gets_a_verifiable_receipt() {
     // commit: the reservation id hoisted into the payload
     let c = h.commit(&t, rid, 60).await;
     let e = authentic(&h, &c.assert_ok()["cycles_evidence"]).await;
-    assert_eq!((e["artifact_type"].as_str(), e["payload"]["commit"]["reservation_id"].as_str()), (Some("commit"), Some(rid)));
+    assert_eq!(
+        (e["artifact_type"].as_str(), e["payload"]["commit"]["reservation_id"].as_str()),
+        (Some("commit"), Some(rid))
+    );
     assert_eq!(e["payload"]["commit"]["response"]["charged"]["amount"], 60);
     // release
     let rid2 = h.reserve_ok(&t, 10, json!({})).await;
@@ -210,7 +217,10 @@ async fn a_key_rotation_keeps_earlier_receipts_verifiable() {
     assert_eq!(old_again, old_envelope);
     assert_eq!(verify(&old_again, Some(&jwks)), Disposition::Authentic, "signed before the rotation: still authentic");
     let keys = jwks["keys"].as_array().unwrap();
-    assert_eq!((keys.len(), keys[0]["status"].as_str(), keys[0]["cycles_exp_ms"].as_i64()), (2, Some("retired"), Some(now)));
+    assert_eq!(
+        (keys.len(), keys[0]["status"].as_str(), keys[0]["cycles_exp_ms"].as_i64()),
+        (2, Some("retired"), Some(now))
+    );
     let after = h2.reserve(&t, 1, json!({})).await.assert_ok()["cycles_evidence"].clone();
     let e = authentic(&h2, &after).await;
     assert!(e["signer_did"].as_str().unwrap().ends_with("#k2"));

@@ -131,14 +131,12 @@ pub struct Receipt {
 async fn issue(app: &App, ctx: &Ctx, r: Receipt) -> Option<Value> {
     let signer = app.config.evidence.signer.as_ref()?;
     let now = crate::domain::now_ms();
-    let Some(envelope) = signer.seal(r.artifact, r.payload, now, &ctx.trace.trace_id) else {
+    let Some(sealed) = signer.seal(r.artifact, r.payload, now, &ctx.trace.trace_id) else {
         tracing::error!(request_id = %ctx.request_id, "no evidence signing key is in force; the answer carries no receipt");
         return None;
     };
-    let id = envelope["evidence_id"].as_str().unwrap_or_default().to_string();
-    let text = String::from_utf8(crate::evidence::canonical(&envelope)).expect("canonical JSON is UTF-8");
-    match store::save(&app.store, &id, &text, &r.slot, app.config.evidence.retention).await {
-        Ok(()) => Some(reference(app, &id)),
+    match store::save(&app.store, &sealed.evidence_id, &sealed.text, &r.slot, app.config.evidence.retention).await {
+        Ok(()) => Some(reference(app, &sealed.evidence_id)),
         Err(e) => {
             tracing::error!(request_id = %ctx.request_id, error = %e.message, "could not store an evidence envelope");
             None
@@ -155,20 +153,32 @@ pub async fn attach(
     replayed: bool,
     body: &mut Value,
     make: impl FnOnce(&Value) -> Receipt,
-) -> ApiResult<()> {
-    if !enabled_for(app, tenant).await? {
-        return Ok(());
+) {
+    // The operation has happened: a store that cannot tell the switch or the first receipt
+    // costs the receipt (logged), never the answer.
+    let quiet =
+        |e: ApiError| tracing::warn!(request_id = %ctx.request_id, error = %e.message, "no receipt for this answer");
+    if !enabled_for(app, tenant).await.unwrap_or_else(|e| {
+        quiet(e);
+        false
+    }) {
+        return;
     }
     let r = make(body);
     let reference = if replayed {
-        store::recorded(&app.store, &r.slot).await?.map(|id| reference(app, &id))
+        match store::recorded(&app.store, &r.slot).await {
+            Ok(id) => id.map(|id| reference(app, &id)),
+            Err(e) => {
+                quiet(e);
+                None
+            }
+        }
     } else {
         issue(app, ctx, r).await
     };
     if let Some(r) = reference {
         body["cycles_evidence"] = r;
     }
-    Ok(())
 }
 
 /// An `error` receipt for a denial of `endpoint` (the attested error body is the one the

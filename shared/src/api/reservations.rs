@@ -239,7 +239,7 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
             "response": project(b, mirror::RESERVE_RESPONSE)}),
         slot: Slot::reservation(&keys, &token, "reserve"),
     })
-    .await?;
+    .await;
     Ok(deprecated_kind(Answer::json(200, &body).replayed(reply.replay), &g))
 }
 
@@ -388,7 +388,7 @@ async fn dry_run(
                 "response": project(b, mirror::RESERVE_RESPONSE)}),
             slot: Slot::record(&keys, "reserve-dry-run", &r.idempotency_key),
         })
-        .await?;
+        .await;
     }
     Ok(Answer::json(200, &body).replayed(replayed))
 }
@@ -435,7 +435,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
             "response": project(b, mirror::DECISION_RESPONSE)}),
         slot: Slot::record(&keys, "decide", &r.idempotency_key),
     })
-    .await?;
+    .await;
     Ok(deprecated_kind(Answer::json(200, &body).replayed(replayed), &g))
 }
 
@@ -601,7 +601,7 @@ async fn settle_commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<
         balances: Some(balances),
     };
     let mut body = serde_json::to_value(&response).expect("serializable");
-    settlement_receipt(app, ctx, &a, reply.replay, "commit", &raw, &mut body).await?;
+    settlement_receipt(app, ctx, &a, reply.replay, "commit", &raw, &mut body).await;
     Ok(Answer::json(200, &body).replayed(reply.replay))
 }
 
@@ -614,7 +614,7 @@ async fn settlement_receipt(
     artifact: &'static str,
     raw: &Value,
     body: &mut Value,
-) -> ApiResult<()> {
+) {
     let (req_fields, resp_fields) = match artifact {
         "commit" => (mirror::COMMIT_REQUEST, mirror::COMMIT_RESPONSE),
         _ => (mirror::RELEASE_REQUEST, mirror::RELEASE_RESPONSE),
@@ -668,7 +668,7 @@ async fn settle_release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
         balances: Some(balances),
     };
     let mut body = serde_json::to_value(&response).expect("serializable");
-    settlement_receipt(app, ctx, &a, reply.replay, "release", &raw, &mut body).await?;
+    settlement_receipt(app, ctx, &a, reply.replay, "release", &raw, &mut body).await;
     Ok(Answer::json(200, &body).replayed(reply.replay))
 }
 
