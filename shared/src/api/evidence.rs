@@ -138,7 +138,8 @@ async fn issue(app: &App, ctx: &Ctx, r: Receipt) -> Option<Value> {
     match store::save(&app.store, &sealed.evidence_id, &sealed.text, &r.slot, app.config.evidence.retention).await {
         Ok(()) => Some(reference(app, &sealed.evidence_id)),
         Err(e) => {
-            tracing::error!(request_id = %ctx.request_id, error = %e.message, "could not store an evidence envelope");
+            tracing::error!(request_id = %ctx.request_id, error = %e.message, cause = e.cause.as_deref().unwrap_or(""),
+                "could not store an evidence envelope");
             None
         }
     }

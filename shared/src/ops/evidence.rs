@@ -59,8 +59,26 @@ pub async fn save(store: &Store, id: &str, envelope: &str, slot: &Slot, retentio
         let _: () = put.query_async(&mut conn).await?;
         return Ok(());
     }
+    // a cluster routes each request to its slot's node: the envelope's, then the tenant's
+    let envelope_key = keys::evidence(id);
     let mut other = store.conn();
-    let (a, b) = tokio::join!(put.query_async::<()>(&mut conn), remember.query_async::<()>(&mut other));
+    let mut set = redis::cmd("SET");
+    set.arg(&envelope_key).arg(envelope).arg("PX").arg(ms);
+    let put = set.query_async::<()>(&mut conn);
+    let note = async {
+        match slot {
+            Slot::Reservation { key, field } => {
+                let mut p = redis::pipe();
+                p.hset(key, *field, id).pexpire(key, ms as i64);
+                p.query_async::<(i64, i64)>(&mut other).await.map(|_| ())
+            }
+            Slot::Record(key) => {
+                redis::cmd("SET").arg(key).arg(id).arg("PX").arg(ms).query_async::<()>(&mut other).await
+            }
+            Slot::None => Ok(()),
+        }
+    };
+    let (a, b) = tokio::join!(put, note);
     a?;
     b?;
     Ok(())
