@@ -1289,6 +1289,27 @@ local function governance(raw)
   return G
 end
 
+-- A counter's index member in parts: scope, label (the kind, or "__risk__:<class>"), window,
+-- bucket, and `risk`, the class of a risk-class counter.
+local function quota_member(member)
+  local scope, label, window, bucket = string.match(member, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  return {scope = scope, label = label, window = window, bucket = bucket, risk = string.match(label or '', '^__risk__:(.*)$')}
+end
+
+-- The correlation id of a counter's events (threshold, reset): a hash of the tenant, scope,
+-- kind or class, window and window key.
+local function quota_correlation(tenant, m)
+  return redis.sha1hex(tenant .. '|' .. m.scope .. '|' .. (m.risk or m.label) .. '|' .. m.window .. '|' .. m.bucket)
+end
+
+-- The scene's request context (a copy) carrying `correlation_id`.
+local function correlated(sc, correlation_id)
+  local ctx = {}
+  for k, v in pairs(sc.ctx or {}) do ctx[k] = v end
+  ctx.correlation_id = correlation_id
+  return ctx
+end
+
 local function contains(list, v)
   for _, x in ipairs(list or {}) do
     if x == v then return true end
@@ -1351,8 +1372,7 @@ local function action_gate(sc, pol, G, scope_path)
               policy_id = setting.id, risk_class = by_risk and G.risk or nil}
           end
         else
-          staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id, scope = scope,
-            bucket = bucket, label = label, by_risk = by_risk}
+          staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id}
         end
       end
     end
@@ -1406,15 +1426,11 @@ local function count_actions(sc, staged)
       end
     end
     if n / q.n >= q.th and s.used / q.n < q.th and redis.call('HSETNX', s.key, 'al', '1') == 1 then
-      local kind = s.by_risk and '__risk__' or s.label
-      local ctx = {}
-      for k, v in pairs(sc.ctx or {}) do ctx[k] = v end
-      ctx.correlation_id = redis.sha1hex(sc.name .. '|' .. s.scope .. '|' .. (s.by_risk and string.sub(s.label, 10) or
-        s.label) .. '|' .. q.w .. '|' .. s.bucket)
-      emit(sc.events, 'quota.threshold_approaching', sc.name, s.scope, ctx, 'cycles-server', cjson.encode({
-        scope = s.scope, action_kind = kind, risk_class = s.by_risk and string.sub(s.label, 10) or nil, window = q.w,
-        window_key = s.bucket, used = n, limit = q.n, threshold_pct = q.th, policy_id = s.policy, tenant_id = sc.name}),
-        sc.now)
+      local m = quota_member(s.member)
+      emit(sc.events, 'quota.threshold_approaching', sc.name, m.scope, correlated(sc, quota_correlation(sc.name, m)),
+        'cycles-server', cjson.encode({scope = m.scope, action_kind = m.risk and '__risk__' or m.label,
+        risk_class = m.risk, window = m.window, window_key = m.bucket, used = n, limit = q.n, threshold_pct = q.th,
+        policy_id = s.policy, tenant_id = sc.name}), sc.now)
     end
   end
   return runs
@@ -1443,6 +1459,13 @@ local function deny_detail(reason, e, A, tenant)
   return d
 end
 
+-- A live reserve's refusal with DenyDetail `d` (of evaluation `e`, when budgets refused):
+-- reservation.denied, and the error carrying the detail.
+local function refused(sc, e, A, d, message)
+  denied_event(sc, e, d.reason_code, A, d)
+  return err(d.reason_code, message, '{"deny_detail":' .. detail_json(d) .. '}')
+end
+
 -- The effective observe mode: the request's, else the tenant's OBSERVE; DISABLED is ENFORCE.
 local function observing(G, tenant)
   if G and G.observe ~= '' then return G.observe == 'OBSERVE' end
@@ -1452,8 +1475,7 @@ end
 -- reservation.observed_denied / observed_allowed of an observe-mode evaluation.
 local function observed_event(sc, A, G, result, scope_path)
   local denied = result.decision == 'DENY'
-  local ctx = {}
-  for k, v in pairs(sc.ctx or {}) do ctx[k] = v end
+  local correlation
   local data = '{"observe_mode":"OBSERVE","unit":"' .. A.unit .. '","estimated_amount":' .. A.amount .. ',"action":' ..
     A.action .. ',"subject":' .. A.subject
   local scope = scope_path
@@ -1461,18 +1483,18 @@ local function observed_event(sc, A, G, result, scope_path)
     local d = result.deny_detail
     scope = d.blocked_by_scope or scope_path
     local v = d.quota_violation or {}
-    ctx.correlation_id = redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.kind .. '|' .. (v.window_key or '') .. '|' ..
+    correlation = redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.kind .. '|' .. (v.window_key or '') .. '|' ..
       d.reason_code .. '|' .. (d.blocked_by_policy or ''))
     data = data .. ',"scope":' .. cjson.encode(scope) .. ',"deny_detail":' .. detail_json(d) ..
       ',"would_have_blocked_at":' .. cjson.encode(scope) .. '}'
   else
-    ctx.correlation_id = (G.run ~= '') and redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.run) or nil
+    correlation = (G.run ~= '') and redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.run) or nil
     data = data .. ',"scope":' .. cjson.encode(scope) .. ',"decision":"' .. result.decision .. '"' ..
       (result.caps and (',"caps_applied":' .. result.caps) or '') ..
       (G.rate and (',"sample_rate":' .. G.rate) or '') .. '}'
   end
-  emit(sc.events, denied and 'reservation.observed_denied' or 'reservation.observed_allowed', sc.name, scope, ctx,
-    'cycles-server', data, sc.now)
+  emit(sc.events, denied and 'reservation.observed_denied' or 'reservation.observed_allowed', sc.name, scope,
+    correlated(sc, correlation), 'cycles-server', data, sc.now)
 end
 
 -- Evaluation without a reservation (dry_run, decide, and a reserve in observe mode): the

@@ -16,16 +16,16 @@ while #rows <= limit and seen < examine do
   for _, member in ipairs(batch) do
     seen = seen + 1
     last = member
-    local scope, label, window, bucket = string.match(member, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+    local m = quota_member(member)
     local f = redis.call('HMGET', prefix .. ':q:' .. member, 'n', 'lim', 'pol', 'last')
     if not f[1] then
       redis.call('ZREM', K.index, member)
       redis.call('ZREM', K.due, member)
-    elseif (A.kind == '' or A.kind == label or (A.kind == '__risk__' and string.sub(label, 1, 9) == '__risk__:'))
-        and (A.window == '' or A.window == window) and (A.run == '' or (window == 'per_run' and bucket == A.run))
+    elseif (A.kind == '' or A.kind == m.label or (A.kind == '__risk__' and m.risk))
+        and (A.window == '' or A.window == m.window) and (A.run == '' or (m.window == 'per_run' and m.bucket == A.run))
         and (A.include_zero == '1' or tonumber(f[1]) > 0) then
-      rows[#rows + 1] = {scope = scope, label = label, window = window, bucket = bucket, used = f[1], limit = f[2],
-        policy = f[3], last = f[4]}
+      rows[#rows + 1] = {scope = m.scope, label = m.label, window = m.window, bucket = m.bucket, used = f[1],
+        limit = f[2], policy = f[3], last = f[4]}
       if #rows > limit then break end
     end
     if seen >= examine then break end

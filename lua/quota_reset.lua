@@ -9,15 +9,14 @@ local previous = tonumber(f[1])
 redis.call('HSET', K.counter, 'n', 0)
 redis.call('HDEL', K.counter, 'al')
 if f[4] then redis.call('PEXPIRE', K.counter, tonumber(f[4])) end
-local scope, label, window, bucket = string.match(A.member, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
-local risk = string.match(label, '^__risk__:(.*)$')
-local data = {scope = scope, action_kind = risk and '__risk__' or label, risk_class = risk, window = window,
-  window_key = bucket, previous_used = previous, limit = tonumber(f[2]), actor_id = A.actor, policy_id = f[3],
+local m = quota_member(A.member)
+local data = {scope = m.scope, action_kind = m.risk and '__risk__' or m.label, risk_class = m.risk, window = m.window,
+  window_key = m.bucket, previous_used = previous, limit = tonumber(f[2]), actor_id = A.actor, policy_id = f[3],
   tenant_id = ctx.tenant}
 if A.reason ~= '' then data.reason = A.reason end
-ctx.correlation_id = redis.sha1hex(ctx.tenant .. '|' .. scope .. '|' .. (risk or label) .. '|' .. window .. '|' .. bucket)
-emit(K.events, 'quota.counter_reset', ctx.tenant, scope, ctx, 'cycles-admin', cjson.encode(data), now)
+ctx.correlation_id = quota_correlation(ctx.tenant, m)
+emit(K.events, 'quota.counter_reset', ctx.tenant, m.scope, ctx, 'cycles-admin', cjson.encode(data), now)
 audit(K.audit_log, ctx, 'quota.counter_reset', 'action_quota_counter', A.member, now,
   {previous_used = previous, reason = (A.reason ~= '') and A.reason or nil})
-return ok({scope = scope, label = label, window = window, bucket = bucket, used = '0', limit = f[2], policy = f[3],
-  last = f[5], previous = tostring(previous)}, '', now_s)
+return ok({scope = m.scope, label = m.label, window = m.window, bucket = m.bucket, used = '0', limit = f[2],
+  policy = f[3], last = f[5], previous = tostring(previous)}, '', now_s)

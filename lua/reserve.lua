@@ -46,10 +46,7 @@ if G then
   local gate, bad
   gate, bad, staged = action_gate(sc, pol, G, scope_path)
   if bad then return bad end
-  if gate then
-    denied_event(sc, nil, gate.reason_code, A, gate)
-    return err(gate.reason_code, gate_message(gate, G.kind), '{"deny_detail":' .. detail_json(gate) .. '}')
-  end
+  if gate then return refused(sc, nil, A, gate, gate_message(gate, G.kind)) end
 end
 local e = evaluate(K.scope_units, K.budgets, A.scopes, unit, amount, sc)
 if e.unit_error then return e.unit_error end
@@ -60,12 +57,8 @@ if e.reason == 'BUDGET_EXCEEDED' and A.reclaimed == '' then
   local overdue = redis.call('ZRANGEBYSCORE', K.expiry_index, '-inf', '(' .. now, 'LIMIT', 0, 50)
   if #overdue > 0 then return ok({reclaim = overdue}, 'RECLAIM', now_s) end
 end
-if e.reason then
-  local detail = deny_detail(e.reason, e, A)
-  denied_event(sc, e, e.reason, A, detail)
-  -- a budget denial moves no counter
-  return err(e.reason, e.message, '{"deny_detail":' .. detail_json(detail) .. '}')
-end
+-- a budget denial moves no counter
+if e.reason then return refused(sc, e, A, deny_detail(e.reason, e, A), e.message) end
 local budgets = e.budgets
 
 -- TTL: request, else a policy's default, else the tenant's; capped by the tenant's maximum

@@ -156,6 +156,15 @@ fn reserve_body(t: &Tenant, key: &str) -> Value {
         "estimate": {"unit": "TOKENS", "amount": 100}, "ttl_ms": 60000, "overage_policy": "REJECT"})
 }
 
+/// A decide of the reserve body (without its reserve-only fields); whether it answered 200.
+async fn decide(h: &Harness, t: &Tenant, key: String) -> bool {
+    let mut body = reserve_body(t, &key);
+    for f in ["ttl_ms", "overage_policy"] {
+        body.as_object_mut().unwrap().remove(f);
+    }
+    h.post(&t.key, "/v1/decide", &body).await.status == 200
+}
+
 async fn reserve(h: &Harness, t: &Tenant, key: String) -> Option<String> {
     let r = h.post(&t.key, "/v1/reservations", &reserve_body(t, &key)).await;
     r.body["reservation_id"].as_str().map(str::to_string)
@@ -644,18 +653,7 @@ async fn main() {
                 Box::pin(async move { h.commit(et, id, 80).await.status == 200 })
             }),
         ),
-        (
-            "Decide (evidence)",
-            Box::new(move |i| {
-                Box::pin(async move {
-                    let mut body = reserve_body(et, &format!("de-{i}"));
-                    for f in ["ttl_ms", "overage_policy"] {
-                        body.as_object_mut().unwrap().remove(f);
-                    }
-                    h.post(&et.key, "/v1/decide", &body).await.status == 200
-                })
-            }),
-        ),
+        ("Decide (evidence)", Box::new(move |i| Box::pin(async move { decide(h, et, format!("de-{i}")).await }))),
         (
             "Release",
             Box::new(|i| {
@@ -670,18 +668,7 @@ async fn main() {
                 Box::pin(async move { h.extend(a, id, 10_000).await.status == 200 })
             }),
         ),
-        (
-            "Decide",
-            Box::new(move |i| {
-                Box::pin(async move {
-                    let mut body = reserve_body(a, &format!("d-{i}"));
-                    for f in ["ttl_ms", "overage_policy"] {
-                        body.as_object_mut().unwrap().remove(f);
-                    }
-                    h.post(&a.key, "/v1/decide", &body).await.status == 200
-                })
-            }),
-        ),
+        ("Decide", Box::new(move |i| Box::pin(async move { decide(h, a, format!("d-{i}")).await }))),
         (
             "Reserve+Commit",
             Box::new(move |i| {

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{parse_query, Answer, ApiRequest, App, Ctx};
+use super::{parse_query, throttle_public, Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::{registry, RISK_CLASSES};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
@@ -39,7 +39,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     if req.headers.get("if-none-match").and_then(|v| v.to_str().ok()).is_some_and(|v| matches_etag(v, &r.etag)) {
         return Ok(Answer::empty(304).with_header("etag", r.etag.clone()));
     }
-    throttle(app, ctx).await?;
+    throttle_public(app, ctx).await?;
     let kinds = r.select(risk_class, deprecated);
     let page: Vec<_> = kinds.iter().skip(start).take(limit).collect();
     let mut body = json!({"version": r.version, "kinds": page, "has_more": start + limit < kinds.len()});
@@ -52,7 +52,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
 }
 
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    throttle(app, ctx).await?;
+    throttle_public(app, ctx).await?;
     match registry().get(req.param("kind")) {
         Some(kind) => Ok(Answer::json(200, kind).with_header("cache-control", "public, max-age=3600".to_string())),
         None => Err(ApiError::new(
@@ -65,20 +65,4 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
 /// `If-None-Match`: `*`, or a list of entity tags (weak or strong) one of which is ours.
 fn matches_etag(header: &str, etag: &str) -> bool {
     header.split(',').map(str::trim).any(|t| t == "*" || t.trim_start_matches("W/") == etag)
-}
-
-/// One more request of the caller's address this minute to a public route (the registry, the
-/// evidence routes); 429 beyond the limit.
-pub(super) async fn throttle(app: &App, ctx: &Ctx) -> ApiResult<()> {
-    let limit = app.config.public_rate_limit;
-    if limit == 0 {
-        return Ok(());
-    }
-    let now = crate::domain::now_ms();
-    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), now / 60_000);
-    let count = app.store.run(crate::ops::auth::CountMinute { counter }).await?.value.count;
-    if count <= limit {
-        return Ok(());
-    }
-    Err(ApiError::minute_limit(limit, "Too many requests from this address", now))
 }

@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::action_kinds::throttle;
-use super::{Answer, ApiRequest, App, Ctx};
+use super::{throttle_public, Answer, ApiRequest, App, Ctx};
 use crate::config::EvidenceMode;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ops::evidence::{self as store, Slot};
@@ -117,25 +116,17 @@ pub fn reservation_refs(app: &App, ids: &std::collections::HashMap<String, Strin
     (!refs.is_empty()).then_some(Value::Object(refs))
 }
 
-/// What one receipt attests.
-pub struct Receipt {
-    pub artifact: &'static str,
-    /// The payload of the artifact (request, response, reservation_id ...).
-    pub payload: Value,
-    /// Where a replay finds it.
-    pub slot: Slot,
-}
-
-/// Signs and stores a receipt; its reference, or None when it could not be made (the answer
-/// stands without one: the operation happened; the cause is logged).
-async fn issue(app: &App, ctx: &Ctx, r: Receipt) -> Option<Value> {
+/// Signs and stores a receipt of `artifact` with `payload`; its reference, or None when it
+/// could not be made (the answer stands without one: the operation happened; the cause is
+/// logged).
+async fn issue(app: &App, ctx: &Ctx, artifact: &str, payload: Value, slot: &Slot) -> Option<Value> {
     let signer = app.config.evidence.signer.as_ref()?;
     let now = crate::domain::now_ms();
-    let Some(sealed) = signer.seal(r.artifact, r.payload, now, &ctx.trace.trace_id) else {
+    let Some(sealed) = signer.seal(artifact, payload, now, &ctx.trace.trace_id) else {
         tracing::error!(request_id = %ctx.request_id, "no evidence signing key is in force; the answer carries no receipt");
         return None;
     };
-    match store::save(&app.store, &sealed.evidence_id, &sealed.text, &r.slot, app.config.evidence.retention).await {
+    match store::save(&app.store, &sealed.evidence_id, &sealed.text, slot, app.config.evidence.retention).await {
         Ok(()) => Some(reference(app, &sealed.evidence_id)),
         Err(e) => {
             tracing::error!(request_id = %ctx.request_id, error = %e.message, cause = e.cause.as_deref().unwrap_or(""),
@@ -145,16 +136,21 @@ async fn issue(app: &App, ctx: &Ctx, r: Receipt) -> Option<Value> {
     }
 }
 
-/// Adds `cycles_evidence` to a success answer `body` of `tenant`: a replay's first reference,
-/// else a fresh receipt (`make` builds it from the body, which has no transport fields yet).
-pub async fn attach(
+/// The 200 answer of an operation of `tenant`, with `cycles_evidence` when the tenant gets
+/// receipts: a replay's first reference (found at `slot`), else a fresh receipt of `artifact`
+/// whose payload `payload` builds from the answer (before any transport field is added).
+/// Without receipts the answer is serialized as it is, nothing more.
+#[allow(clippy::too_many_arguments)]
+pub async fn answer<T: serde::Serialize>(
     app: &App,
     ctx: &Ctx,
     tenant: &str,
     replayed: bool,
-    body: &mut Value,
-    make: impl FnOnce(&Value) -> Receipt,
-) {
+    response: &T,
+    artifact: &'static str,
+    slot: Slot,
+    payload: impl FnOnce(&Value) -> Value,
+) -> Answer {
     // The operation has happened: a store that cannot tell the switch or the first receipt
     // costs the receipt (logged), never the answer.
     let quiet =
@@ -163,11 +159,11 @@ pub async fn attach(
         quiet(e);
         false
     }) {
-        return;
+        return Answer::json(200, response).replayed(replayed);
     }
-    let r = make(body);
+    let mut body = serde_json::to_value(response).expect("responses serialize");
     let reference = if replayed {
-        match store::recorded(&app.store, &r.slot).await {
+        match store::recorded(&app.store, &slot).await {
             Ok(id) => id.map(|id| reference(app, &id)),
             Err(e) => {
                 quiet(e);
@@ -175,11 +171,12 @@ pub async fn attach(
             }
         }
     } else {
-        issue(app, ctx, r).await
+        issue(app, ctx, artifact, payload(&body), &slot).await
     };
     if let Some(r) = reference {
         body["cycles_evidence"] = r;
     }
+    Answer::json(200, &body).replayed(replayed)
 }
 
 /// An `error` receipt for a denial of `endpoint` (the attested error body is the one the
@@ -206,7 +203,7 @@ pub async fn on_error(
     if let Some(id) = reservation_id {
         payload["reservation_id"] = json!(id);
     }
-    e.evidence = issue(app, ctx, Receipt { artifact: "error", payload, slot: Slot::None }).await;
+    e.evidence = issue(app, ctx, "error", payload, &Slot::None).await;
     Err(e)
 }
 
@@ -217,7 +214,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
         return Err(ApiError::invalid("evidence_id must be 64 lowercase hex characters"));
     }
-    throttle(app, ctx).await?;
+    throttle_public(app, ctx).await?;
     let not_found = || ApiError::not_found("No evidence envelope has this id");
     if !app.config.evidence.enabled() {
         return Err(not_found());
@@ -230,7 +227,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
 /// `GET /v1/.well-known/cycles-jwks.json` (getEvidenceJwks): the signer's keys, retired ones
 /// included; 404 when this deployment signs nothing.
 pub async fn jwks(app: &App, ctx: &mut Ctx, _req: &ApiRequest) -> ApiResult<Answer> {
-    throttle(app, ctx).await?;
+    throttle_public(app, ctx).await?;
     let signer = match (&app.config.evidence.signer, app.config.evidence.enabled()) {
         (Some(s), true) => s,
         _ => return Err(ApiError::not_found("This server publishes no evidence key set")),

@@ -561,6 +561,22 @@ fn retry_headers(e: &ApiError) -> Option<[(&'static str, String); 2]> {
     Some([("retry-after", after.max(0).to_string()), ("x-ratelimit-reset", reset.to_string())])
 }
 
+/// One more request of the caller's address this minute to a public route (the registry, the
+/// evidence routes); 429 beyond the limit.
+pub(crate) async fn throttle_public(app: &App, ctx: &Ctx) -> ApiResult<()> {
+    let limit = app.config.public_rate_limit;
+    if limit == 0 {
+        return Ok(());
+    }
+    let now = crate::domain::now_ms();
+    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), now / 60_000);
+    let count = app.store.run(crate::ops::auth::CountMinute { counter }).await?.value.count;
+    if count <= limit {
+        return Ok(());
+    }
+    Err(ApiError::minute_limit(limit, "Too many requests from this address", now))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

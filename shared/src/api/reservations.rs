@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::auth::{unauthorized, Caller, TenantKey};
-use super::evidence::{self, attested_request, mirror, Receipt};
+use super::evidence::{self, attested_request, mirror};
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::kind_info;
 use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
@@ -232,15 +232,12 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         affected_scopes: scopes,
         deny_detail: None,
     };
-    let mut body = serde_json::to_value(&response).expect("serializable");
-    evidence::attach(app, ctx, &caller.tenant, reply.replay, &mut body, |b| Receipt {
-        artifact: "reserve",
-        payload: json!({"request": attested_request(&raw, mirror::RESERVE_REQUEST),
-            "response": project(b, mirror::RESERVE_RESPONSE)}),
-        slot: Slot::reservation(&keys, &token, "reserve"),
+    let slot = Slot::reservation(&keys, &token, "reserve");
+    let answer = evidence::answer(app, ctx, &caller.tenant, reply.replay, &response, "reserve", slot, |b| {
+        json!({"request": attested_request(&raw, mirror::RESERVE_REQUEST), "response": project(b, mirror::RESERVE_RESPONSE)})
     })
     .await;
-    Ok(deprecated_kind(Answer::json(200, &body).replayed(reply.replay), &g))
+    Ok(deprecated_kind(answer, &g))
 }
 
 /// The outcome of an evaluation (dry_run or decide).
@@ -379,18 +376,16 @@ async fn dry_run(
     };
     let ev = evaluate(app, ctx, caller, ask).await?;
     let (replayed, observed) = (ev.replayed, r.observe_mode == Some(ObserveMode::Observe) || ev.observed);
-    let mut body = serde_json::to_value(dry_run_answer(ev, r, scopes)).expect("serializable");
-    if !observed {
-        // (an observed reserve is neither a dry_run nor a hold: no receipt)
-        evidence::attach(app, ctx, &caller.tenant, replayed, &mut body, |b| Receipt {
-            artifact: "reserve",
-            payload: json!({"request": attested_request(raw, mirror::RESERVE_REQUEST),
-                "response": project(b, mirror::RESERVE_RESPONSE)}),
-            slot: Slot::record(&keys, "reserve-dry-run", &r.idempotency_key),
-        })
-        .await;
+    let response = dry_run_answer(ev, r, scopes);
+    if observed {
+        // an observed reserve is neither a dry_run nor a hold: no receipt
+        return Ok(Answer::json(200, &response).replayed(replayed));
     }
-    Ok(Answer::json(200, &body).replayed(replayed))
+    let slot = Slot::record(&keys, "reserve-dry-run", &r.idempotency_key);
+    Ok(evidence::answer(app, ctx, &caller.tenant, replayed, &response, "reserve", slot, |b| {
+        json!({"request": attested_request(raw, mirror::RESERVE_REQUEST), "response": project(b, mirror::RESERVE_RESPONSE)})
+    })
+    .await)
 }
 
 pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -427,16 +422,12 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
         affected_scopes: scopes,
         deny_detail: ev.deny_detail,
     };
-    let mut body = serde_json::to_value(&response).expect("serializable");
-    let keys = TenantKeys::new(&caller.tenant);
-    evidence::attach(app, ctx, &caller.tenant, replayed, &mut body, |b| Receipt {
-        artifact: "decide",
-        payload: json!({"request": attested_request(&raw, mirror::DECISION_REQUEST),
-            "response": project(b, mirror::DECISION_RESPONSE)}),
-        slot: Slot::record(&keys, "decide", &r.idempotency_key),
+    let slot = Slot::record(&TenantKeys::new(&caller.tenant), "decide", &r.idempotency_key);
+    let answer = evidence::answer(app, ctx, &caller.tenant, replayed, &response, "decide", slot, |b| {
+        json!({"request": attested_request(&raw, mirror::DECISION_REQUEST), "response": project(b, mirror::DECISION_RESPONSE)})
     })
     .await;
-    Ok(deprecated_kind(Answer::json(200, &body).replayed(replayed), &g))
+    Ok(deprecated_kind(answer, &g))
 }
 
 /// createEvent: the post-only debit of `actual`, without a reservation (201).
@@ -600,30 +591,27 @@ async fn settle_commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<
         released: settled.released.as_deref().map(int).transpose()?.map(|amount| Amount { unit, amount }),
         balances: Some(balances),
     };
-    let mut body = serde_json::to_value(&response).expect("serializable");
-    settlement_receipt(app, ctx, &a, reply.replay, "commit", &raw, &mut body).await;
-    Ok(Answer::json(200, &body).replayed(reply.replay))
+    Ok(settlement_answer(app, ctx, &a, reply.replay, "commit", &raw, &response).await)
 }
 
-/// The receipt of a commit or a release (its reservation id hoisted into the payload).
-async fn settlement_receipt(
+/// The answer of a commit or a release, with its receipt (the reservation id hoisted into the
+/// payload) when the tenant gets receipts.
+async fn settlement_answer(
     app: &App,
     ctx: &Ctx,
     a: &Addressed,
     replayed: bool,
     artifact: &'static str,
     raw: &Value,
-    body: &mut Value,
-) {
+    response: &impl serde::Serialize,
+) -> Answer {
     let (req_fields, resp_fields) = match artifact {
         "commit" => (mirror::COMMIT_REQUEST, mirror::COMMIT_RESPONSE),
         _ => (mirror::RELEASE_REQUEST, mirror::RELEASE_RESPONSE),
     };
-    evidence::attach(app, ctx, &a.id.tenant, replayed, body, |b| Receipt {
-        artifact,
-        payload: json!({"reservation_id": a.raw, "request": attested_request(raw, req_fields),
-            "response": project(b, resp_fields)}),
-        slot: Slot::reservation(&a.keys, &a.id.token, artifact),
+    let slot = Slot::reservation(&a.keys, &a.id.token, artifact);
+    evidence::answer(app, ctx, &a.id.tenant, replayed, response, artifact, slot, |b| {
+        json!({"reservation_id": a.raw, "request": attested_request(raw, req_fields), "response": project(b, resp_fields)})
     })
     .await
 }
@@ -667,9 +655,7 @@ async fn settle_release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
         released: Amount { unit, amount: int(released)? },
         balances: Some(balances),
     };
-    let mut body = serde_json::to_value(&response).expect("serializable");
-    settlement_receipt(app, ctx, &a, reply.replay, "release", &raw, &mut body).await;
-    Ok(Answer::json(200, &body).replayed(reply.replay))
+    Ok(settlement_answer(app, ctx, &a, reply.replay, "release", &raw, &response).await)
 }
 
 pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {

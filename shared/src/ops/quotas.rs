@@ -61,14 +61,10 @@ pub async fn live(
     let call = ListCounters {
         index: keys.quota_index(),
         due: keys.quota_due(),
-        after: String::new(),
-        scope: String::new(),
-        kind: String::new(),
-        window: String::new(),
-        run: String::new(),
         include_zero: "0".into(),
         limit: examine.to_string(),
         examine: examine.to_string(),
+        ..Default::default()
     };
     Ok(store.run(call).await?.value.rows)
 }
