@@ -205,8 +205,11 @@ async fn a_key_rotation_keeps_earlier_receipts_verifiable() {
     let before = h.reserve(&t, 1, json!({})).await.assert_ok()["cycles_evidence"].clone();
     let (old_envelope, _) = fetch(&h, &before).await;
     assert!(old_envelope["signer_did"].as_str().unwrap().ends_with("#k1"));
-    // redeploy: k1 retired now (its private half gone), k2 signs from now on
+    // redeploy: k1 retired now (its private half gone), k2 signs from now on; `now` must be
+    // past the receipt's millisecond (windows are half-open)
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     let now = cycles_shared::domain::now_ms();
+    assert!(old_envelope["issued_at_ms"].as_i64().unwrap() < now);
     let old_public = hex::encode(Signer::from_config(SERVER, &one_key()).unwrap().keys[0].public.as_bytes());
     let rotated = format!(
         r#"[{{"kid": "k1", "public_key": "{old_public}", "nbf_ms": 0, "exp_ms": {now}}},
