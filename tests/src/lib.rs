@@ -550,6 +550,15 @@ impl Harness {
 }
 
 /// Shallow-merges `extra` (an object) into `body`; a `null` value removes the field.
+/// Waits out the last `margin_ms` of the current calendar window of `period_ms` (a minute, an
+/// hour), so a test's requests all fall in one window of a quota or rate limit.
+pub async fn early_in_a_window(period_ms: i64, margin_ms: i64) {
+    let into = cycles_shared::domain::now_ms() % period_ms;
+    if into > period_ms - margin_ms {
+        tokio::time::sleep(std::time::Duration::from_millis((period_ms - into + 100) as u64)).await;
+    }
+}
+
 pub fn merge(body: &mut Value, extra: Value) {
     if let Value::Object(extra) = extra {
         for (k, v) in extra {

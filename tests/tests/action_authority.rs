@@ -12,6 +12,7 @@ use serde_json::Value;
 
 const POLICIES: &str = "/v1/admin/policies";
 const COUNTERS: &str = "/v1/admin/action-quota-counters";
+const HOUR: i64 = 3_600_000;
 
 async fn policy(h: &Harness, t: &Tenant, body: Value) -> Value {
     let mut body = body;
@@ -37,14 +38,6 @@ async fn policy_ids(h: &Harness, t: &Tenant, q: &str) -> Vec<String> {
 
 fn kind(k: &str) -> Value {
     json!({"action": {"kind": k, "name": "tool"}})
-}
-
-/// Waits out the last seconds of a calendar minute, so a test's requests share one window.
-async fn early_in_a_minute() {
-    let now = cycles_shared::domain::now_ms();
-    if now % 60_000 > 45_000 {
-        tokio::time::sleep(Duration::from_millis((60_000 - now % 60_000 + 100) as u64)).await;
-    }
 }
 
 async fn reserve_run(h: &Harness, t: &Tenant, k: &str, run: &str, extra: Value) -> Resp {
@@ -148,6 +141,7 @@ async fn a_tenant_observe_mode_is_kept_changed_and_filtered() {
 
 #[tokio::test]
 async fn access_lists_are_a_hard_gate_before_quotas_and_budgets() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     let deny = policy(&h, &t, json!({"priority": 1, "denied_action_kinds": ["code.exec.shell"]})).await;
@@ -211,7 +205,7 @@ async fn a_per_minute_quota_counts_holds_and_a_quota_denial_touches_no_balance()
         "window": "per_minute_tumbling"}]}),
     )
     .await;
-    early_in_a_minute().await;
+    early_in_a_window(60_000, 15_000).await;
     // a budget denial moves no counter
     h.reserve(&t, 500, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
     assert!(counters(&h, &t, "").await.is_empty());
@@ -254,6 +248,7 @@ async fn a_per_minute_quota_counts_holds_and_a_quota_denial_touches_no_balance()
 
 #[tokio::test]
 async fn risk_class_quotas_aggregate_their_class_and_are_checked_first() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     policy(
@@ -286,6 +281,7 @@ async fn risk_class_quotas_aggregate_their_class_and_are_checked_first() {
 
 #[tokio::test]
 async fn per_run_quotas_need_the_run_id_and_give_uncommitted_calls_back() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     policy(
@@ -330,6 +326,7 @@ async fn per_run_quotas_need_the_run_id_and_give_uncommitted_calls_back() {
 
 #[tokio::test]
 async fn allowlists_scope_a_quota_by_the_kinds_declared_policy_keys() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     policy(&h, &t, json!({"action_quotas": [
@@ -364,6 +361,7 @@ async fn allowlists_scope_a_quota_by_the_kinds_declared_policy_keys() {
 
 #[tokio::test]
 async fn observe_mode_evaluates_fully_changes_nothing_and_reports() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(100).await;
     policy(
@@ -444,6 +442,7 @@ async fn observe_mode_evaluates_fully_changes_nothing_and_reports() {
 
 #[tokio::test]
 async fn threshold_approaching_is_announced_once_and_an_operator_can_reset_a_counter() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     policy(
@@ -511,6 +510,7 @@ async fn threshold_approaching_is_announced_once_and_an_operator_can_reset_a_cou
 
 #[tokio::test]
 async fn counters_are_read_by_permission_in_bounded_pages() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     policy(&h, &t, json!({"action_quotas": [{"action_kind": "web.search", "max_calls": 9, "window": "per_run"}]}))
@@ -553,6 +553,7 @@ async fn counters_are_read_by_permission_in_bounded_pages() {
 
 #[tokio::test]
 async fn custom_kinds_must_be_declared_and_unregistered_kinds_are_side_effects() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start_configured(|c| {
         c.custom_action_kinds = cycles_shared::domain::action_kinds::parse_custom_kinds(
             r#"[{"kind": "custom.acme.erp.post", "risk_class": "high_risk"}]"#,
@@ -625,6 +626,7 @@ async fn v0_1_25_answers_keep_their_shape_unless_v0_1_26_is_in_play() {
 
 #[tokio::test]
 async fn quotas_come_from_the_top_policy_report_the_least_headroom_and_keep_counting_across_edits() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start().await;
     let t = h.funded(1000).await;
     // a lower-priority policy's stricter quota on the same kind is not merged in
@@ -670,6 +672,7 @@ async fn quotas_come_from_the_top_policy_report_the_least_headroom_and_keep_coun
 
 #[tokio::test]
 async fn observed_allows_are_sampled_and_say_so() {
+    early_in_a_window(HOUR, 15_000).await; // hour and day windows: one instance per test
     let h = Harness::start_configured(|c| c.observe_allow_sample_rate = 0.5).await;
     let t = h.funded(1_000_000).await;
     for _ in 0..40 {

@@ -138,6 +138,7 @@ async fn spending_far_over_the_baseline_is_a_burn_rate_anomaly() {
     let root = format!("tenant:{}", t.id);
     // five windows of history at 10 per window (staged: windows are minutes long)
     let w = 300_000;
+    early_in_a_window(w, 10_000).await;
     let start = now_ms() - now_ms() % w;
     h.set_budget(&t.id, &root, Unit::Tokens, &[("burn", &format!("{start}:0:10:5:0"))]).await;
     let rid = h.reserve_ok(&t, 25, json!({})).await;

@@ -19,14 +19,6 @@ async fn patch(h: &Harness, id: &str, body: Value) -> Resp {
     h.admin("PATCH", &format!("{PATH}/{id}"), Some(&body)).await
 }
 
-/// Waits out the last seconds of a calendar minute, so a test's requests share one window.
-async fn early_in_a_minute() {
-    let now = cycles_shared::domain::now_ms();
-    if now % 60_000 > 50_000 {
-        tokio::time::sleep(std::time::Duration::from_millis((60_000 - now % 60_000 + 100) as u64)).await;
-    }
-}
-
 #[tokio::test]
 async fn policies_are_created_listed_and_updated_under_both_auth_modes() {
     let h = Harness::start().await;
@@ -269,7 +261,7 @@ async fn rate_limits_answer_429_and_touch_nothing() {
             "rate_limits": {"max_reservations_per_minute": 2, "max_commits_per_minute": 1}}),
     )
     .await;
-    early_in_a_minute().await;
+    early_in_a_window(60_000, 15_000).await;
     let bot = json!({"subject": {"tenant": t.id, "agent": "bot"}});
     let a = h.reserve_ok(&t, 10, bot.clone()).await;
     let b = h.reserve_ok(&t, 10, bot.clone()).await;
