@@ -234,6 +234,7 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
 
 #[tokio::test]
 async fn repeated_failures_are_throttled_on_both_planes() {
+    early_in_a_window(60_000, 5_000).await; // the limits count per calendar minute
     let h = Harness::start_configured(|c| c.auth_failure_limit = 3).await;
     let t = h.funded(100).await;
     // a key id failing from one address: the fourth failure in the minute is 429

@@ -240,6 +240,7 @@ async fn a_key_rotation_keeps_earlier_receipts_verifiable() {
 
 #[tokio::test]
 async fn the_public_evidence_routes_are_rate_limited() {
+    early_in_a_window(60_000, 5_000).await; // the limits count per calendar minute
     let h = Harness::start_configured(|c| {
         evidence_on(c, EvidenceMode::On, &one_key());
         c.public_rate_limit = 2;
