@@ -9,6 +9,7 @@
 //! Prints a markdown table (p50/p95/p99/min/max/mean, ops/s, errors, p50 ratio to the service
 //! floor) and optionally writes the same numbers as JSON.
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 mod cold_start;
@@ -540,8 +541,10 @@ async fn webhook_latency(h: &Harness, o: &Opts, tar_pit: bool) -> Value {
 // The load generator runs on one thread and the gateway on another (`start_isolated`), each
 // with its own scheduler, as a client and a Lambda container would: neither pays for the other's
 // thread hand-offs, so the floors and the cases measure the same path.
+// Returns rather than `process::exit`s, so the harness (and the redis-server it started) is
+// dropped on every way out.
 #[tokio::main(flavor = "current_thread")]
-async fn main() {
+async fn main() -> ExitCode {
     let o = opts();
     // CyclesEvidence for the tenants that ask for it (`tenant` mode), so one run measures
     // receipts beside the unchanged cases (every other tenant has none)
@@ -555,10 +558,11 @@ async fn main() {
         // the deployed shape: the shared artifact answers as a few functions, then stop
         let functions = ["health-live", "create-tenant", "create-reservation", "commit-reservation", "list-audit-logs"];
         let ok = cold_start::smoke(std::path::Path::new(dir), &h.redis_url, &functions).await;
-        std::process::exit(if ok { 0 } else { 1 });
+        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
     if let Some(seconds) = o.soak_seconds {
-        return soak::run(std::sync::Arc::new(h), seconds).await;
+        soak::run(std::sync::Arc::new(h), seconds).await;
+        return ExitCode::SUCCESS;
     }
     let a = h.tenant().await;
     h.budget_with(NewBudget {
@@ -852,6 +856,7 @@ async fn main() {
     let errors: usize = cases.iter().chain(&lifecycle).map(|c| c.errors).sum();
     if errors > 0 {
         eprintln!("{errors} requests failed");
-        std::process::exit(1);
+        return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
 }
