@@ -39,46 +39,38 @@ impl Slot {
 /// live on different nodes) two requests in flight at once.
 pub async fn save(store: &Store, id: &str, envelope: &str, slot: &Slot, retention: Duration) -> ApiResult<()> {
     let ms = retention.as_millis() as u64;
-    let mut put = redis::pipe();
-    put.cmd("SET").arg(keys::evidence(id)).arg(envelope).arg("PX").arg(ms).ignore();
+    let mut put = redis::cmd("SET");
+    put.arg(keys::evidence(id)).arg(envelope).arg("PX").arg(ms);
     let mut remember = redis::pipe();
     match slot {
         Slot::Reservation { key, field } => {
-            remember.hset(key, *field, id).ignore().pexpire(key, ms as i64).ignore();
+            remember.hset(key, *field, id).pexpire(key, ms as i64);
         }
         Slot::Record(key) => {
-            remember.cmd("SET").arg(key).arg(id).arg("PX").arg(ms).ignore();
+            remember.cmd("SET").arg(key).arg(id).arg("PX").arg(ms);
         }
         Slot::None => {}
     }
     let mut conn = store.conn();
     if matches!(conn, Conn::Single(_)) {
+        let mut all = redis::pipe();
+        all.add_command(put).ignore();
         for cmd in remember.cmd_iter() {
-            put.add_command(cmd.clone()).ignore();
+            all.add_command(cmd.clone()).ignore();
         }
-        let _: () = put.query_async(&mut conn).await?;
+        let _: () = all.query_async(&mut conn).await?;
         return Ok(());
     }
-    // a cluster routes each request to its slot's node: the envelope's, then the tenant's
-    let envelope_key = keys::evidence(id);
+    // a cluster routes each request to its slot's node (the envelope's, the tenant's), and
+    // refuses a pipeline whose replies are all ignored: two requests in flight at once
     let mut other = store.conn();
-    let mut set = redis::cmd("SET");
-    set.arg(&envelope_key).arg(envelope).arg("PX").arg(ms);
-    let put = set.query_async::<()>(&mut conn);
     let note = async {
         match slot {
-            Slot::Reservation { key, field } => {
-                let mut p = redis::pipe();
-                p.hset(key, *field, id).pexpire(key, ms as i64);
-                p.query_async::<(i64, i64)>(&mut other).await.map(|_| ())
-            }
-            Slot::Record(key) => {
-                redis::cmd("SET").arg(key).arg(id).arg("PX").arg(ms).query_async::<()>(&mut other).await
-            }
             Slot::None => Ok(()),
+            _ => remember.query_async::<redis::Value>(&mut other).await.map(|_| ()),
         }
     };
-    let (a, b) = tokio::join!(put, note);
+    let (a, b) = tokio::join!(put.query_async::<()>(&mut conn), note);
     a?;
     b?;
     Ok(())
