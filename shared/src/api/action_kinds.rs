@@ -5,11 +5,10 @@
 
 use serde_json::json;
 
-use super::{parse_query, throttle_public, Answer, ApiRequest, App, Ctx};
+use super::{parse_limit, parse_query, query_bool, throttle_public, Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::{registry, RISK_CLASSES};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
-const PAGE_DEFAULT: usize = 50;
 const PAGE_MAX: usize = 100;
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
@@ -19,19 +18,8 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     if let Some(c) = risk_class.filter(|c| !RISK_CLASSES.contains(c)) {
         return Err(ApiError::invalid(format!("risk_class {c:?} must be one of {}", RISK_CLASSES.join(", "))));
     }
-    let deprecated = match q.get("deprecated").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(v) => return Err(ApiError::invalid(format!("deprecated {v:?} must be true or false"))),
-    };
-    let limit = match q.get("limit") {
-        None => PAGE_DEFAULT,
-        Some(v) => v
-            .parse()
-            .ok()
-            .filter(|n| (1..=PAGE_MAX).contains(n))
-            .ok_or_else(|| ApiError::invalid(format!("limit {v:?} must be an integer from 1 to {PAGE_MAX}")))?,
-    };
+    let deprecated = query_bool(q.get("deprecated").map(String::as_str), "deprecated")?.unwrap_or(false);
+    let limit = parse_limit(q.get("limit"), PAGE_MAX)?;
     let start = match q.get("cursor") {
         None => 0,
         Some(c) => c.parse::<usize>().map_err(|_| ApiError::invalid("cursor is not one this server issued"))?,

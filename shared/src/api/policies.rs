@@ -6,7 +6,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 use super::admin::*;
-use super::{Answer, ApiRequest, App, Ctx};
+use super::{query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::{is_kind_shaped, is_known, RISK_CLASSES};
 use crate::domain::policies::validate_pattern;
 use crate::domain::{parse_rfc3339_ms, Permission};
@@ -334,12 +334,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
         Some(s) => return Err(ApiError::invalid(format!("status {s:?} is not ACTIVE or DISABLED"))),
     };
     let pattern = q.get("scope_pattern").map(str::to_ascii_lowercase);
-    let has_quotas = match q.get("has_action_quotas") {
-        None => None,
-        Some("true") => Some(true),
-        Some("false") => Some(false),
-        Some(v) => return Err(ApiError::invalid(format!("has_action_quotas {v:?} is not true or false"))),
-    };
+    let has_quotas = query_bool(q.get("has_action_quotas"), "has_action_quotas")?;
     let kind = q.get("references_action_kind");
     let rows = policies::all(&app.store, &tenant)
         .await?

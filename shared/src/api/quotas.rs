@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::admin::*;
-use super::{parse_query, Answer, ApiRequest, App, Ctx};
+use super::{parse_limit, parse_query, query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::RISK_CLASSES;
 use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult};
@@ -47,19 +47,8 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     };
     ctx.tenant = Some(tenant.clone());
     check_window(get("window"))?;
-    let limit = match get("limit") {
-        None => 50,
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=200).contains(n))
-            .ok_or_else(|| ApiError::invalid("limit must be 1 to 200"))?,
-    };
-    let include_zero = match get("include_zero") {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => return Err(ApiError::invalid("include_zero must be true or false")),
-    };
+    let limit = parse_limit(q.get("limit").filter(|v| !v.is_empty()), 200)?;
+    let include_zero = query_bool(get("include_zero"), "include_zero")?.unwrap_or(false);
     if get("run_id").is_some_and(|r| r.chars().count() > 256) {
         return Err(ApiError::invalid("run_id must be at most 256 characters"));
     }
