@@ -5,6 +5,10 @@
 //!       [--lambda-dir target/lambda]   (binary sizes and cold starts of built functions)
 //!   cargo run --release -p cycles-benches -- --lambda-smoke target/lambda
 //!       (the shared artifact answers an API Gateway event as a few functions; exit 1 if not)
+//!   cargo run --release -p cycles-benches -- --baseline REV [--block N] [--rounds N] [--json FILE]
+//!       (this tree beside revision REV: p50 and CPU per request of each process, new/base)
+//!   cargo run --release -p cycles-benches -- --costs [--update-costs]
+//!       (instructions and Redis commands per operation, held against benches/costs.json)
 //!
 //! Prints a markdown table (p50/p95/p99/min/max/mean, ops/s, errors, p50 ratio to the service
 //! floor) and optionally writes the same numbers as JSON.
@@ -13,6 +17,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 mod cold_start;
+mod compare;
+mod costs;
 mod soak;
 
 use cycles_shared::model::Unit;
@@ -29,6 +35,11 @@ struct Opts {
     lambda_smoke: Option<String>,
     soak_seconds: Option<u64>,
     idle_tenants: usize,
+    baseline: Option<String>,
+    block: usize,
+    rounds: usize,
+    costs: bool,
+    update_costs: bool,
 }
 
 fn opts() -> Opts {
@@ -40,6 +51,11 @@ fn opts() -> Opts {
         lambda_smoke: None,
         soak_seconds: None,
         idle_tenants: 100_000,
+        baseline: None,
+        block: 200,
+        rounds: 6,
+        costs: false,
+        update_costs: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -52,6 +68,14 @@ fn opts() -> Opts {
             "--lambda-smoke" => o.lambda_smoke = it.next(),
             "--soak" => o.soak_seconds = it.next().and_then(|v| v.parse().ok()),
             "--idle-tenants" => o.idle_tenants = num(),
+            "--baseline" => o.baseline = it.next(),
+            "--block" => o.block = num(),
+            "--rounds" => o.rounds = num(),
+            "--costs" => o.costs = true,
+            "--update-costs" => {
+                o.costs = true;
+                o.update_costs = true
+            }
             "--bench" => {} // passed by `cargo bench`
             other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
         }
@@ -546,6 +570,13 @@ async fn webhook_latency(h: &Harness, o: &Opts, tar_pit: bool) -> Value {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let o = opts();
+    if let Some(rev) = &o.baseline {
+        let c = compare::CompareOpts { rev: rev.clone(), block: o.block, rounds: o.rounds, json: o.json.clone() };
+        return if compare::compare(&c).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+    if o.costs {
+        return if costs::costs(o.update_costs).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
     // CyclesEvidence for the tenants that ask for it (`tenant` mode), so one run measures
     // receipts beside the unchanged cases (every other tenant has none)
     let h = Harness::start_isolated_configured(|c| {

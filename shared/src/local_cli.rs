@@ -14,7 +14,7 @@ use crate::store::Store;
 const USAGE: &str = "cycles-local: the Cycles runtime and operator APIs on two local ports
 
 USAGE: cycles-local [--port N] [--admin-port N] [--host IP] [--redis-url URL] [--seed-demo]
-                    [--dev-webhooks]
+                    [--dev-webhooks] [--no-background]
 
   --port N         port of the runtime API (default 7878)
   --admin-port N   port of the operator (admin) API (default 7979)
@@ -24,7 +24,9 @@ USAGE: cycles-local [--port N] [--admin-port N] [--host IP] [--redis-url URL] [-
   --seed-demo      create a demo tenant, API key and budget and print curl examples
   --dev-webhooks   development only: webhooks may call http:// and private or loopback
                    endpoints (e.g. a receiver on localhost); without it the deployed
-                   SSRF rules apply";
+                   SSRF rules apply
+  --no-background  serve requests only: no embedded expiry sweep or webhook delivery loop
+                   (what `cycles-bench --costs` measures)";
 
 struct Args {
     port: u16,
@@ -33,6 +35,7 @@ struct Args {
     redis_url: Option<String>,
     seed_demo: bool,
     dev_webhooks: bool,
+    background: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -43,6 +46,7 @@ fn parse_args() -> Result<Args, String> {
         redis_url: None,
         seed_demo: false,
         dev_webhooks: false,
+        background: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -56,6 +60,7 @@ fn parse_args() -> Result<Args, String> {
             "--redis-url" => args.redis_url = Some(value("--redis-url")?),
             "--seed-demo" => args.seed_demo = true,
             "--dev-webhooks" => args.dev_webhooks = true,
+            "--no-background" => args.background = false,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -137,13 +142,16 @@ async fn run(args: Args) -> Result<(), String> {
     if args.seed_demo {
         seed_demo(&app, &base, &admin_base).await?;
     }
-    let dispatcher = Arc::new(crate::jobs::dispatch::Dispatcher::new(app.store.clone(), app.config.webhooks.clone()));
-    tokio::spawn(dispatcher.clone().run_loop(dispatcher.config.interval, None));
-    let sweeper = app.clone();
-    tokio::spawn(async move {
-        let opts = sweeper.config.sweep_options();
-        crate::jobs::sweep::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
-    });
+    if args.background {
+        let dispatcher =
+            Arc::new(crate::jobs::dispatch::Dispatcher::new(app.store.clone(), app.config.webhooks.clone()));
+        tokio::spawn(dispatcher.clone().run_loop(dispatcher.config.interval, None));
+        let sweeper = app.clone();
+        tokio::spawn(async move {
+            let opts = sweeper.config.sweep_options();
+            crate::jobs::sweep::sweep_loop(&sweeper.store, &opts, sweeper.config.sweep_interval, None).await
+        });
+    }
     eprintln!("cycles-local serving the runtime API on {base} and the operator API on {admin_base} (Redis: {url}); Ctrl-C stops it");
     let admin_app = app.clone();
     let admin = tokio::spawn(local::serve(admin_app, admin_listener, Plane::Admin));

@@ -240,6 +240,26 @@ impl Harness {
         h
     }
 
+    /// A harness for a server running elsewhere (another process, another build): its two
+    /// planes' base URLs, its Redis and its admin key. The helpers work as on a harness-started
+    /// server; the dispatcher is this harness's own.
+    pub async fn remote(base: String, admin_base: String, redis_url: String, admin_key: String) -> Harness {
+        let store = Store::connect(&redis_url, Duration::from_secs(5)).await.expect("connect to the server's redis");
+        let webhooks = Config::from_env(Some(&redis_url)).webhooks;
+        Harness {
+            dispatcher: Arc::new(cycles_shared::jobs::dispatch::Dispatcher::new(store.clone(), webhooks)),
+            base,
+            admin_base,
+            store,
+            http: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
+            admin_key,
+            embedded: None,
+            _container: None,
+            _stop_gateway: None,
+            redis_url,
+        }
+    }
+
     pub async fn start_on(url: String, embedded: Option<EmbeddedRedis>) -> Harness {
         Self::start_with(url, embedded, false, |_| {}).await
     }

@@ -1,0 +1,400 @@
+//! `--baseline REV`: this tree and the code of REV side by side in one run. Each is built in a
+//! target directory of its own (`target/baseline/<sha>`, kept for the next run), started as
+//! `cycles-local` on a Redis of its own, given the same fixture over HTTP, and driven by the
+//! same client in alternating blocks, so that the machine's drift falls on both alike. For each
+//! case it prints the new/baseline ratio of the p50 and of the CPU each process spent per
+//! request (the gateway and its `redis-server`, from the kernel's per-thread run time, which
+//! machine noise barely moves), and the memory a finished reservation keeps.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cycles_shared::local::{free_port, EmbeddedRedis};
+use cycles_shared::model::Unit;
+use cycles_shared::provision::NewBudget;
+use cycles_tests::{json, Harness, Tenant};
+use serde_json::Value;
+
+const ADMIN_KEY: &str = "bench-admin-key";
+
+/// One server under test: its gateway process, its Redis, and a harness that talks to both.
+struct Server {
+    label: String,
+    gateway: tokio::process::Child,
+    redis: EmbeddedRedis,
+    h: Harness,
+}
+
+impl Server {
+    async fn start(label: &str, binary: &Path) -> Server {
+        let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+        let (port, admin_port) = (free_port().unwrap(), free_port().unwrap());
+        let gateway = tokio::process::Command::new(binary)
+            .args(["--port", &port.to_string(), "--admin-port", &admin_port.to_string(), "--redis-url", &redis.url()])
+            .env("ADMIN_API_KEY", ADMIN_KEY)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let (base, admin_base) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{admin_port}"));
+        let h = Harness::remote(base, admin_base, redis.url(), ADMIN_KEY.to_string()).await;
+        for _ in 0..200 {
+            if h.http.get(format!("{}/health/live", h.base)).send().await.is_ok() {
+                return Server { label: label.to_string(), gateway, redis, h };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{label} ({}) did not answer", binary.display());
+    }
+
+    /// CPU seconds so far of the gateway and of its Redis.
+    fn cpu(&self) -> (f64, f64) {
+        (cpu_seconds(self.gateway.id().unwrap_or(0)), cpu_seconds(self.redis.pid().unwrap_or(0)))
+    }
+
+    async fn used_memory(&self) -> i64 {
+        let info: String = redis::cmd("INFO").arg("memory").query_async(&mut self.h.store.conn()).await.unwrap();
+        info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap()
+    }
+}
+
+/// On-CPU time of every thread of a process (`/proc/<pid>/task/*/schedstat`, nanoseconds).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+        .sum::<u64>() as f64
+        / 1e9
+}
+
+fn run(cmd: &mut std::process::Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed ({status})");
+}
+
+/// `cycles-local` of the working tree, built in release mode.
+pub fn build_current() -> PathBuf {
+    eprintln!("building cycles-local of the working tree");
+    run(std::process::Command::new("cargo").args([
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "cycles-functions",
+        "--bin",
+        "cycles-local",
+    ]));
+    workspace().join("target/release/cycles-local")
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// `cycles-local` of revision `rev`, built from its own sources in its own target directory
+/// (both kept under `target/baseline/<sha>`, so a second run reuses them).
+pub fn build_baseline(rev: &str) -> PathBuf {
+    let out = std::process::Command::new("git").args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")]).output();
+    let sha = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => panic!("{rev} is not a revision of this repository"),
+    };
+    let dir = workspace().join("target/baseline").join(&sha[..12]);
+    let src = dir.join("src");
+    let binary = dir.join("target/release/cycles-local");
+    if binary.exists() {
+        return binary;
+    }
+    if !src.join("Cargo.toml").exists() {
+        std::fs::create_dir_all(&src).unwrap();
+        let mut archive = std::process::Command::new("git")
+            .args(["archive", "--format=tar", &sha])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("git archive");
+        run(std::process::Command::new("tar").arg("-x").arg("-C").arg(&src).stdin(archive.stdout.take().unwrap()));
+        assert!(archive.wait().is_ok_and(|s| s.success()), "git archive {sha}");
+    }
+    eprintln!("building cycles-local of {rev} ({}) in {}", &sha[..12], dir.display());
+    run(std::process::Command::new("cargo")
+        .args(["build", "--release", "--locked", "-p", "cycles-functions", "--bin", "cycles-local"])
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", dir.join("target")));
+    binary
+}
+
+/// The reservation body of the benchmark's fixture (`BENCHMARKS.md`).
+fn reserve_body(t: &Tenant, key: &str) -> Value {
+    json!({"idempotency_key": key, "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "test-model"},
+        "estimate": {"unit": "TOKENS", "amount": 100}, "ttl_ms": 60000, "overage_policy": "REJECT"})
+}
+
+/// The cases, as requests of one server: each call gets a fresh index.
+#[derive(Clone, Copy, PartialEq)]
+enum Case {
+    Reserve,
+    Commit,
+    Release,
+    Extend,
+    Decide,
+    Event,
+    GetReservation,
+    ReserveCommit,
+    /// A reserve whose tenant has a policy with two v0.1.26 quota rules (never reached).
+    ReserveTwoQuotas,
+}
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::Reserve => "reserve",
+            Case::Commit => "commit",
+            Case::Release => "release",
+            Case::Extend => "extend",
+            Case::Decide => "decide",
+            Case::Event => "event",
+            Case::GetReservation => "GET reservation",
+            Case::ReserveCommit => "reserve+commit (per request)",
+            Case::ReserveTwoQuotas => "reserve, 2 quota rules",
+        }
+    }
+    /// Requests one call makes.
+    fn requests(self) -> f64 {
+        if self == Case::ReserveCommit {
+            2.0
+        } else {
+            1.0
+        }
+    }
+}
+
+/// What one server needs for the cases: a funded tenant, reservations made ahead for the
+/// cases that settle one, and (where the build has policies) a tenant with two quota rules.
+struct Fixture {
+    t: Tenant,
+    quota_tenant: Option<Tenant>,
+    held: Vec<String>,
+    one: String,
+}
+
+async fn fixture(s: &Server, held: usize) -> Fixture {
+    let h = &s.h;
+    let t = h.tenant().await;
+    h.budget_with(NewBudget {
+        overdraft_limit: 100_000,
+        ..NewBudget::new(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, 1_000_000_000_000)
+    })
+    .await;
+    let qt = h.funded(1_000_000_000_000).await;
+    let body = json!({"tenant_id": qt.id, "name": "quotas", "scope_pattern": format!("tenant:{}", qt.id),
+        "risk_class_quotas": [{"risk_class": "side_effect", "max_calls": 100_000, "window": "per_hour_tumbling"}],
+        "action_quotas": [{"action_kind": "llm.completion", "max_calls": 100_000, "window": "per_day_tumbling"}]});
+    let quota_tenant = (h.admin("POST", "/v1/admin/policies", Some(&body)).await.status == 201).then_some(qt);
+    let mut ids = Vec::with_capacity(held);
+    for i in 0..held {
+        let r = h.post(&t.key, "/v1/reservations", &reserve_body(&t, &format!("held-{i}"))).await;
+        ids.push(r.body["reservation_id"].as_str().expect("reserve").to_string());
+    }
+    let one = ids.pop().expect("one reservation");
+    Fixture { t, quota_tenant, held: ids, one }
+}
+
+/// One call of `case` on server `s` (its `i`-th); whether it was answered as expected.
+async fn call(s: &Server, f: &Fixture, case: Case, i: usize, next_held: &mut usize) -> bool {
+    let (h, t) = (&s.h, &f.t);
+    let mut held = || {
+        *next_held += 1;
+        f.held[*next_held - 1].clone()
+    };
+    match case {
+        Case::Reserve => h.post(&t.key, "/v1/reservations", &reserve_body(t, &format!("r-{i}"))).await.status == 200,
+        Case::ReserveTwoQuotas => match &f.quota_tenant {
+            Some(q) => h.post(&q.key, "/v1/reservations", &reserve_body(q, &format!("q-{i}"))).await.status == 200,
+            None => false,
+        },
+        Case::Commit => h.commit(t, &held(), 80).await.status == 200,
+        Case::Release => h.release(t, &held()).await.status == 200,
+        Case::Extend => h.extend(t, &held(), 1_000).await.status == 200,
+        Case::Decide => {
+            let body = json!({"idempotency_key": format!("d-{i}"), "subject": {"tenant": t.id},
+                "action": {"kind": "llm.completion", "name": "test-model"}, "estimate": {"unit": "TOKENS", "amount": 100}});
+            h.post(&t.key, "/v1/decide", &body).await.status == 200
+        }
+        Case::Event => {
+            let body = json!({"idempotency_key": format!("ev-{i}"), "subject": {"tenant": t.id},
+                "action": {"kind": "llm.completion", "name": "test-model"}, "actual": {"unit": "TOKENS", "amount": 50}});
+            h.post(&t.key, "/v1/events", &body).await.status == 201
+        }
+        Case::GetReservation => h.get(&t.key, &format!("/v1/reservations/{}", f.one)).await.status == 200,
+        Case::ReserveCommit => {
+            let r = h.post(&t.key, "/v1/reservations", &reserve_body(t, &format!("rc-{i}"))).await;
+            match r.body["reservation_id"].as_str() {
+                Some(id) => h.commit(t, id, 80).await.status == 200,
+                None => false,
+            }
+        }
+    }
+}
+
+/// What one server spent on one case over all its blocks.
+#[derive(Default, Clone)]
+struct Spent {
+    samples: Vec<f64>,
+    gateway_s: f64,
+    redis_s: f64,
+    requests: f64,
+    errors: usize,
+}
+
+impl Spent {
+    fn p50_ms(&self) -> f64 {
+        let mut s = self.samples.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        s.get(s.len().saturating_sub(1) / 2).copied().unwrap_or(f64::NAN)
+    }
+    fn gateway_us(&self) -> f64 {
+        self.gateway_s * 1e6 / self.requests
+    }
+    fn redis_us(&self) -> f64 {
+        self.redis_s * 1e6 / self.requests
+    }
+}
+
+pub struct CompareOpts {
+    pub rev: String,
+    /// Calls per block, and blocks per server, of each case.
+    pub block: usize,
+    pub rounds: usize,
+    pub json: Option<String>,
+}
+
+/// Runs the comparison; false when any request failed.
+pub async fn compare(o: &CompareOpts) -> bool {
+    let baseline = build_baseline(&o.rev);
+    let current = build_current();
+    let new = Server::start("new", &current).await;
+    let base = Server::start(&o.rev, &baseline).await;
+    let servers = [&new, &base];
+    let cases = [
+        Case::Reserve,
+        Case::Commit,
+        Case::Release,
+        Case::Extend,
+        Case::Decide,
+        Case::Event,
+        Case::GetReservation,
+        Case::ReserveCommit,
+        Case::ReserveTwoQuotas,
+    ];
+    let settling = cases.iter().filter(|c| matches!(c, Case::Commit | Case::Release | Case::Extend)).count();
+    // reservations held ahead for the cases that settle one, plus the warm-up's
+    let held = settling * (o.block * o.rounds + 50) + 1;
+    eprintln!("provisioning both servers ({held} held reservations each)");
+    let fixtures = [fixture(&new, held).await, fixture(&base, held).await];
+    let mut next_held = [0usize, 0];
+    let mut report = Vec::new();
+    let mut ok = true;
+    for case in cases {
+        let mut spent = [Spent::default(), Spent::default()];
+        let mut index = 0usize;
+        // warm-up, then blocks that alternate between the servers (which goes first alternates too)
+        for (k, s) in servers.iter().enumerate() {
+            for _ in 0..25 {
+                call(s, &fixtures[k], case, index, &mut next_held[k]).await;
+                index += 1;
+            }
+        }
+        for round in 0..o.rounds {
+            for turn in 0..2 {
+                let k = (round + turn) % 2;
+                let s = servers[k];
+                let (g0, r0) = s.cpu();
+                for _ in 0..o.block {
+                    let started = Instant::now();
+                    let answered = call(s, &fixtures[k], case, index, &mut next_held[k]).await;
+                    spent[k].samples.push(started.elapsed().as_secs_f64() * 1000.0 / case.requests());
+                    spent[k].errors += usize::from(!answered);
+                    index += 1;
+                }
+                let (g1, r1) = s.cpu();
+                spent[k].gateway_s += g1 - g0;
+                spent[k].redis_s += r1 - r0;
+                spent[k].requests += o.block as f64 * case.requests();
+            }
+        }
+        // a baseline without quota rules has no such case
+        let missing = case == Case::ReserveTwoQuotas && fixtures[1].quota_tenant.is_none();
+        ok &= spent[0].errors == 0 && (missing || spent[1].errors == 0);
+        report.push((case, spent, missing));
+    }
+    let memory = [memory_per_reservation(&new).await, memory_per_reservation(&base).await];
+
+    println!("\nnew = this tree, base = {}; p50 per request, CPU per request of each process\n", o.rev);
+    println!("| case | p50 ms new | base | new/base | gateway µs new | base | new/base | Redis µs new | base | new/base | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for (case, [n, b], missing) in &report {
+        let ratio = |x: f64, y: f64| if *missing { "-".to_string() } else { format!("{:.2}", x / y) };
+        let base_cell = |v: f64| if *missing { "-".to_string() } else { format!("{v:.1}") };
+        println!(
+            "| {} | {:.3} | {} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {}/{} |",
+            case.name(),
+            n.p50_ms(),
+            if *missing { "-".to_string() } else { format!("{:.3}", b.p50_ms()) },
+            ratio(n.p50_ms(), b.p50_ms()),
+            n.gateway_us(),
+            base_cell(b.gateway_us()),
+            ratio(n.gateway_us(), b.gateway_us()),
+            n.redis_us(),
+            base_cell(b.redis_us()),
+            ratio(n.redis_us(), b.redis_us()),
+            n.errors,
+            if *missing { 0 } else { b.errors },
+        );
+        rows.push(json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b))}));
+    }
+    let plain = report.iter().find(|r| r.0 == Case::Reserve).map(|r| r.1[0].clone()).unwrap_or_default();
+    if let Some((_, [q, _], _)) = report.iter().find(|r| r.0 == Case::ReserveTwoQuotas) {
+        println!(
+            "\nreserve with 2 quota rules / plain reserve (new): Redis CPU {:.2}, gateway CPU {:.2}",
+            q.redis_us() / plain.redis_us(),
+            q.gateway_us() / plain.gateway_us()
+        );
+    }
+    println!(
+        "\nmemory per finished reservation: new {} B, base {} B, new/base {:.2}",
+        memory[0],
+        memory[1],
+        memory[0] as f64 / memory[1] as f64
+    );
+    if let Some(path) = &o.json {
+        let out = json!({"baseline": o.rev, "block": o.block, "rounds": o.rounds, "cases": rows,
+            "memory_bytes_per_finished_reservation": {"new": memory[0], "base": memory[1]}});
+        std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
+    }
+    ok
+}
+
+fn side(s: &Spent) -> Value {
+    json!({"p50_ms": s.p50_ms(), "gateway_cpu_us": s.gateway_us(), "redis_cpu_us": s.redis_us(), "errors": s.errors})
+}
+
+/// Bytes of Redis memory per reservation reserved and committed (2,000 of them, after the
+/// other cases; a fresh tenant).
+async fn memory_per_reservation(s: &Server) -> i64 {
+    const N: usize = 2_000;
+    let t = s.h.funded(1_000_000_000_000).await;
+    let before = s.used_memory().await;
+    for i in 0..N {
+        let r = s.h.post(&t.key, "/v1/reservations", &reserve_body(&t, &format!("m-{i}"))).await;
+        let id = r.body["reservation_id"].as_str().unwrap_or_else(|| panic!("{}: reserve: {}", s.label, r.raw));
+        assert_eq!(s.h.commit(&t, id, 80).await.status, 200, "{}: commit", s.label);
+    }
+    (s.used_memory().await - before) / N as i64
+}

@@ -1,0 +1,323 @@
+//! `--costs`: the deterministic cost of each hot operation, held against a budget file. Redis
+//! and the gateway (`cycles-local`) each run under `valgrind --tool=callgrind`, which counts
+//! the instructions a process executes: repeatable for the same build and inputs whatever
+//! else the machine is doing, where seconds are not. Per operation it counts the instructions
+//! of `redis-server` and of the gateway per request, and the Redis commands per request
+//! (`INFO commandstats`, commands run inside scripts included). `benches/costs.json` holds the
+//! budget; an operation over it by more than `TOLERANCE` fails the run (CI runs it), and
+//! `--update-costs` writes today's counts as the new budget (say why in the commit).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use cycles_shared::local::free_port;
+use cycles_shared::model::Unit;
+use cycles_shared::provision::NewBudget;
+use cycles_tests::{json, Harness, Tenant};
+use serde_json::Value;
+
+/// How far over its budget an operation may go before the check fails.
+pub const TOLERANCE: f64 = 0.03;
+/// Calls measured per operation (after a warm-up of `WARMUP`).
+const CALLS: usize = 40;
+const WARMUP: usize = 8;
+const ADMIN_KEY: &str = "costs-admin-key";
+
+fn budget_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("costs.json")
+}
+
+/// A process under callgrind, with instrumentation off until the first measurement.
+struct Counted {
+    child: tokio::process::Child,
+    dir: PathBuf,
+    name: &'static str,
+    dumps: usize,
+}
+
+impl Counted {
+    fn spawn(name: &'static str, dir: &Path, program: &str, args: &[String], env: &[(&str, &str)]) -> Counted {
+        let mut cmd = tokio::process::Command::new("valgrind");
+        cmd.arg("--tool=callgrind")
+            .arg("--instr-atstart=no")
+            .arg(format!("--callgrind-out-file={}/{name}.%p", dir.display()))
+            .arg(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("valgrind (Debian: apt-get install -y valgrind)");
+        Counted { child, dir: dir.to_path_buf(), name, dumps: 0 }
+    }
+
+    fn control(&self, args: &[&str]) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("callgrind_control")
+            .args(args)
+            .arg(&pid)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("callgrind_control");
+        assert!(status.success(), "callgrind_control {args:?} {pid}");
+    }
+
+    /// Counting from now on, from zero.
+    fn start(&self) {
+        self.control(&["-i", "on"]);
+        self.control(&["-z"]);
+    }
+
+    /// Instructions since the last `start` or `take`; counting goes on from zero.
+    async fn take(&mut self) -> u64 {
+        self.dumps += 1;
+        let label = format!("{}-{}", self.name, self.dumps);
+        self.control(&["-d", &label]);
+        let trigger = format!("Trigger: dump {label}\n");
+        for _ in 0..600 {
+            for entry in std::fs::read_dir(&self.dir).unwrap().flatten() {
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                if text.contains(&trigger) {
+                    if let Some(total) = text.lines().find_map(|l| l.strip_prefix("totals: ")) {
+                        let _ = std::fs::remove_file(entry.path());
+                        self.control(&["-z"]);
+                        return total.trim().parse().expect("callgrind totals");
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("callgrind did not dump {label}");
+    }
+}
+
+fn reserve_body(t: &Tenant, key: &str) -> Value {
+    json!({"idempotency_key": key, "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "test-model"},
+        "estimate": {"unit": "TOKENS", "amount": 100}, "ttl_ms": 60000, "overage_policy": "REJECT"})
+}
+
+/// The operations counted, with how each is called.
+const OPERATIONS: [&str; 9] = [
+    "reserve",
+    "reserve (2 quota rules)",
+    "commit",
+    "release",
+    "extend",
+    "decide",
+    "event",
+    "get reservation",
+    "list reservations",
+];
+
+/// One call of operation `op` (its `i`-th); whether it was answered as expected.
+async fn call(h: &Harness, t: &Tenant, q: &Tenant, held: &mut Vec<String>, op: &str, i: usize) -> bool {
+    match op {
+        "reserve" => h.post(&t.key, "/v1/reservations", &reserve_body(t, &format!("r-{i}"))).await.status == 200,
+        "reserve (2 quota rules)" => {
+            h.post(&q.key, "/v1/reservations", &reserve_body(q, &format!("q-{i}"))).await.status == 200
+        }
+        "commit" => h.commit(t, &held.pop().unwrap(), 80).await.status == 200,
+        "release" => h.release(t, &held.pop().unwrap()).await.status == 200,
+        "extend" => h.extend(t, &held.pop().unwrap(), 1_000).await.status == 200,
+        "decide" => {
+            let body = json!({"idempotency_key": format!("d-{i}"), "subject": {"tenant": t.id},
+                "action": {"kind": "llm.completion", "name": "test-model"}, "estimate": {"unit": "TOKENS", "amount": 100}});
+            h.post(&t.key, "/v1/decide", &body).await.status == 200
+        }
+        "event" => {
+            let body = json!({"idempotency_key": format!("ev-{i}"), "subject": {"tenant": t.id},
+                "action": {"kind": "llm.completion", "name": "test-model"}, "actual": {"unit": "TOKENS", "amount": 50}});
+            h.post(&t.key, "/v1/events", &body).await.status == 201
+        }
+        "get reservation" => {
+            let id = held.last().unwrap().clone();
+            h.get(&t.key, &format!("/v1/reservations/{id}")).await.status == 200
+        }
+        "list reservations" => h.get(&t.key, "/v1/reservations?limit=10").await.status == 200,
+        other => unreachable!("operation {other}"),
+    }
+}
+
+/// Redis commands run since the last `CONFIG RESETSTAT` (the stats commands excluded).
+async fn commands(h: &Harness) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_config") && !l.starts_with("cmdstat_info"))
+        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
+}
+
+async fn reset_stats(h: &Harness) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut h.store.conn()).await.unwrap();
+}
+
+/// Counts every operation; checks them against the budget (or, with `update`, writes it).
+/// False when an operation is over its budget or a request failed.
+pub async fn costs(update: bool) -> bool {
+    let binary = super::compare::build_current();
+    let dir = std::env::temp_dir().join(format!("cycles-costs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let redis_port = free_port().unwrap();
+    // one cron pass a second and no time-sliced rehashing: the count follows the requests
+    let redis_args: Vec<String> = [
+        "--port",
+        &redis_port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--hz",
+        "1",
+        "--dynamic-hz",
+        "no",
+        "--activerehashing",
+        "no",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut redis = Counted::spawn("redis", &dir, "redis-server", &redis_args, &[]);
+    let redis_url = format!("redis://127.0.0.1:{redis_port}");
+    wait_for(&format!("127.0.0.1:{redis_port}")).await;
+    let (port, admin_port) = (free_port().unwrap(), free_port().unwrap());
+    let gateway_args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--admin-port",
+        &admin_port.to_string(),
+        "--redis-url",
+        &redis_url,
+        "--no-background",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let env = [("ADMIN_API_KEY", ADMIN_KEY), ("RUST_LOG", "error")];
+    let mut gateway = Counted::spawn("gateway", &dir, binary.to_str().unwrap(), &gateway_args, &env);
+    wait_for(&format!("127.0.0.1:{port}")).await;
+    let h = Harness::remote(
+        format!("http://127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{admin_port}"),
+        redis_url,
+        ADMIN_KEY.to_string(),
+    )
+    .await;
+
+    let t = h.tenant().await;
+    h.budget_with(NewBudget {
+        overdraft_limit: 100_000,
+        ..NewBudget::new(&t.id, &format!("tenant:{}", t.id), Unit::Tokens, 1_000_000_000_000)
+    })
+    .await;
+    let q = h.funded(1_000_000_000_000).await;
+    let body = json!({"tenant_id": q.id, "name": "quotas", "scope_pattern": format!("tenant:{}", q.id),
+        "risk_class_quotas": [{"risk_class": "side_effect", "max_calls": 100_000, "window": "per_hour_tumbling"}],
+        "action_quotas": [{"action_kind": "llm.completion", "max_calls": 100_000, "window": "per_day_tumbling"}]});
+    assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201, "quota policy");
+    let mut held = Vec::new();
+    for i in 0..3 * (CALLS + WARMUP) + 1 {
+        let r = h.post(&t.key, "/v1/reservations", &reserve_body(&t, &format!("held-{i}"))).await;
+        held.push(r.body["reservation_id"].as_str().expect("reserve").to_string());
+    }
+
+    let mut measured: BTreeMap<String, Value> = BTreeMap::new();
+    let mut failed = 0;
+    redis.start();
+    gateway.start();
+    for (k, op) in OPERATIONS.iter().enumerate() {
+        for i in 0..WARMUP {
+            call(&h, &t, &q, &mut held, op, 1_000_000 * (k + 1) + i).await;
+        }
+        reset_stats(&h).await;
+        redis.take().await;
+        gateway.take().await;
+        for i in 0..CALLS {
+            if !call(&h, &t, &q, &mut held, op, 1_000_000 * (k + 1) + WARMUP + i).await {
+                failed += 1;
+            }
+        }
+        let redis_ir = redis.take().await;
+        let gateway_ir = gateway.take().await;
+        let cmds = commands(&h).await;
+        let per = |n: u64| (n as f64 / CALLS as f64).round() as u64;
+        measured.insert(
+            op.to_string(),
+            json!({"redis_instructions": per(redis_ir), "gateway_instructions": per(gateway_ir),
+                "redis_commands": cmds as f64 / CALLS as f64}),
+        );
+    }
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let budget: BTreeMap<String, Value> = std::fs::read_to_string(budget_file())
+        .ok()
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .and_then(|v| serde_json::from_value(v["operations"].clone()).ok())
+        .unwrap_or_default();
+    println!("| operation | Redis instructions | budget | gateway instructions | budget | Redis commands | budget |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut over = Vec::new();
+    for (op, m) in &measured {
+        let b = budget.get(op);
+        let mut cell = |field: &str| -> String {
+            let now = m[field].as_f64().unwrap_or(0.0);
+            match b.and_then(|b| b[field].as_f64()) {
+                Some(limit) => {
+                    if now > limit * (1.0 + TOLERANCE) {
+                        over.push(format!(
+                            "{op}: {field} {now} > budget {limit} (+{:.1}%)",
+                            (now / limit - 1.0) * 100.0
+                        ));
+                    }
+                    format!("{:.2}", now / limit)
+                }
+                None => "(none)".to_string(),
+            }
+        };
+        let (r, g, c) = (cell("redis_instructions"), cell("gateway_instructions"), cell("redis_commands"));
+        println!(
+            "| {op} | {} | {r} | {} | {g} | {} | {c} |",
+            m["redis_instructions"], m["gateway_instructions"], m["redis_commands"]
+        );
+    }
+    if failed > 0 {
+        eprintln!("{failed} measured requests failed");
+    }
+    if update {
+        let out = json!({
+            "about": "Instructions per request of redis-server and of the gateway (valgrind --tool=callgrind), and Redis \
+                      commands per request, for a tenant that uses no optional feature (one policy with two quota rules \
+                      for that row). `cargo run --release -p cycles-benches -- --costs` checks them (fails above +3%); \
+                      `--update-costs` rewrites this file: say in the commit why a budget rose.",
+            "operations": measured,
+        });
+        std::fs::write(budget_file(), serde_json::to_string_pretty(&out).unwrap() + "\n").expect("write costs.json");
+        println!("\nwrote {}", budget_file().display());
+        return failed == 0;
+    }
+    for o in &over {
+        eprintln!("over budget: {o}");
+    }
+    failed == 0 && over.is_empty()
+}
+
+async fn wait_for(addr: &str) {
+    for _ in 0..600 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("nothing answered on {addr}");
+}
