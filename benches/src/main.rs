@@ -7,8 +7,9 @@
 //!       (the shared artifact answers an API Gateway event as a few functions; exit 1 if not)
 //!   cargo run --release -p cycles-benches -- --baseline REV [--block N] [--rounds N] [--json FILE]
 //!       (this tree beside revision REV: p50 and CPU per request of each process, new/base)
-//!   cargo run --release -p cycles-benches -- --costs [--update-costs]
-//!       (instructions and Redis commands per operation, held against benches/costs.json)
+//!   cargo run --release -p cycles-benches -- --costs [--update-costs] | --costs-of REV
+//!       (instructions and Redis commands per operation, held against benches/costs.json;
+//!       of another revision's build, printed beside the budget)
 //!
 //! Prints a markdown table (p50/p95/p99/min/max/mean, ops/s, errors, p50 ratio to the service
 //! floor) and optionally writes the same numbers as JSON.
@@ -40,6 +41,7 @@ struct Opts {
     rounds: usize,
     costs: bool,
     update_costs: bool,
+    costs_of: Option<String>,
 }
 
 fn opts() -> Opts {
@@ -56,6 +58,7 @@ fn opts() -> Opts {
         rounds: 6,
         costs: false,
         update_costs: false,
+        costs_of: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -72,6 +75,10 @@ fn opts() -> Opts {
             "--block" => o.block = num(),
             "--rounds" => o.rounds = num(),
             "--costs" => o.costs = true,
+            "--costs-of" => {
+                o.costs = true;
+                o.costs_of = it.next()
+            }
             "--update-costs" => {
                 o.costs = true;
                 o.update_costs = true
@@ -575,7 +582,11 @@ async fn main() -> ExitCode {
         return if compare::compare(&c).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
     if o.costs {
-        return if costs::costs(o.update_costs).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        return if costs::costs(o.update_costs, o.costs_of.as_deref()).await {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     // CyclesEvidence for the tenants that ask for it (`tenant` mode), so one run measures
     // receipts beside the unchanged cases (every other tenant has none)
