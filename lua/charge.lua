@@ -43,7 +43,8 @@ local charged, overflow = settle(budgets, '0', X, policy)
 if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Event would exceed the overdraft limit of scope ' .. overflow.scope)
 end
-local failed = write_budgets(budgets, now_s, sc)
+track_spend(sc, budgets)
+local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(sc, budgets, unit, nil, policy)
 

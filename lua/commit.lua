@@ -31,7 +31,8 @@ local charged, overflow = settle(budgets, E, X, r.policy)
 if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Commit would exceed the overdraft limit of scope ' .. overflow.scope)
 end
-local failed = write_budgets(budgets, now_s, r.sc)
+track_spend(r.sc, budgets)
+local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(r.sc, budgets, r.unit, r.rid, r.policy)
 local ctx = d_cmp(X, E) > 0 and r.sc.ctx

@@ -212,7 +212,7 @@ impl TenantKeys {
         format!("{}:rev:{token}", self.prefix)
     }
     /// The listing index: a status member and three value members per reservation (see
-    /// `lua/lib.lua`), all scored 0 and read with ZRANGE BYLEX.
+    /// `lua/lib/listing.lua`), all scored 0 and read with ZRANGE BYLEX.
     pub fn listing_index(&self) -> String {
         format!("{}:li", self.prefix)
     }
@@ -257,7 +257,7 @@ impl TenantKeys {
     }
     /// The tenant's v0.1.26 action-quota counters: the index by member
     /// ("<scope>|<kind or __risk__:class>|<window>|<bucket>", lexicographic), the same by
-    /// cleanup deadline, and one counter (`count_actions` in `lua/lib.lua` writes them).
+    /// cleanup deadline, and one counter (`count_actions` in `lua/lib/quotas.lua` writes them).
     pub fn quota_index(&self) -> String {
         format!("{}:quotas", self.prefix)
     }

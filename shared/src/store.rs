@@ -285,7 +285,7 @@ fn slot_in_motion(e: &redis::RedisError) -> bool {
 /// What a script answered: its result (JSON, decoded into the call's reply type), the
 /// record's status where it has one, Redis's clock, and whether it is a replay of an earlier
 /// answer. Scripts answer `{'OK'|'REPLAY', result json, status, now}` or
-/// `{'ERR', code, message, details, http status}` (`lua/lib.lua`: `ok`, `replayed`, `err`).
+/// `{'ERR', code, message, details, http status}` (`lua/lib/reply.lua`: `ok`, `replayed`, `err`).
 #[derive(Debug, Clone)]
 pub struct Reply<T> {
     pub value: T,
@@ -428,25 +428,7 @@ impl Library {
 /// their original order. Redis runs a script's whole text on every call, so each script
 /// carries only what it needs. A helper is a top-level `local` definition of `lib`.
 pub fn link(lib: &str, body: &str) -> String {
-    let mut items: Vec<(Vec<&str>, String)> = Vec::new();
-    for line in lib.lines() {
-        // a top-level `local` definition, or the later definition of a forward-declared one
-        // (`name = function`), starts an item
-        let assigned = line.split_once(" = function").map(|(name, _)| name);
-        if let Some(def) = line.strip_prefix("local ") {
-            let names = def.strip_prefix("function ").unwrap_or(def);
-            let names = names.split(['=', '(']).next().unwrap_or_default();
-            items.push((names.split(',').map(str::trim).collect(), String::new()));
-        } else if let Some(name) =
-            assigned.filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
-        {
-            items.push((vec![name], String::new()));
-        }
-        if let Some((_, text)) = items.last_mut() {
-            text.push_str(line);
-            text.push('\n');
-        }
-    }
+    let items = definitions(lib);
     let mut needed = identifiers(body);
     let mut kept = vec![false; items.len()];
     while let Some(i) = (0..items.len()).find(|&i| !kept[i] && items[i].0.iter().any(|n| needed.contains(n))) {
@@ -458,13 +440,57 @@ pub fn link(lib: &str, body: &str) -> String {
     out
 }
 
-/// The identifiers a piece of Lua mentions outside comments.
-fn identifiers(code: &str) -> std::collections::HashSet<&str> {
-    code.lines()
-        .map(|l| l.split("--").next().unwrap_or_default())
-        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
-        .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
-        .collect()
+/// The top-level definitions of a piece of Lua, in order: the names each `local` definition
+/// defines, and its text (with the comment lines that precede it). Text before the first
+/// definition is not part of any.
+pub fn definitions(lib: &str) -> Vec<(Vec<&str>, String)> {
+    let mut items: Vec<(Vec<&str>, String)> = Vec::new();
+    for line in lib.lines() {
+        if let Some(def) = line.strip_prefix("local ") {
+            let names = def.strip_prefix("function ").unwrap_or(def);
+            let names = names.split(['=', '(']).next().unwrap_or_default();
+            items.push((names.split(',').map(str::trim).collect(), String::new()));
+        }
+        if let Some((_, text)) = items.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    items
+}
+
+/// The identifiers a piece of Lua mentions outside comments and string literals.
+pub fn identifiers(code: &str) -> std::collections::HashSet<&str> {
+    let mut out = std::collections::HashSet::new();
+    for line in code.lines() {
+        let bytes = line.as_bytes();
+        let (mut i, mut start, mut quote) = (0, None::<usize>, None::<u8>);
+        while i <= bytes.len() {
+            let c = bytes.get(i).copied().unwrap_or(b' ');
+            if let Some(q) = quote {
+                if c == b'\\' {
+                    i += 1;
+                } else if c == q {
+                    quote = None;
+                }
+            } else if c.is_ascii_alphanumeric() || c == b'_' {
+                start.get_or_insert(i);
+            } else {
+                if let Some(s) = start.take() {
+                    if !bytes[s].is_ascii_digit() {
+                        out.insert(&line[s..i]);
+                    }
+                }
+                if c == b'\'' || c == b'"' {
+                    quote = Some(c);
+                } else if c == b'-' && bytes.get(i + 1) == Some(&b'-') {
+                    break;
+                }
+            }
+            i += 1;
+        }
+    }
+    out
 }
 
 /// The trivial script of the benchmark floors.

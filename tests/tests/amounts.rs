@@ -1,4 +1,4 @@
-//! The scripts' decimal arithmetic (lua/lib.lua) is exact over the whole int64 range: amounts of
+//! The scripts' decimal arithmetic (lua/lib/decimal.lua) is exact over the whole int64 range: amounts of
 //! up to 15 characters take the fast path through Lua numbers, longer ones the digit-string path,
 //! and both must agree with integer arithmetic at and across the boundary.
 

@@ -1,6 +1,6 @@
 //! `GET /v1/reservations`: every filter of the spec's listReservations, sorted with opaque cursors bound to
 //! the filters. Every sort order is a walk of an index from the cursor (created_at: the created
-//! index; the others: ranges of the listing index, see `lua/lib.lua`), so a page costs the same
+//! index; the others: ranges of the listing index, see `lua/lib/listing.lua`), so a page costs the same
 //! at 1,000 or 1,000,000 reservations and never more than `SCAN_BUDGET` index entries: a
 //! page that filters leave short ends early with a cursor where the walk stopped. Records are
 //! read without their metadata; `include` reads it for the page's rows only.

@@ -1,6 +1,6 @@
 //! Policies (createPolicy, listPolicies, updatePolicy): admin key on behalf of a tenant, or a
 //! tenant key with `policies:*` for its own. What they change at run time is applied by the
-//! runtime scripts (`policy_settings` in `lua/lib.lua`).
+//! runtime scripts (`policy_settings` in `lua/lib/policies.lua`).
 
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};

@@ -252,7 +252,7 @@ pub fn scope_admitted(filter: &[String], scope: &str) -> bool {
 }
 
 /// The UTC date (year, month, day) of a day number (days since 1970-01-01): civil-from-days
-/// (H. Hinnant), as `lua/lib.lua` computes it too.
+/// (H. Hinnant), as `lua/lib/calendar.lua` computes it too.
 pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

@@ -1,6 +1,6 @@
 //! Budget periods that recur (a compatible extension of the spec's `BudgetLedger` period): the
 //! grammar of `period_recurrence` and what the scripts store for it. The roll itself is
-//! `roll_period` in `lua/lib.lua`.
+//! `roll_period` in `lua/lib/periods.lua`.
 
 use crate::error::{ApiError, ApiResult};
 

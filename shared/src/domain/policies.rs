@@ -1,5 +1,5 @@
 //! Policy scope patterns: their grammar, and which scope paths they match. The scripts match
-//! with `pattern_matches` in `lua/lib.lua`; this is the same rule, for validation and tests.
+//! with `pattern_matches` in `lua/lib/policies.lua`; this is the same rule, for validation and tests.
 //!
 //! A pattern is `/`-separated segments. `level:value` matches that segment exactly,
 //! `level:*` any value of that level, and `*` one or more whole segments. A pattern that does

@@ -1,7 +1,7 @@
 //! The audit log: one stream per owner (`cy:{<owner>}:auditlog`), owners being tenants and two
 //! sentinels: `__admin__` (admin-key requests not about one tenant, and their failures) and
 //! `__unauth__` (requests that failed before authentication). A change's entry is written by
-//! the script that makes the change (`audit` in `lua/lib.lua`); every other operator-plane
+//! the script that makes the change (`audit` in `lua/lib/events.lua`); every other operator-plane
 //! request (reads, refusals, failures) gets its entry from the dispatcher after it answered.
 
 use redis::streams::StreamRangeReply;

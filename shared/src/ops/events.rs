@@ -1,5 +1,5 @@
 //! The event catalogue and the per-tenant event streams: events are written by the scripts
-//! whose changes cause them (`emit` in `lua/lib.lua`) and read here. An event id names its
+//! whose changes cause them (`emit` in `lua/lib/events.lua`) and read here. An event id names its
 //! tenant and stream entry (`evt_<ms>-<seq>.<tenant>`).
 
 use redis::streams::StreamRangeReply;

@@ -129,9 +129,39 @@ fn library_header() -> String {
     format!("{}{}", crate::domain::rules::lua_table(), crate::domain::messages::lua_table())
 }
 
-/// The shared helpers of every script: the header, then `lua/lib.lua`.
+macro_rules! modules {
+    ($($name:literal),* $(,)?) => {
+        /// The helper modules of the library (`lua/lib/<name>.lua`), one concern each, in the
+        /// order they are loaded: a module uses only what it defines and what the modules it names
+        /// on its `-- needs:` line (all earlier) define (`tests::library_modules_declare_what_they_use`).
+        pub const MODULES: &[(&str, &str)] = &[$(($name, include_str!(concat!("../../../lua/lib/", $name, ".lua")))),*];
+    };
+}
+modules![
+    "decimal",
+    "reply",
+    "calendar",
+    "access",
+    "tenant",
+    "events",
+    "ledger",
+    "alerts",
+    "periods",
+    "policies",
+    "quotas",
+    "listing",
+    "reservation",
+    "decision"
+];
+
+/// The shared helpers of every script: the header, then the modules in order.
 pub fn helpers() -> String {
-    format!("{}{}", library_header(), include_str!("../../../lua/lib.lua"))
+    let mut out = library_header();
+    for (_, text) in MODULES {
+        out.push_str(text);
+        out.push('\n');
+    }
+    out
 }
 
 /// The Cycles script library: the helpers and every script.
@@ -156,7 +186,7 @@ pub(crate) fn lua_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Nothing {}
 
-/// A ledger's amounts as answers carry them (`balances` in `lua/lib.lua`): allocated,
+/// A ledger's amounts as answers carry them (`balances` in `lua/lib/ledger.lua`): allocated,
 /// remaining, reserved, spent, debt, overdraft limit, and "1" when over the limit.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct LedgerState(pub String, pub String, pub String, pub String, pub String, pub String, pub String);
@@ -204,5 +234,91 @@ impl LedgerState {
             overdraft_limit: optional(self.overdraft_limit()?),
             is_over_limit: self.over_limit().then_some(true),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use super::MODULES;
+    use crate::store::{definitions, identifiers};
+
+    /// Every helper a module uses is its own (defined before the use) or comes from a module its
+    /// `-- needs:` line names, which loads earlier; every module it names is used; nothing is
+    /// declared ahead of its definition; no module grows past 350 lines.
+    #[test]
+    fn library_modules_declare_what_they_use() {
+        let mut owner: HashMap<&str, &str> = HashMap::new();
+        let mut problems = Vec::new();
+        for (module, text) in MODULES {
+            for (names, _) in definitions(text) {
+                for name in names {
+                    if let Some(other) = owner.insert(name, module) {
+                        problems.push(format!("{name} is defined in {other} and in {module}"));
+                    }
+                }
+            }
+        }
+        let mut loaded: Vec<&str> = Vec::new();
+        for (module, text) in MODULES {
+            let lines = text.lines().count();
+            if lines > 350 {
+                problems.push(format!("{module}.lua has {lines} lines (at most 350)"));
+            }
+            let needs: Vec<&str> = text
+                .lines()
+                .find_map(|l| l.strip_prefix("-- needs: "))
+                .map(|l| l.split(',').map(str::trim).filter(|n| *n != "nothing").collect())
+                .unwrap_or_else(|| {
+                    problems.push(format!("{module}.lua does not say what it needs"));
+                    Vec::new()
+                });
+            for n in &needs {
+                if !loaded.contains(n) {
+                    problems.push(format!("{module} needs {n}, which is not loaded before it"));
+                }
+            }
+            for line in text.lines() {
+                let forward =
+                    line.strip_prefix("local ").is_some_and(|r| r.chars().all(|c| c.is_alphanumeric() || c == '_'))
+                        || line
+                            .split_once(" = function")
+                            .is_some_and(|(n, _)| !n.starts_with("local") && !n.contains(' ') && !n.is_empty());
+                if forward {
+                    problems.push(format!("{module}: forward declaration {line:?}"));
+                }
+            }
+            let mut defined_here: HashSet<&str> = HashSet::new();
+            let mut used_modules: HashSet<&str> = HashSet::new();
+            for (names, body) in definitions(text) {
+                // a definition may use itself (recursion), what its module defined before it, and
+                // what the modules it needs define
+                let own: HashSet<&str> = names.iter().copied().collect();
+                for id in identifiers(&body) {
+                    let Some(&from) = owner.get(id) else { continue };
+                    if own.contains(id) {
+                        continue;
+                    }
+                    if from == *module {
+                        if !defined_here.contains(id) {
+                            problems.push(format!("{module}: {:?} uses {id} before it is defined", names));
+                        }
+                    } else if needs.contains(&from) {
+                        used_modules.insert(from);
+                    } else {
+                        problems.push(format!("{module}: {:?} uses {id} of {from}, which it does not name", names));
+                    }
+                }
+                defined_here.extend(names);
+            }
+            for n in &needs {
+                if !used_modules.contains(n) {
+                    problems.push(format!("{module} names {n} but uses nothing of it"));
+                }
+            }
+            loaded.push(module);
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 }

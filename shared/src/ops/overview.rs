@@ -2,7 +2,7 @@
 //! snapshot (one GET, whatever the size of the deployment); the snapshot is rebuilt by the
 //! maintenance sweep on each pass and by a request that finds it older than its maximum age.
 //! A rebuild reads each tenant's ledgers and subscriptions, and the event counters and latest
-//! denials and expiries that `emit` (in `lua/lib.lua`) keeps beside each event stream, never the
+//! denials and expiries that `emit` (in `lua/lib/events.lua`) keeps beside each event stream, never the
 //! streams themselves: its cost does not grow with the number of events.
 
 use std::collections::BTreeMap;

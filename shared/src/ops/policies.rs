@@ -192,7 +192,7 @@ impl Policy {
             || self.denied_action_kinds.iter().any(|k| k == kind)
     }
 
-    /// What the runtime scripts read (`policy_settings` in `lua/lib.lua`): the matching inputs
+    /// What the runtime scripts read (`policy_settings` in `lua/lib/policies.lua`): the matching inputs
     /// and each setting that changes runtime behaviour, flat; caps as their JSON text, so the
     /// answer carries them exactly as written.
     pub fn runtime_rule(&self) -> String {
@@ -216,7 +216,7 @@ impl Policy {
                 v[name] = x;
             }
         }
-        // v0.1.26 action governance: allow/deny lists and quotas (`action_gate` in lua/lib.lua)
+        // v0.1.26 action governance: allow/deny lists and quotas (`action_gate` in lua/lib/quotas.lua)
         for (name, list) in [("allow", &self.allowed_action_kinds), ("deny", &self.denied_action_kinds)] {
             if !list.is_empty() {
                 v[name] = json!(list);

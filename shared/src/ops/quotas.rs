@@ -1,5 +1,5 @@
 //! v0.1.26 action-quota counters: written by the reserve script (`count_actions` in
-//! `lua/lib.lua`), read and reset here for operators.
+//! `lua/lib/quotas.lua`), read and reset here for operators.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -69,7 +69,7 @@ pub async fn live(
     Ok(store.run(call).await?.value.rows)
 }
 
-/// The index member of a counter (`lua/lib.lua` builds the same).
+/// The index member of a counter (`lua/lib/quotas.lua` builds the same).
 pub fn member(scope: &str, label: &str, window: &str, bucket: &str) -> String {
     format!("{scope}|{label}|{window}|{bucket}")
 }

@@ -77,7 +77,7 @@ pub struct RecordAnswer(pub Record);
 
 impl<'de> Deserialize<'de> for RecordAnswer {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // `record_json` in lua/lib.lua encodes a missing record as `{}`
+        // `record_json` in lua/lib/reply.lua encodes a missing record as `{}`
         Ok(RecordAnswer(Record::deserialize(d)?))
     }
 }

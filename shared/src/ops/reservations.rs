@@ -264,7 +264,7 @@ pub struct Charged {
 }
 
 /// A reservation record, decoded in this one place (the stored JSON; see `read_reservation` in
-/// `lua/lib.lua` for every field). Listing and getReservation read it alike.
+/// `lua/lib/reservation.lua` for every field). Listing and getReservation read it alike.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReservationRecord {
     pub codes: String,

@@ -420,7 +420,7 @@ impl Subscription {
     /// it sets none): a threshold crossing at one of its utilization thresholds, a burn-rate
     /// anomaly at or above its multiplier, a rate spike above its threshold for that rate. The
     /// scripts emit at the union of a tenant's subscriptions' settings (`alert_settings` in
-    /// `lua/lib.lua`), so each subscription sees exactly its own alerts.
+    /// `lua/lib/alerts.lua`), so each subscription sees exactly its own alerts.
     pub fn alerted_at(&self, event: &Value) -> bool {
         use crate::domain::rules::alerts;
         let own = |name: &str| self.thresholds.as_ref().and_then(|t| t.get(name)).and_then(Value::as_f64);

@@ -1,0 +1,75 @@
+-- API keys and scopes: the key check inside every operation's script, a key's scope filter,
+-- and scope paths.
+-- needs: reply
+
+-- API-key check inside the operation's own script: digest, status, expiry, permission.
+-- Every failure yields the same 401 message; the reason travels separately for logs. On
+-- success the second value is the key's raw scope_filter (nil when it has none), for
+-- `scope_guard`.
+local function authorize(key_record, digest, accepted, now)
+  if digest == '' then return nil end -- admin-key call, authenticated by the handler
+  local f = redis.call('HMGET', key_record, 'digest', 'status', 'expires_at_ms', 'permissions', 'scope_filter')
+  local reason = nil
+  if not f[1] then reason = 'KEY_NOT_FOUND'
+  elseif f[1] ~= digest then reason = 'INVALID_KEY'
+  elseif f[2] == 'EXPIRED' then reason = 'KEY_EXPIRED'
+  elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
+  elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
+  if reason then return err('UNAUTHORIZED', MSG.UNAUTHORIZED, reason) end
+  local filter = f[5]
+  if not filter or filter == '' then filter = nil end
+  if accepted == '' then return nil, filter end
+  local held = f[4] or ''
+  for p in string.gmatch(accepted, '[^,]+') do
+    if string.find(held, ',' .. p .. ',', 1, true) then return nil, filter end
+  end
+  return err('FORBIDDEN', MSG.PERMISSION_MISSING .. string.match(accepted, '[^,]+'))
+end
+
+local LEVELS = {'tenant', 'workspace', 'app', 'workflow', 'agent', 'toolset'}
+
+-- The deepest canonical scope of a subject (levels in order, values lower-cased), as the
+-- handlers derive it; for records written before they kept their scope path.
+local function scope_path_of(subject)
+  local parts = {}
+  for _, level in ipairs(LEVELS) do
+    if type(subject[level]) == 'string' then parts[#parts + 1] = level .. ':' .. string.lower(subject[level]) end
+  end
+  return table.concat(parts, '/')
+end
+
+-- The request's scope path (its deepest derived scope), from the last "<scope>|<code>"
+-- argument the handler passes; a subject always has at least one level.
+local function request_scope(scopes)
+  return string.match(scopes[#scopes], '^(.*)|')
+end
+
+-- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments, as `authorize`
+-- returns it), decoded and lower-cased; nil when it admits every scope.
+local function scope_filter(raw)
+  if not raw then return nil end
+  local decoded, filter = pcall(cjson.decode, raw)
+  if not decoded or type(filter) ~= 'table' or #filter == 0 then return nil end
+  for i, entry in ipairs(filter) do filter[i] = string.lower(entry) end
+  return filter
+end
+
+-- Whether a decoded filter admits a scope: some entry names one of its segments exactly, or
+-- (`kind:*`) the kind of one of them.
+local function admits(filter, scope)
+  for _, entry in ipairs(filter) do
+    local kind = string.match(entry, '^([^:]+:)%*$')
+    for segment in string.gmatch(scope, '[^/]+') do
+      if segment == entry or (kind and string.sub(segment, 1, #kind) == kind) then return true end
+    end
+  end
+  return false
+end
+
+-- The filter must admit the scope an operation targets, else 403. Callers skip
+-- it when the key has no filter: `denied = filter and scope_guard(filter, scope)`.
+local function scope_guard(raw, scope)
+  local filter = scope_filter(raw)
+  if not filter or admits(filter, scope) then return nil end
+  return err('FORBIDDEN', MSG.SCOPE_NOT_ADMITTED .. scope)
+end

@@ -1,0 +1,208 @@
+-- Alerts: the scene a script works in, utilization thresholds, burn-rate windows, windowed
+-- rate counters and their spikes, and the budget events of a write.
+-- needs: decimal, events
+
+-- ---------------------------------------------------------------------------------------------
+-- Alerts and budget periods. A script that changes ledgers carries a scene: its tenant's event
+-- stream and key prefix, the tenant's name (tenant ids need no escaping in keys) and record, the
+-- request context (nil for system work) and Redis's clock. Every key below shares the tenant's
+-- prefix, so its slot. A context given as its JSON text is decoded only when an event needs it.
+
+local LAZY_CONTEXT = {__index = function(sc, field)
+  if field ~= 'ctx' then return nil end
+  local ctx = request_context(sc.raw_ctx) or false
+  rawset(sc, 'ctx', ctx)
+  return ctx
+end}
+
+local function scene(events_key, ctx, now, tenant, name)
+  local prefix = string.match(events_key, '^(cy:{[^}]*})')
+  local sc = {events = events_key, prefix = prefix, now = now, tenant = tenant,
+    name = name or string.match(prefix, '^cy:{(.*)}$')}
+  if type(ctx) == 'string' then
+    sc.raw_ctx = ctx
+    return setmetatable(sc, LAZY_CONTEXT)
+  end
+  sc.ctx = ctx
+  return sc
+end
+
+-- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
+-- webhook subscriptions' thresholds, kept by the webhook writes), over the spec's defaults.
+local function alert_settings(sc)
+  if sc.cfg then return sc.cfg end
+  local raw = (type(sc.tenant) == 'table') and sc.tenant.alerts
+  if raw == nil then raw = redis.call('HGET', sc.prefix .. ':tenant', 'alerts') end
+  local cfg = RULES.ALERTS
+  if raw then
+    local ok_, own = pcall(cjson.decode, raw)
+    if ok_ and type(own) == 'table' then
+      for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
+      cfg = own
+    end
+  end
+  sc.cfg = cfg
+  return cfg
+end
+
+-- (spent + reserved) / allocated; nil for a ledger without an allocation.
+local function utilization(allocated, spent, reserved)
+  local a = tonumber(allocated)
+  if not a or a <= 0 then return nil end
+  return (tonumber(spent) + tonumber(reserved)) / a
+end
+
+-- budget.threshold_crossed for each threshold the ledger's utilization crossed since `from` (a
+-- state with allocated, spent and reserved): rising from below to at-or-above, falling the
+-- other way. A change that leaves the utilization on one side of a threshold emits nothing,
+-- so each crossing is announced once per direction.
+local function threshold_events(sc, b, from)
+  local u0 = utilization(from.allocated, from.spent, from.reserved)
+  local u1 = utilization(b.allocated, b.spent, b.reserved)
+  if not u0 or not u1 or u0 == u1 then return end
+  for _, t in ipairs(alert_settings(sc).th) do
+    local dir = nil
+    if u0 < t and u1 >= t then dir = 'rising' elseif u0 >= t and u1 < t then dir = 'falling' end
+    if dir then
+      emit(sc.events, 'budget.threshold_crossed', sc.name, b.scope, sc.ctx, 'cycles-server',
+        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","threshold":' .. t ..
+        ',"utilization":' .. string.format('%.4f', u1) .. ',"allocated":' .. b.allocated .. ',"remaining":' ..
+        b.remaining .. ',"spent":' .. b.spent .. ',"reserved":' .. b.reserved .. ',"direction":"' .. dir .. '"}', sc.now)
+    end
+  end
+end
+
+-- A ledger's burn window, kept in its `burn` field as "<window start>:<spend>:<baseline>:
+-- <closed windows>:<alerted>": tumbling windows of burn_rate_window_seconds, and a baseline that
+-- is the exponential average of the closed windows' spend (weight 1/12, empty windows
+-- included). When this window's spend reaches burn_rate_multiplier x the baseline (after
+-- RULES.ALERTS.min_burn_windows windows of history), `b.anomaly` is set for
+-- budget.burn_rate_anomaly, once per window.
+local BURN_WEIGHT = 1 / 12
+local function track_burn(sc, b, delta)
+  local cfg = alert_settings(sc)
+  local w, now = cfg.bw * 1000, sc.now
+  local ws, spend, base, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
+  ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base), tonumber(n)
+  if not (ws and spend and base and n) then ws, spend, base, n, alerted = now - now % w, 0, 0, 0, '0' end
+  if now >= ws + w then
+    local k = math.floor((now - ws) / w)
+    if n == 0 then base = spend else base = base + BURN_WEIGHT * (spend - base) end
+    base = base * (1 - BURN_WEIGHT) ^ (k - 1)
+    ws, spend, n, alerted = ws + k * w, 0, n + k, '0'
+  end
+  spend = spend + tonumber(delta)
+  if alerted == '0' and n >= RULES.ALERTS.min_burn_windows and base >= 1 and spend >= cfg.bm * base then
+    alerted = '1'
+    local minutes = w / 60000
+    local rate = spend / minutes
+    b.anomaly = '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","current_rate":' ..
+      string.format('%.4f', rate) .. ',"baseline_rate":' .. string.format('%.4f', base / minutes) ..
+      ',"multiplier":' .. string.format('%.4f', spend / base) .. ',"window_seconds":' .. itoa(cfg.bw) ..
+      ',"projected_exhaustion_minutes":' .. string.format('%.4f', math.max(tonumber(b.remaining), 0) / rate) .. '}'
+  end
+  b.burn = string.format('%d:%.17g:%.17g:%d:%s', ws, spend, base, n, alerted)
+end
+
+-- Before a write that charges: each ledger whose spent grew moves its burn window.
+local function track_spend(sc, budgets)
+  for _, b in ipairs(budgets) do
+    if d_cmp(b.spent, b.before.spent) > 0 then track_burn(sc, b, d_sub(b.spent, b.before.spent)) end
+  end
+end
+
+-- Windowed counters of a tenant for the rate spikes: per tenth of its rate window one hash of
+-- counts (n: reservation attempts, d: their denials, x: expiries, a: other API-key writes,
+-- f: authentication failures) that expires after eleven tenths, so a tenant's counters take
+-- at most eleven small hashes whatever its traffic.
+local function count(sc, field)
+  local size = alert_settings(sc).rw * 100
+  local key = sc.prefix .. ':rt:' .. size .. ':' .. math.floor(sc.now / size)
+  local n = redis.call('HINCRBY', key, field, 1)
+  if n == 1 then redis.call('PEXPIRE', key, size * 11) end
+  return n
+end
+
+local SPIKES = {
+  d = {metric = 'denial_rate', event = 'reservation.denial_rate_spike', setting = 'dr'},
+  x = {metric = 'expiry_rate', event = 'reservation.expiry_rate_spike', setting = 'er'},
+  f = {metric = 'auth_failure_rate', event = 'api_key.auth_failure_rate_spike', setting = 'ar'},
+}
+
+-- After a count of `field` (d, x or f): the share over the last window (ten tenths) of
+-- denials among reservation attempts, of expiries among reservations made, or of failures
+-- among authentications; above its threshold, with at least RULES.ALERTS.min_samples in the
+-- window, the spike event, at most once per window.
+local function spike_check(sc, field)
+  local cfg, s = alert_settings(sc), SPIKES[field]
+  local window = cfg.rw * 1000
+  local alerted = sc.prefix .. ':alerted'
+  if sc.now < tonumber(redis.call('HGET', alerted, s.metric) or '0') + window then return end
+  local size = cfg.rw * 100
+  local last = math.floor(sc.now / size)
+  local t = {0, 0, 0, 0, 0}
+  for i = last - 9, last do
+    local v = redis.call('HMGET', sc.prefix .. ':rt:' .. size .. ':' .. i, 'n', 'd', 'x', 'a', 'f')
+    for j = 1, 5 do t[j] = t[j] + (tonumber(v[j]) or 0) end
+  end
+  local hits, total
+  if field == 'd' then hits, total = t[2], t[1]
+  elseif field == 'x' then hits, total = t[3], math.max(t[1] - t[2], t[3])
+  else hits, total = t[5], t[1] + t[4] + t[5] end
+  if total < RULES.ALERTS.min_samples or hits / total <= cfg[s.setting] then return end
+  redis.call('HSET', alerted, s.metric, itoa(sc.now))
+  redis.call('PEXPIRE', alerted, 2 * 86400000)
+  emit(sc.events, s.event, sc.name, nil, nil, 'cycles-server', '{"metric":"' .. s.metric .. '","current_rate":' ..
+    string.format('%.4f', hits / total) .. ',"threshold_rate":' .. cfg[s.setting] .. ',"window_seconds":' ..
+    itoa(cfg.rw) .. ',"sample_count":' .. itoa(total) .. '}', sc.now)
+end
+
+-- A counted occurrence that may make a spike (d, x, f). The window is looked at for each of
+-- the first occurrences of a tenth, then for every tenth one, so a burst (a sweep expiring
+-- thousands) pays about one look per ten.
+local function count_and_check(sc, field)
+  local n = count(sc, field)
+  if n <= RULES.ALERTS.min_samples or n % 10 == 0 then spike_check(sc, field) end
+end
+
+-- An ACTIVE key (`k`: its key_id, name, status, expires_at_ms) past its expiry becomes
+-- EXPIRED, with api_key.expired and an audit row.
+local function expire_key(sc, key, k)
+  redis.call('HSET', key, 'status', 'EXPIRED')
+  emit(sc.events, 'api_key.expired', sc.name, nil, nil, 'cycles-server', '{"key_id":' .. cjson.encode(k[1]) ..
+    ',"key_name":' .. cjson.encode(k[2] or '') .. ',"previous_status":"ACTIVE","new_status":"EXPIRED"}', sc.now)
+  audit(sc.prefix .. ':auditlog', {tenant = sc.name, operation = 'expireApiKey', actor = 'system', status = 200},
+    'api_key.expire', 'api_key', k[1], sc.now)
+end
+
+-- Budget events on real transitions of the budgets a script just wrote: remaining reached 0
+-- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered; the runtime never
+-- turns it off), debt grew
+-- (budget.debt_incurred, with `reservation_id` when a commit caused it), a utilization
+-- threshold crossed (budget.threshold_crossed), a burn-rate anomaly (`track_burn`). They are
+-- written only by the script that makes the change, never on a replay, so a request never
+-- writes one twice.
+local function budget_events(sc, budgets, unit, reservation_id, policy)
+  local events_key, now, tenant = sc.events, sc.now, sc.name
+  for _, b in ipairs(budgets) do
+    threshold_events(sc, b, b.before)
+    if b.anomaly then
+      emit(events_key, 'budget.burn_rate_anomaly', tenant, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)
+    end
+    if d_pos(b.before.remaining) and b.remaining == '0' then
+      local used = d_add(b.spent, b.reserved)
+      emit(events_key, 'budget.exhausted', tenant, b.scope, sc.ctx, 'cycles-server',
+        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
+        ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
+        ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
+    end
+    over_limit_events(events_key, sc.ctx, b, tenant, now, 'cycles-server')
+    if d_cmp(b.debt, b.before.debt) > 0 then
+      emit(events_key, 'budget.debt_incurred', tenant, b.scope, sc.ctx, 'cycles-server',
+        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '"' ..
+        (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
+        ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..
+        ',"overdraft_limit":' .. b.overdraft_limit .. ',"overage_policy":"' .. policy .. '"}', now)
+    end
+  end
+end

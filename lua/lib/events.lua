@@ -1,0 +1,112 @@
+-- Events and audit entries, written in the same script as the change they record.
+-- needs: calendar
+
+-- Appends an event (the spec's `Event` JSON) to the tenant's event stream, in the same script
+-- as the state change that causes it. `data_json` is pre-built JSON (amounts as raw digits).
+-- `ctx` carries the causing request (request_id, trace_id, actor, key_id, tenant); nil for
+-- system work such as the expiry sweep.
+local function emit(events_key, event_type, tenant, scope, ctx, source, data_json, now)
+  -- The id names the stream entry and the tenant (evt_<ms>-<seq>.<tenant>), so getEvent finds
+  -- an event with one read; the entry id is chosen here (monotonic even if TIME steps back).
+  local last = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
+  local ms, seq = now, 0
+  if last then
+    local lms, lseq = string.match(last[1], '^(%d+)-(%d+)$')
+    lms, lseq = tonumber(lms), tonumber(lseq)
+    if lms >= now then ms, seq = lms, lseq + 1 end
+  end
+  local entry = string.format('%d-%d', ms, seq)
+  local event_id = 'evt_' .. entry .. '.' .. tenant
+  -- quota.* (v0.1.26) belong to the reservation path: EventCategory has no `quota`
+  local category = string.match(event_type, '^([^.]+)')
+  if category == 'quota' then category = 'reservation' end
+  local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
+  if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
+  local json = '{"event_id":' .. cjson.encode(event_id) .. ',"event_type":' .. cjson.encode(event_type) ..
+    ',"category":' .. cjson.encode(category) .. ',"timestamp":"' .. iso8601(now) .. '","tenant_id":' ..
+    cjson.encode(tenant) .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
+    ',"actor":' .. actor .. '},"source":' .. cjson.encode(source) .. ',"data":' .. data_json
+  if ctx then
+    if ctx.request_id and ctx.request_id ~= '' then json = json .. ',"request_id":' .. cjson.encode(ctx.request_id) end
+    if ctx.trace_id and ctx.trace_id ~= '' then json = json .. ',"trace_id":' .. cjson.encode(ctx.trace_id) end
+    if ctx.correlation_id then json = json .. ',"correlation_id":' .. cjson.encode(ctx.correlation_id) end
+  end
+  json = json .. '}'
+  -- the inbound traceparent flags travel beside the (closed) Event, for the outbound traceparent
+  local flags = ctx and ctx.trace_flags
+  if flags and flags ~= '' then
+    redis.call('XADD', events_key, entry, 'type', event_type, 'event', json, 'flags', flags)
+  else
+    redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
+  end
+  -- The overview's counters (`ops::overview`), kept with the event so that it never reads the
+  -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
+  -- lives two hours), and the ten latest denials and expiries.
+  local minute = math.floor(ms / 60000)
+  local stats = events_key .. ':stats:' .. math.floor(minute / 60)
+  redis.call('HINCRBY', stats, minute .. '|' .. category, 1)
+  if event_type == 'reservation.denied' or event_type == 'reservation.expired' then
+    if event_type == 'reservation.denied' then
+      local reason = string.match(data_json, '"reason_code":"([A-Z_]+)"') or 'UNKNOWN'
+      redis.call('HINCRBY', stats, minute .. '|denied|' .. reason, 1)
+    end
+    local recent = events_key .. ':recent:' .. event_type
+    redis.call('LPUSH', recent, json)
+    redis.call('LTRIM', recent, 0, 9)
+  end
+  redis.call('EXPIRE', stats, 7200, 'NX')
+end
+
+-- The request context scripts receive as one JSON argument (strings only).
+local function request_context(json)
+  local decoded, ctx = pcall(cjson.decode, json)
+  if decoded and type(ctx) == 'table' then return ctx end
+  return nil
+end
+
+local function ratio(a, b)
+  local x, y = tonumber(a), tonumber(b)
+  if not y or y == 0 then return '0' end
+  return string.format('%.4f', x / y)
+end
+
+-- Appends an audit entry to its owner's audit stream (in the tenant's slot) in the same step as
+-- the change it records. `ctx` (the request context) names the operation, its caller and the
+-- status the request answers; `action` says what this entry changed (a cascade writes several).
+local function audit(key, ctx, action, resource_type, resource_id, now, details)
+  -- a bulk action's rows: the invocation's one entry is written apart, with every row's outcome
+  if ctx and ctx.bulk then return end
+  ctx = ctx or {}
+  local entry = { timestamp_ms = now, tenant_id = ctx.tenant or '', operation = ctx.operation or action,
+    status = tonumber(ctx.status) or 200, resource_type = resource_type, resource_id = resource_id,
+    key_id = ctx.key_id or '', request_id = ctx.request_id or '', trace_id = ctx.trace_id or '',
+    user_agent = ctx.user_agent, source_ip = ctx.source_ip, actor_type = ctx.actor or 'system', action = action,
+    correlation_id = ctx.correlation_id, details = details }
+  redis.call('XADD', key, '*', 'entry', cjson.encode(entry))
+end
+
+-- Ledger state as EventDataBudgetLifecycle's previous_state/new_state (amounts as raw digits).
+local function ledger_state(b, with_reserved)
+  return '{"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"debt":' .. b.debt ..
+    ',"spent":' .. b.spent .. (with_reserved and (',"reserved":' .. b.reserved) or '') ..
+    ',"status":"' .. b.status .. '"}'
+end
+
+-- budget.over_limit_entered / budget.over_limit_exited when a write flips the flag: a runtime
+-- change, an admin write or a period roll (`source`, else 'cycles-admin').
+local function over_limit_events(events_key, ctx, b, tenant, now, source)
+  if b.over == b.before.over then return end
+  local kind = b.over and 'budget.over_limit_entered' or 'budget.over_limit_exited'
+  emit(events_key, kind, tenant, b.scope, ctx, source or 'cycles-admin',
+    '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","debt":' .. b.debt ..
+    ',"overdraft_limit":' .. b.overdraft_limit .. ',"is_over_limit":' .. tostring(b.over) ..
+    ',"debt_utilization":' .. ratio(b.debt, b.overdraft_limit) .. '}', now)
+end
+
+-- reservation.denied for a denied evaluation `e` (live reserve, dry_run, decide; `A` its
+-- arguments): the scope that denied, else the deepest derived scope; and the denial counted
+-- for the denial-rate alert.
+-- JSON of a table holding a DenyDetail: budget_remaining (kept as digits) becomes a number.
+local function detail_json(t)
+  return (string.gsub(cjson.encode(t), '"budget_remaining":"(%-?%d+)"', '"budget_remaining":%1'))
+end

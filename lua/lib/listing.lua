@@ -1,0 +1,45 @@
+-- The listing index of a tenant's reservations.
+-- needs: nothing
+
+-- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
+-- reservation, one status member "<S><T><token>" (S: A, C, E or R for ACTIVE, COMMITTED,
+-- EXPIRED, RELEASED; T: 0 when its subject names a tenant, else 1) and three value members:
+-- "r<estimate, 19 digits><token>", "p<scope path>\0<token>" and "x<expires_at_ms, 13
+-- digits><token>", so every sort order of the listing is a walk of ranges of it (the created
+-- index serves created_at).
+local STATUS_MARK = {ACTIVE = 'A', COMMITTED = 'C', EXPIRED = 'E', RELEASED = 'R'}
+
+local function padded(digits, width)
+  return string.rep('0', width - #digits) .. digits
+end
+
+local function token_of(rid)
+  return string.match(rid, '^[^.]+%.([^.]+)%.')
+end
+
+-- '0' when a stored subject names a tenant, else '1'. Subjects are stored as the handler
+-- serialized them, fields in canonical order, so a tenant is always the first field.
+local function tenant_mark(subject_json)
+  if string.sub(subject_json, 1, 10) == '{"tenant":' then return '0' end
+  return '1'
+end
+
+-- The members of one reservation: `status`, `subject` (JSON), `estimate` (digits), `scope`
+-- and `expires` (digits).
+local function list_members(token, status, subject, estimate, scope, expires)
+  return {STATUS_MARK[status] .. tenant_mark(subject) .. token, 'r' .. padded(estimate, 19) .. token,
+    'p' .. scope .. '\0' .. token, 'x' .. padded(expires, 13) .. token}
+end
+
+local function list_add(list_key, members)
+  local args = {}
+  for _, m in ipairs(members) do args[#args + 1] = 0; args[#args + 1] = m end
+  redis.call('ZADD', list_key, unpack(args))
+end
+
+-- A reservation's status member moves with its status (`r` as `read_reservation` returns it).
+local function list_status(list_key, r, to)
+  local token, t = token_of(r.rid), tenant_mark(r.rec.subject or '')
+  redis.call('ZREM', list_key, STATUS_MARK[r.status] .. t .. token)
+  redis.call('ZADD', list_key, 0, STATUS_MARK[to] .. t .. token)
+end

@@ -1,0 +1,90 @@
+-- Budget periods that recur: the roll into the current period, its schedule, and ledger
+-- reads that roll first.
+-- needs: decimal, calendar, events, ledger, alerts
+
+-- Rolls a recurring ledger whose period has ended into the current one, a period at a time,
+-- as RESET_SPENT does: spent cleared, holds and debt kept, and the allocation per
+-- rollover_policy: NONE the base allocation, CARRY_FORWARD the base plus what was unused
+-- (remaining above zero), CAP_AT_ALLOCATED the base plus the unused part up to the base. The
+-- base is the allocation less what the previous roll carried in. Each roll writes
+-- budget.reset_spent and an audit row; the new period is written at once, so no period is
+-- ever rolled twice. At most RULES.MAX_ROLLS rolls per call.
+local function roll_period(sc, b)
+  local f = redis.call('HMGET', b.key, 'period_every', 'period_start_ms', 'rollover_policy', 'period_carried', 'ledger_id',
+    'period_day')
+  if not f[1] or b.status == 'CLOSED' then
+    redis.call('HDEL', b.key, 'roll_at_ms')
+    redis.call('ZREM', sc.prefix .. ':periods', b.key)
+    b.roll_at = nil
+    return
+  end
+  local from = {allocated = b.allocated, spent = b.spent, reserved = b.reserved}
+  local every, policy, ledger_id = f[1], f[3] or 'NONE', f[5] or ''
+  local start_ms, end_ms, carried = tonumber(f[2]), tonumber(b.roll_at), f[4] or '0'
+  local actx = {tenant = sc.name, operation = 'rollBudgetPeriod', actor = 'system', status = 200,
+    request_id = sc.ctx and sc.ctx.request_id, trace_id = sc.ctx and sc.ctx.trace_id}
+  local rolls = 0
+  while end_ms <= sc.now and rolls < RULES.MAX_ROLLS do
+    rolls = rolls + 1
+    local before = ledger_state(b, true)
+    local base = d_max(d_sub(b.allocated, carried), '0')
+    local unused = d_max(b.remaining, '0')
+    local carry = '0'
+    if policy == 'CARRY_FORWARD' then carry = unused elseif policy == 'CAP_AT_ALLOCATED' then carry = d_min(unused, base) end
+    if not d_fits(d_add(base, carry)) then carry = '0' end
+    b.allocated, b.spent, carried = d_add(base, carry), '0', carry
+    b.remaining = d_sub(d_sub(b.allocated, b.reserved), b.debt)
+    start_ms, end_ms = end_ms, next_period_end(end_ms, every, f[6])
+    emit(sc.events, 'budget.reset_spent', sc.name, b.scope, nil, 'cycles-periods', '{"ledger_id":' ..
+      cjson.encode(ledger_id) .. ',"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit ..
+      '","operation":"RESET_SPENT","previous_state":' .. before .. ',"new_state":' .. ledger_state(b, true) ..
+      ',"spent_override_provided":false,"reason":"period rollover (' .. policy .. ')"}', sc.now)
+    audit(sc.prefix .. ':auditlog', actx, 'budget.roll_period', 'budget', ledger_id, sc.now,
+      {period_start = iso8601(start_ms), period_end = iso8601(end_ms), rollover_policy = policy, carried = carry})
+  end
+  local start_s, end_s = itoa(start_ms), itoa(end_ms)
+  -- a new period is judged afresh, as RESET_SPENT does: over the limit only while the debt is
+  b.over = d_cmp(b.debt, b.overdraft_limit) > 0
+  redis.call('HSET', b.key, 'allocated', b.allocated, 'remaining', b.remaining, 'spent', b.spent, 'period_start_ms',
+    start_s, 'period_end_ms', end_s, 'roll_at_ms', end_s, 'period_carried', carried, 'is_over_limit', tostring(b.over),
+    'updated_at_ms', itoa(sc.now))
+  over_limit_events(sc.events, nil, b, sc.name, sc.now, 'cycles-periods')
+  redis.call('ZADD', sc.prefix .. ':periods', end_ms, b.key)
+  b.roll_at = end_s
+  b.before.allocated, b.before.remaining, b.before.spent, b.before.over = b.allocated, b.remaining, b.spent, b.over
+  threshold_events(sc, b, from)
+end
+
+-- After a write of a ledger's period fields: a recurring ledger is due at its period's end
+-- (`roll_at_ms`, the tenant's periods index and its slot's due index, which the sweep reads);
+-- any other is due never.
+local function schedule_period(key, due_index, tenant)
+  local f = redis.call('HMGET', key, 'period_every', 'period_end_ms', 'status')
+  local periods = string.match(key, '^(cy:{[^}]*})') .. ':periods'
+  if f[1] and f[2] and f[3] ~= 'CLOSED' then
+    redis.call('HSET', key, 'roll_at_ms', f[2])
+    redis.call('ZADD', periods, f[2], key)
+    redis.call('ZADD', due_index, 'LT', f[2], tenant)
+  else
+    redis.call('HDEL', key, 'roll_at_ms')
+    redis.call('ZREM', periods, key)
+  end
+end
+
+-- Rolls the ledger first when its period has ended (every script that changes a ledger).
+local function roll_due(sc, b)
+  if sc and b.roll_at and tonumber(b.roll_at) <= sc.now then roll_period(sc, b) end
+end
+
+-- The ledgers of `keys` that exist; with a scene, each rolled into its current period first.
+local function read_budgets(keys, sc)
+  local budgets = {}
+  for _, key in ipairs(keys) do
+    local b = read_budget(key)
+    if b then
+      if sc then roll_due(sc, b) end
+      budgets[#budgets + 1] = b
+    end
+  end
+  return budgets
+end

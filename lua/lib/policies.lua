@@ -1,0 +1,93 @@
+-- Policies: scope patterns, the settings in force for a scope, per-minute rate limits.
+-- needs: reply
+
+-- Policies. A pattern is `/`-separated segments: `level:value` matches that segment,
+-- `level:*` any value of the level, `*` one or more whole segments; a pattern that starts with
+-- neither `tenant:` nor `*` is matched against the end of the path (`domain::policies` says
+-- the same in Rust).
+local function pattern_matches(pattern, path)
+  local p, s = {}, {}
+  for seg in string.gmatch(pattern, '[^/]+') do p[#p + 1] = seg end
+  for seg in string.gmatch(path, '[^/]+') do s[#s + 1] = seg end
+  if p[1] ~= '*' and string.sub(p[1] or '', 1, 7) ~= 'tenant:' then table.insert(p, 1, '*') end
+  local function segment_ok(pat, seg)
+    if pat == seg then return true end
+    local level = string.match(pat, '^([a-z]+:)%*$')
+    return level ~= nil and string.sub(seg, 1, #level) == level
+  end
+  local function walk(i, j)
+    if i > #p then return j > #s end
+    if p[i] == '*' then
+      for k = j + 1, #s + 1 do
+        if walk(i + 1, k) then return true end
+      end
+      return false
+    end
+    return j <= #s and segment_ok(p[i], s[j]) and walk(i + 1, j + 1)
+  end
+  return walk(1, 1)
+end
+
+-- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
+-- rl_r, rl_c) from the highest-priority ACTIVE policy in effect now that matches the path and
+-- sets it (equal priority: the later-created policy, whose id sorts higher). Each entry is
+-- {value, id}. `tenant` (its record, already read) says how many policies it has: none, and
+-- nothing more is read. Given the request's `action` ({kind, risk}), also its v0.1.26 rules,
+-- each from the highest-priority policy that has one for it (rules are never merged across
+-- policies): `ac` the allow/deny lists (value: the policy row), `rq` the risk-class quotas of
+-- the action's class, `aq` the quotas of its kind (values: the policy's lists).
+local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c'}
+local function names_rule(quotas, label)
+  for _, q in ipairs(quotas or {}) do
+    if q.k == label then return true end
+  end
+  return false
+end
+local function policy_settings(rules_key, scope_path, now, tenant, action)
+  if type(tenant) == 'table' and tenant.policies == 0 then return {} end
+  local best = {}
+  local function consider(f, p)
+    local b = best[f]
+    if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
+  end
+  for _, row in ipairs(redis.call('HVALS', rules_key)) do
+    local p = cjson.decode(row)
+    if p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
+        and pattern_matches(p.pat, scope_path) then
+      for _, f in ipairs(POLICY_SETTINGS) do
+        if p[f] ~= nil then consider(f, p) end
+      end
+      if action then
+        if p.allow or p.deny then consider('ac', p) end
+        if names_rule(p.rq, action.risk_label) then consider('rq', p) end
+        if names_rule(p.aq, action.kind) then consider('aq', p) end
+      end
+    end
+  end
+  local out = {}
+  for f, p in pairs(best) do out[f] = {value = (f == 'ac') and p or p[f], id = p.id} end
+  return out
+end
+
+-- A policy's per-minute rate limit on `kind` (reservations, commits) for one scope path:
+-- fixed calendar-minute windows counted in a hash per minute beside the rules (it expires
+-- after two minutes). nil when within the limit (and counted, unless `counted` is false), else
+-- 429 LIMIT_EXCEEDED with when to retry.
+local function rate_check(rules_key, setting, kind, scope_path, now, counted)
+  if not setting then return nil end
+  local minute = math.floor(now / 60000)
+  local key = rules_key .. ':rate:' .. minute
+  local field = kind .. '|' .. setting.id .. '|' .. scope_path
+  local n = tonumber(redis.call('HGET', key, field) or '0')
+  if n >= setting.value then
+    local reset_ms = (minute + 1) * 60000
+    return err('LIMIT_EXCEEDED', 'Rate limit of policy ' .. setting.id .. ' reached: at most ' .. setting.value ..
+      ' ' .. kind .. ' per minute on scope ' .. scope_path, cjson.encode({policy_id = setting.id, limit = setting.value,
+      retry_after_seconds = math.ceil((reset_ms - now) / 1000), reset_at = reset_ms / 1000}))
+  end
+  if counted then
+    redis.call('HINCRBY', key, field, 1)
+    redis.call('PEXPIRE', key, 120000)
+  end
+  return nil
+end

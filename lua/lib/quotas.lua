@@ -1,0 +1,186 @@
+-- Action authority (protocol v0.1.26): allow/deny lists, risk-class and per-kind quotas.
+-- needs: decimal, reply, calendar, events
+
+-- A released or expired reservation gives its per_run action calls back (v0.1.26 quotas; never
+-- below 0, and a counter that has expired stays gone). `prefix` is the tenant's key prefix.
+local function uncount_runs(prefix, rec)
+  if type(rec.qrun) ~= 'table' then return end
+  for _, member in ipairs(rec.qrun) do
+    local key = prefix .. ':q:' .. member
+    if tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', -1) end
+  end
+end
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Action authority (protocol v0.1.26): allow/deny lists, risk-class and per-kind quotas,
+-- DenyDetail and observe mode. `G` is the request's action as the handler resolved it
+-- (`A.governance`): kind, risk (its risk class), risk_label ("__risk__:<class>"), keys (the
+-- policy keys its kind declares), run (subject.dimensions.run_id or ''), observe (the
+-- request's observe_mode or ''), sampled (whether an observed ALLOW is written), rate (the
+-- sample rate when below 1).
+--
+-- Quota counters are hashes `<prefix>:q:<scope>|<kind or __risk__:class>|<window>|<bucket>`
+-- (n: used, lim, pol, last: last increment ms, ttl: per_run TTL, al: threshold announced),
+-- indexed by member in `<prefix>:quotas` (lexicographic, for listing) and by cleanup deadline
+-- in `<prefix>:quotas:due` (each new counter prunes up to two dead ones, so the indexes hold
+-- about the live counters only).
+
+local QUOTA_TTL_MS = {per_minute_tumbling = 120000, per_hour_tumbling = 3660000, per_day_tumbling = 90000000,
+  per_tenant_per_day = 90000000}
+local BUCKET_LEN = {per_minute_tumbling = 16, per_hour_tumbling = 13, per_day_tumbling = 10, per_tenant_per_day = 10}
+
+local function governance(raw)
+  local ok_, G = pcall(cjson.decode, raw or '')
+  if not ok_ or type(G) ~= 'table' or not G.kind then return nil end
+  G.risk_label = '__risk__:' .. G.risk
+  if type(G.keys) ~= 'table' then G.keys = {} end
+  return G
+end
+
+-- A counter's index member in parts: scope, label (the kind, or "__risk__:<class>"), window,
+-- bucket, and `risk`, the class of a risk-class counter.
+local function quota_member(member)
+  local scope, label, window, bucket = string.match(member, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  return {scope = scope, label = label, window = window, bucket = bucket, risk = string.match(label or '', '^__risk__:(.*)$')}
+end
+
+-- The correlation id of a counter's events (threshold, reset): a hash of the tenant, scope,
+-- kind or class, window and window key.
+local function quota_correlation(tenant, m)
+  return redis.sha1hex(tenant .. '|' .. m.scope .. '|' .. (m.risk or m.label) .. '|' .. m.window .. '|' .. m.bucket)
+end
+
+-- The scene's request context (a copy) carrying `correlation_id`.
+local function correlated(sc, correlation_id)
+  local ctx = {}
+  for k, v in pairs(sc.ctx or {}) do ctx[k] = v end
+  ctx.correlation_id = correlation_id
+  return ctx
+end
+
+local function contains(list, v)
+  for _, x in ipairs(list or {}) do
+    if x == v then return true end
+  end
+  return false
+end
+
+-- The window instance of a quota at `now` (UTC calendar buckets; per_run: the run id).
+local function quota_bucket(window, now, run)
+  if window == 'per_run' then return run end
+  return string.sub(iso8601(now), 1, BUCKET_LEN[window])
+end
+
+-- A per-kind quota applies when each of its non-empty allowlists lists the request's key of
+-- that dimension; an absent key skips the rule (unknown routing is never denied by it).
+local ALLOWLISTS = {h = 'host', d = 'recipient_domain', r = 'resource_type'}
+local function keys_admit(q, keys)
+  for list, dim in pairs(ALLOWLISTS) do
+    if q[list] and not contains(q[list], keys[dim]) then return false end
+  end
+  return true
+end
+
+-- Steps 1-3 of the reservation evaluation order, reading only: the access lists, then the
+-- risk-class quotas, then the per-kind quotas of the rules `pol` found. Returns a DenyDetail
+-- (the first failing step; among violated quotas of a step the one with the least headroom),
+-- or nil, an error (400: a per_run quota applies and the run id is missing), or nil, nil and
+-- the counters a live reserve increments (`count_actions`).
+local function action_gate(sc, pol, G, scope_path)
+  local ac = pol.ac
+  if ac then
+    local p = ac.value
+    if p.deny and contains(p.deny, G.kind) then
+      return {reason_code = 'ACTION_KIND_DENIED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
+        suggested_fix = "Remove '" .. G.kind .. "' from denied_action_kinds in policy '" .. ac.id .. "'"}
+    end
+    if p.allow and not contains(p.allow, G.kind) then
+      return {reason_code = 'ACTION_KIND_NOT_ALLOWED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
+        suggested_fix = "Add '" .. G.kind .. "' to allowed_action_kinds in policy '" .. ac.id .. "'"}
+    end
+  end
+  local staged = {}
+  for _, step in ipairs({{pol.rq, G.risk_label, true}, {pol.aq, G.kind, false}}) do
+    local setting, label, by_risk = step[1], step[2], step[3]
+    local worst
+    for _, q in ipairs(setting and setting.value or {}) do
+      if q.k == label and (by_risk or keys_admit(q, G.keys)) then
+        if q.w == 'per_run' and G.run == '' then
+          return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. setting.id ..
+            ' has a per_run quota on ' .. label)
+        end
+        local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or scope_path
+        local bucket = quota_bucket(q.w, sc.now, G.run)
+        local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
+        local key = sc.prefix .. ':q:' .. member
+        local used = tonumber(redis.call('HGET', key, 'n') or '0')
+        if used >= q.n then
+          if not worst or q.n - used < worst.limit - worst.used then
+            worst = {action_kind = G.kind, window = q.w, window_key = bucket, used = used, limit = q.n, scope = scope,
+              policy_id = setting.id, risk_class = by_risk and G.risk or nil}
+          end
+        else
+          staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id}
+        end
+      end
+    end
+    if worst then
+      return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
+        blocked_by_scope = worst.scope, suggested_fix = 'Increase the ' .. (by_risk and (G.risk .. ' risk-class') or
+        G.kind) .. ' quota from ' .. worst.limit .. ' ' .. worst.window .. " in policy '" .. worst.policy_id ..
+        "', or wait for the window to reset"}
+    end
+  end
+  return nil, nil, staged
+end
+
+-- The message of an access or quota denial `d` of `kind` (the 409's; the detail says more).
+local function gate_message(d, kind)
+  if d.reason_code == 'ACTION_KIND_DENIED' then
+    return "Action kind '" .. kind .. "' is denied by policy " .. d.blocked_by_policy
+  end
+  if d.reason_code == 'ACTION_KIND_NOT_ALLOWED' then
+    return "Action kind '" .. kind .. "' is not among the allowed kinds of policy " .. d.blocked_by_policy
+  end
+  local v = d.quota_violation
+  return 'Action quota exceeded: ' .. (v.risk_class and (v.risk_class .. ' risk class') or v.action_kind) .. ' used ' ..
+    v.used .. ' of ' .. v.limit .. ' (' .. v.window .. ' ' .. v.window_key .. ') on ' .. v.scope
+end
+
+-- Step 5 for the quotas: each staged counter +1 (its TTL set when new, refreshed for per_run),
+-- quota.threshold_approaching once per window instance when it reaches its threshold. Returns
+-- the per_run counters (the reservation keeps them, to give the call back on release/expiry).
+local function count_actions(sc, staged)
+  local runs = {}
+  for _, s in ipairs(staged) do
+    local q = s.q
+    local n = redis.call('HINCRBY', s.key, 'n', 1)
+    redis.call('HSET', s.key, 'lim', q.n, 'pol', s.policy, 'last', itoa(sc.now))
+    if q.w == 'per_run' then runs[#runs + 1] = s.member end
+    if n == 1 or q.w == 'per_run' then
+      local ttl = q.ttl or QUOTA_TTL_MS[q.w]
+      redis.call('PEXPIRE', s.key, ttl)
+      if q.ttl then redis.call('HSET', s.key, 'ttl', q.ttl) end
+      local due = sc.prefix .. ':quotas:due'
+      redis.call('ZADD', due, sc.now + ttl, s.member)
+      if n == 1 then
+        redis.call('ZADD', sc.prefix .. ':quotas', 0, s.member)
+        for _, dead in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', sc.now, 'LIMIT', 0, 2)) do
+          if redis.call('EXISTS', sc.prefix .. ':q:' .. dead) == 0 then
+            redis.call('ZREM', due, dead)
+            redis.call('ZREM', sc.prefix .. ':quotas', dead)
+          end
+        end
+      end
+    end
+    if n / q.n >= q.th and s.used / q.n < q.th and redis.call('HSETNX', s.key, 'al', '1') == 1 then
+      local m = quota_member(s.member)
+      emit(sc.events, 'quota.threshold_approaching', sc.name, m.scope, correlated(sc, quota_correlation(sc.name, m)),
+        'cycles-server', cjson.encode({scope = m.scope, action_kind = m.risk and '__risk__' or m.label,
+        risk_class = m.risk, window = m.window, window_key = m.bucket, used = n, limit = q.n, threshold_pct = q.th,
+        policy_id = s.policy, tenant_id = sc.name}), sc.now)
+    end
+  end
+  return runs
+end

@@ -1,0 +1,73 @@
+-- Redis's clock, the replies every script gives, idempotency records and stored answers, and
+-- hash records as scripts hand them back.
+-- needs: decimal
+
+-- Redis's clock in ms, as a number and as digits.
+local function now_ms()
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  return now, itoa(now)
+end
+
+-- The replies every script gives: `ok` (the result, a table or JSON text, with the record's
+-- status where it has one), `replayed` (the stored answer of an earlier identical request), or
+-- `err` (an error code the Rust side knows, a message, optional JSON `details`, and an HTTP
+-- status where it differs from the code's usual one). `now_s` is Redis's clock as digits.
+local function ok(result, status, now_s)
+  if type(result) ~= 'string' then result = cjson.encode(result) end
+  return {'OK', result, status or '', now_s or '0'}
+end
+
+local function replayed(result, status, now_s)
+  if type(result) ~= 'string' then result = cjson.encode(result) end
+  return {'REPLAY', result, status or '', now_s or '0'}
+end
+
+local function err(code, message, details, status)
+  return {'ERR', code, message, details or '', status and tostring(status) or ''}
+end
+
+-- A stored answer in the shape of today's answers: stored results are JSON objects; those
+-- written before were arrays, which `legacy` turns into the object (nil: none are expected).
+local function stored_answer(json, legacy)
+  if legacy and string.sub(json, 1, 1) == '[' then return legacy(cjson.decode(json)) end
+  return json
+end
+
+-- The answer stored under an idempotency record (a hash with `payload_hash` and `result`): its
+-- replay for the same payload hash, 409 for another payload, nil when the key is new.
+local function replay(record_key, payload_hash, status, now_s, legacy)
+  local prior = redis.call('HMGET', record_key, 'payload_hash', 'result')
+  if not prior[1] then return nil end
+  if prior[1] ~= payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(stored_answer(prior[2], legacy), status, now_s)
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Operator plane helpers
+
+-- A hash record as one JSON object of strings (scripts hand records back this way).
+local function record_json(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return '{}' end
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return cjson.encode(t)
+end
+
+-- HSET of a table of string fields; '' values delete the field (an optional cleared).
+local function write_fields(key, fields)
+  local set, del = {}, {}
+  for f, v in pairs(fields) do
+    if v == '' then del[#del + 1] = f else set[#set + 1] = f; set[#set + 1] = v end
+  end
+  if #set > 0 then redis.call('HSET', key, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+end
+
+-- A JSON array of strings from a ",a,b," list (cjson would encode an empty table as {}).
+local function csv_json(csv)
+  local out = {}
+  for v in string.gmatch(csv or '', '[^,]+') do out[#out + 1] = cjson.encode(v) end
+  return '[' .. table.concat(out, ',') .. ']'
+end

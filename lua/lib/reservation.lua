@@ -1,0 +1,148 @@
+-- Reservations: the record, its stored answers, expiry, and the opening every script on one
+-- reservation shares.
+-- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, quotas, listing
+
+-- A reservation is one JSON string (every value a string, or an array of strings), which
+-- keeps a finished reservation, replay records included, well under 1 KB. Fields:
+--   codes (the budget codes of its id) status ik (reserve idempotency key) ph (its payload
+--   hash) result (reserve replay) unit estimate subject scope (its scope path; absent in records
+--   written before 2026-12-03) action created expires grace policy ext max_ext (grace, ext and
+--   max_ext are omitted at their defaults: RULES.DEFAULT_GRACE_MS, 0, RULES.MAX_EXTENSIONS)
+--   m ('1' when metadata or commit metadata is stored beside the record; older records hold
+--   `metadata` and `cmeta`)
+--   on commit: ck ch cr (key, payload hash, replay) charged metrics finalized
+--   on release: rk rh rr reason finalized;  on expiry: expired
+-- `load_record` returns the decoded record ({} when it does not decode) and its JSON as stored.
+local function load_record(key)
+  local raw = redis.call('GET', key)
+  if not raw then return nil end
+  local decoded, rec = pcall(cjson.decode, raw)
+  if not decoded or type(rec) ~= 'table' then return {}, raw end
+  return rec, raw
+end
+
+-- The answer of a reserve from its stored result (a copy: the caller adds the id). Records
+-- written before answers were objects hold [decision, expires, caps, balances...].
+local function reserve_answer(stored)
+  if stored[1] == nil then
+    local out = {}
+    for k, v in pairs(stored) do out[k] = v end
+    return out
+  end
+  return {decision = stored[1], expires_at_ms = stored[2], caps = (stored[3] ~= '') and stored[3] or nil,
+    balances = legacy_balances(stored, 4)}
+end
+
+-- The answer of a commit or a release: its stored result with the reservation's subject and
+-- unit (the handler derives the balances' scopes from them). Records written before answers
+-- were objects hold [charged, released, balances...] or [released, balances...].
+local function settle_answer(stored, r)
+  local answer = stored
+  if stored[1] ~= nil then
+    if r.status == 'COMMITTED' then
+      answer = {charged = stored[1], released = (stored[2] ~= '') and stored[2] or nil, balances = legacy_balances(stored, 3)}
+    else
+      answer = {released = stored[1], balances = legacy_balances(stored, 2)}
+    end
+  end
+  local out = {subject = r.rec.subject, unit = r.unit}
+  for k, v in pairs(answer) do out[k] = v end
+  return out
+end
+
+local function save_record(key, rec)
+  redis.call('SET', key, cjson.encode(rec), 'KEEPTTL')
+end
+
+-- Reads a reservation; nil when absent (or when the id does not match the record). A record
+-- whose essential fields do not parse is returned with `corrupt` set (never acted on:
+-- callers quarantine or fail).
+local STATUSES = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
+local function read_reservation(key, rid)
+  local rec, raw = load_record(key)
+  if not rec then return nil end
+  -- The id names the ledgers whose keys the caller declared: it must be this record's id.
+  if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
+  local r = { rec = rec, raw = raw, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
+    expires_at = tonumber(rec.expires), grace = tonumber(rec.grace) or RULES.DEFAULT_GRACE_MS, policy = rec.policy,
+    extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext) or RULES.MAX_EXTENSIONS,
+    created_at = tonumber(rec.created) }
+  -- Records keep their scope path since 2026-12-03; older ones derive it from the subject.
+  r.scope_path = rec.scope
+  if not r.scope_path then
+    local subject_ok, subject = pcall(cjson.decode, rec.subject or '')
+    if subject_ok and type(subject) == 'table' then r.scope_path = scope_path_of(subject) end
+  end
+  if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
+      and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
+    r.corrupt = true
+  end
+  return r
+end
+
+-- Keys of a finished reservation are kept `ttl` ms: the record, and its metadata when it has
+-- some (`rec.m`).
+local function keep_finished(record_key, meta_key, rec, ttl)
+  redis.call('PEXPIRE', record_key, ttl)
+  if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
+end
+
+-- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
+-- scope exactly once. Used by every script that touches a reservation, and by the sweep.
+-- `ix`: the reservation's record and meta keys and the tenant's expiry, event and listing keys
+-- (`record`, `meta`, `expiry`, `events`, `list`).
+local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
+  if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
+  local tenant = string.match(r.rid, '^([^.]+)%.')
+  local sc = ix.sc or scene(ix.events, nil, now, ix.tenant, tenant)
+  local budgets = read_budgets(budget_keys, sc)
+  for _, b in ipairs(budgets) do
+    b.reserved = d_sub(b.reserved, r.estimate)
+    b.remaining = d_add(b.remaining, r.estimate)
+  end
+  local e = write_budgets(budgets, itoa(now))
+  if e then error(e[3]) end
+  r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
+  uncount_runs(sc.prefix, r.rec)
+  save_record(ix.record, r.rec)
+  keep_finished(ix.record, ix.meta, r.rec, retention_ms)
+  redis.call('ZREM', ix.expiry, r.rid)
+  list_status(ix.list, r, 'EXPIRED')
+  r.status = 'EXPIRED'
+  local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..
+    ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
+    iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
+    string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
+  emit(ix.events, 'reservation.expired', tenant, r.scope_path, nil, 'cycles-expiry', data, now)
+  for _, b in ipairs(budgets) do threshold_events(sc, b, b.before) end
+  count_and_check(sc, 'x')
+  return true
+end
+
+-- The opening every script on one reservation (commit, release, extend) shares, in order: the
+-- key check, the record (404), the key's scope filter, the answer to an earlier identical
+-- request (`replay_of(r)` gives it, or nil), the tenant guard, and expiry on touch; then only
+-- an ACTIVE reservation goes on. `K` and `A` are the script's keys and arguments, named alike
+-- in the three. Returns the reservation, or nil and the answer to give.
+local function open_reservation(K, A, now, replay_of)
+  local denied, filter = authorize(K.api_key, A.digest, A.accepted, now)
+  if denied then return nil, denied end
+  local r = read_reservation(K.reservation, A.reservation_id)
+  if not r then return nil, err('NOT_FOUND', MSG.RESERVATION_NOT_FOUND) end
+  denied = filter and scope_guard(filter, r.scope_path)
+  if denied then return nil, denied end
+  local answer = replay_of(r)
+  if answer then return nil, answer end
+  r.tenant = tenant_record(K.tenant)
+  local guard = tenant_guard(r.tenant)
+  if guard then return nil, guard end
+  if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
+  r.sc = scene(K.events, A.context, now, r.tenant)
+  if A.digest ~= '' then count(r.sc, 'a') end
+  local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index,
+    tenant = r.tenant}
+  expire_if_overdue(r, K.budgets, ix, now, tonumber(A.record_ttl_ms))
+  if r.status == 'EXPIRED' then return nil, err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
+  if r.status ~= 'ACTIVE' then return nil, err('RESERVATION_FINALIZED', MSG.RESERVATION_FINALIZED .. r.status) end
+  return r
+end

@@ -1,0 +1,50 @@
+-- The tenant record: its status and reservation settings, and the guards of each surface.
+-- needs: reply
+
+-- Tenant record: nil when absent (not governed), else its status and reservation settings
+-- (each at its default where the record has none); 'MALFORMED' when the status cannot be
+-- determined (fail closed with 500).
+local function tenant_record(key)
+  local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
+    'max_reservation_extensions', 'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode')
+  if not f[1] then
+    if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
+    return nil
+  end
+  if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
+  return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
+    max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
+    policies = tonumber(f[6]) or 0, alerts = f[7], observe = f[8] }
+end
+
+-- The settings a reservation takes from its tenant (the defaults for a tenant without a record).
+local function reservation_settings(tenant)
+  if tenant then return tenant end
+  return { default_ttl = RULES.DEFAULT_TTL_MS, max_ttl = RULES.MAX_TTL_MS, max_extensions = RULES.MAX_EXTENSIONS,
+    default_policy = RULES.DEFAULT_OVERAGE_POLICY }
+end
+
+-- A SUSPENDED tenant may settle what it started but not start new spending.
+local function suspended_guard(tenant)
+  if tenant and tenant ~= 'MALFORMED' and tenant.status == 'SUSPENDED' then
+    return err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)
+  end
+  return nil
+end
+
+-- The closed-tenant guard of the persisting surface (mutations).
+local function tenant_guard(t)
+  if t == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
+  if t and t.status == 'CLOSED' then return err('TENANT_CLOSED', MSG.TENANT_CLOSED) end
+  return nil
+end
+
+-- The owning tenant of an admin mutation: TENANT_CLOSED for a closed one, 500 for a
+-- malformed record; `missing` is the error for an unknown tenant.
+local function owner_guard(tenant_key, missing)
+  local t = tenant_record(tenant_key)
+  if t == 'MALFORMED' then return nil, err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
+  if not t then return nil, missing end
+  if t.status == 'CLOSED' then return nil, err('TENANT_CLOSED', MSG.TENANT_CLOSED) end
+  return t, nil
+end
