@@ -5,7 +5,7 @@ local now, now_s = now_ms()
 local sc = scene(K.events, nil, now, nil, A.tenant)
 local expired = 0
 for _, id in ipairs(redis.call('SMEMBERS', K.api_key_index)) do
-  local key = sc.prefix .. ':key:' .. id
+  local key = KEY.api_key(sc.prefix, id)
   local k = redis.call('HMGET', key, 'key_id', 'name', 'status', 'expires_at_ms')
   if k[3] == 'ACTIVE' and k[4] and tonumber(k[4]) <= now then
     expire_key(sc, key, k)

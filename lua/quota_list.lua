@@ -8,7 +8,7 @@ local now = now_ms()
 local limit, examine = tonumber(A.limit), tonumber(A.examine)
 local lo = (A.after ~= '') and ('(' .. A.after) or ((A.scope ~= '') and ('[' .. A.scope) or '-')
 local hi = (A.scope ~= '') and ('[' .. A.scope .. '\255') or '+'
-local prefix = string.match(K.index, '^(.*):quotas$')
+local prefix = KEY.prefix_of(K.index)
 local rows, last, seen = {}, '', 0
 while #rows <= limit and seen < examine do
   local batch = redis.call('ZRANGE', K.index, lo, hi, 'BYLEX', 'LIMIT', 0, math.min(200, examine - seen))
@@ -17,7 +17,7 @@ while #rows <= limit and seen < examine do
     seen = seen + 1
     last = member
     local m = quota_member(member)
-    local f = redis.call('HMGET', prefix .. ':q:' .. member, 'n', 'lim', 'pol', 'last')
+    local f = redis.call('HMGET', KEY.quota_counter(prefix, member), 'n', 'lim', 'pol', 'last')
     if not f[1] then
       redis.call('ZREM', K.index, member)
       redis.call('ZREM', K.due, member)

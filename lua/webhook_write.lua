@@ -19,10 +19,10 @@ local SETTINGS = {burn_rate_multiplier = 'bm', burn_rate_window_seconds = 'bw', 
   expiry_rate_threshold = 'er', auth_failure_rate_threshold = 'ar', rate_window_seconds = 'rw'}
 local function keep_alert_settings()
   if owner == '__system__' then return end
-  local prefix = string.match(K.subscription, '^(cy:{[^}]*})')
+  local prefix = KEY.prefix_of(K.subscription)
   local union, seen, cfg = {}, {}, nil
   for _, sid in ipairs(redis.call('SMEMBERS', K.subscription_index)) do
-    local ok_, own = pcall(cjson.decode, redis.call('HGET', prefix .. ':wh:' .. sid, 'thresholds') or '')
+    local ok_, own = pcall(cjson.decode, redis.call('HGET', KEY.webhook(prefix, sid), 'thresholds') or '')
     if not ok_ or type(own) ~= 'table' then own = {} end
     cfg = cfg or {}
     for _, t in ipairs(own.budget_utilization or RULES.ALERTS.th) do

@@ -16,9 +16,9 @@ local LAZY_CONTEXT = {__index = function(sc, field)
 end}
 
 local function scene(events_key, ctx, now, tenant, name)
-  local prefix = string.match(events_key, '^(cy:{[^}]*})')
+  local prefix = KEY.prefix_of(events_key)
   local sc = {events = events_key, prefix = prefix, now = now, tenant = tenant,
-    name = name or string.match(prefix, '^cy:{(.*)}$')}
+    name = name or KEY.tag_of(prefix)}
   if type(ctx) == 'string' then
     sc.raw_ctx = ctx
     return setmetatable(sc, LAZY_CONTEXT)
@@ -32,7 +32,7 @@ end
 local function alert_settings(sc)
   if sc.cfg then return sc.cfg end
   local raw = (type(sc.tenant) == 'table') and sc.tenant.alerts
-  if raw == nil then raw = redis.call('HGET', sc.prefix .. ':tenant', 'alerts') end
+  if raw == nil then raw = redis.call('HGET', KEY.tenant(sc.prefix), 'alerts') end
   local cfg = RULES.ALERTS
   if raw then
     local ok_, own = pcall(cjson.decode, raw)
@@ -117,7 +117,7 @@ end
 -- at most eleven small hashes whatever its traffic.
 local function count(sc, field)
   local size = alert_settings(sc).rw * 100
-  local key = sc.prefix .. ':rt:' .. size .. ':' .. math.floor(sc.now / size)
+  local key = KEY.alert_window(sc.prefix, size, math.floor(sc.now / size))
   local n = redis.call('HINCRBY', key, field, 1)
   if n == 1 then redis.call('PEXPIRE', key, size * 11) end
   return n
@@ -136,13 +136,13 @@ local SPIKES = {
 local function spike_check(sc, field)
   local cfg, s = alert_settings(sc), SPIKES[field]
   local window = cfg.rw * 1000
-  local alerted = sc.prefix .. ':alerted'
+  local alerted = KEY.alerted(sc.prefix)
   if sc.now < tonumber(redis.call('HGET', alerted, s.metric) or '0') + window then return end
   local size = cfg.rw * 100
   local last = math.floor(sc.now / size)
   local t = {0, 0, 0, 0, 0}
   for i = last - 9, last do
-    local v = redis.call('HMGET', sc.prefix .. ':rt:' .. size .. ':' .. i, 'n', 'd', 'x', 'a', 'f')
+    local v = redis.call('HMGET', KEY.alert_window(sc.prefix, size, i), 'n', 'd', 'x', 'a', 'f')
     for j = 1, 5 do t[j] = t[j] + (tonumber(v[j]) or 0) end
   end
   local hits, total
@@ -171,7 +171,7 @@ local function expire_key(sc, key, k)
   redis.call('HSET', key, 'status', 'EXPIRED')
   emit(sc.events, 'api_key.expired', sc.name, nil, nil, 'cycles-server', '{"key_id":' .. cjson.encode(k[1]) ..
     ',"key_name":' .. cjson.encode(k[2] or '') .. ',"previous_status":"ACTIVE","new_status":"EXPIRED"}', sc.now)
-  audit(sc.prefix .. ':auditlog', {tenant = sc.name, operation = 'expireApiKey', actor = 'system', status = 200},
+  audit(KEY.audit_log(sc.prefix), {tenant = sc.name, operation = 'expireApiKey', actor = 'system', status = 200},
     'api_key.expire', 'api_key', k[1], sc.now)
 end
 

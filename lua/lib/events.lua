@@ -43,14 +43,15 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
   -- lives two hours), and the ten latest denials and expiries.
   local minute = math.floor(ms / 60000)
-  local stats = events_key .. ':stats:' .. math.floor(minute / 60)
+  local prefix = KEY.prefix_of(events_key)
+  local stats = KEY.event_stats(prefix, math.floor(minute / 60))
   redis.call('HINCRBY', stats, minute .. '|' .. category, 1)
   if event_type == 'reservation.denied' or event_type == 'reservation.expired' then
     if event_type == 'reservation.denied' then
       local reason = string.match(data_json, '"reason_code":"([A-Z_]+)"') or 'UNKNOWN'
       redis.call('HINCRBY', stats, minute .. '|denied|' .. reason, 1)
     end
-    local recent = events_key .. ':recent:' .. event_type
+    local recent = KEY.event_recent(prefix, event_type)
     redis.call('LPUSH', recent, json)
     redis.call('LTRIM', recent, 0, 9)
   end

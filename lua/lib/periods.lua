@@ -14,7 +14,7 @@ local function roll_period(sc, b)
     'period_day')
   if not f[1] or b.status == 'CLOSED' then
     redis.call('HDEL', b.key, 'roll_at_ms')
-    redis.call('ZREM', sc.prefix .. ':periods', b.key)
+    redis.call('ZREM', KEY.periods(sc.prefix), b.key)
     b.roll_at = nil
     return
   end
@@ -39,7 +39,7 @@ local function roll_period(sc, b)
       cjson.encode(ledger_id) .. ',"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit ..
       '","operation":"RESET_SPENT","previous_state":' .. before .. ',"new_state":' .. ledger_state(b, true) ..
       ',"spent_override_provided":false,"reason":"period rollover (' .. policy .. ')"}', sc.now)
-    audit(sc.prefix .. ':auditlog', actx, 'budget.roll_period', 'budget', ledger_id, sc.now,
+    audit(KEY.audit_log(sc.prefix), actx, 'budget.roll_period', 'budget', ledger_id, sc.now,
       {period_start = iso8601(start_ms), period_end = iso8601(end_ms), rollover_policy = policy, carried = carry})
   end
   local start_s, end_s = itoa(start_ms), itoa(end_ms)
@@ -49,7 +49,7 @@ local function roll_period(sc, b)
     start_s, 'period_end_ms', end_s, 'roll_at_ms', end_s, 'period_carried', carried, 'is_over_limit', tostring(b.over),
     'updated_at_ms', itoa(sc.now))
   over_limit_events(sc.events, nil, b, sc.name, sc.now, 'cycles-periods')
-  redis.call('ZADD', sc.prefix .. ':periods', end_ms, b.key)
+  redis.call('ZADD', KEY.periods(sc.prefix), end_ms, b.key)
   b.roll_at = end_s
   b.before.allocated, b.before.remaining, b.before.spent, b.before.over = b.allocated, b.remaining, b.spent, b.over
   threshold_events(sc, b, from)
@@ -60,7 +60,7 @@ end
 -- any other is due never.
 local function schedule_period(key, due_index, tenant)
   local f = redis.call('HMGET', key, 'period_every', 'period_end_ms', 'status')
-  local periods = string.match(key, '^(cy:{[^}]*})') .. ':periods'
+  local periods = KEY.periods(KEY.prefix_of(key))
   if f[1] and f[2] and f[3] ~= 'CLOSED' then
     redis.call('HSET', key, 'roll_at_ms', f[2])
     redis.call('ZADD', periods, f[2], key)

@@ -76,7 +76,7 @@ end
 local function rate_check(rules_key, setting, kind, scope_path, now, counted)
   if not setting then return nil end
   local minute = math.floor(now / 60000)
-  local key = rules_key .. ':rate:' .. minute
+  local key = KEY.policy_rate(KEY.prefix_of(rules_key), minute)
   local field = kind .. '|' .. setting.id .. '|' .. scope_path
   local n = tonumber(redis.call('HGET', key, field) or '0')
   if n >= setting.value then

@@ -6,7 +6,7 @@
 local function uncount_runs(prefix, rec)
   if type(rec.qrun) ~= 'table' then return end
   for _, member in ipairs(rec.qrun) do
-    local key = prefix .. ':q:' .. member
+    local key = KEY.quota_counter(prefix, member)
     if tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', -1) end
   end
 end
@@ -113,7 +113,7 @@ local function action_gate(sc, pol, G, scope_path)
         local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or scope_path
         local bucket = quota_bucket(q.w, sc.now, G.run)
         local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
-        local key = sc.prefix .. ':q:' .. member
+        local key = KEY.quota_counter(sc.prefix, member)
         local used = tonumber(redis.call('HGET', key, 'n') or '0')
         if used >= q.n then
           if not worst or q.n - used < worst.limit - worst.used then
@@ -162,14 +162,14 @@ local function count_actions(sc, staged)
       local ttl = q.ttl or QUOTA_TTL_MS[q.w]
       redis.call('PEXPIRE', s.key, ttl)
       if q.ttl then redis.call('HSET', s.key, 'ttl', q.ttl) end
-      local due = sc.prefix .. ':quotas:due'
+      local due = KEY.quota_due(sc.prefix)
       redis.call('ZADD', due, sc.now + ttl, s.member)
       if n == 1 then
-        redis.call('ZADD', sc.prefix .. ':quotas', 0, s.member)
+        redis.call('ZADD', KEY.quota_index(sc.prefix), 0, s.member)
         for _, dead in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', sc.now, 'LIMIT', 0, 2)) do
-          if redis.call('EXISTS', sc.prefix .. ':q:' .. dead) == 0 then
+          if redis.call('EXISTS', KEY.quota_counter(sc.prefix, dead)) == 0 then
             redis.call('ZREM', due, dead)
-            redis.call('ZREM', sc.prefix .. ':quotas', dead)
+            redis.call('ZREM', KEY.quota_index(sc.prefix), dead)
           end
         end
       end

@@ -132,6 +132,10 @@ impl TenantKeys {
     pub fn new(tenant: &str) -> Self {
         Self { prefix: format!("cy:{{{}}}", encode_component(tenant)) }
     }
+    /// The prefix every key of this tenant starts with (`cy:{<tenant>}`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
     /// The hash slot of every key of this tenant.
     pub fn slot(&self) -> u16 {
         slot_of_tag(self.prefix.trim_start_matches("cy:{").trim_end_matches('}'))
@@ -140,141 +144,8 @@ impl TenantKeys {
     pub fn due_index(&self) -> String {
         due_index(self.slot())
     }
-    /// Tenant record (status and reservation defaults).
-    pub fn tenant(&self) -> String {
-        format!("{}:tenant", self.prefix)
-    }
-    pub fn api_key(&self, key_id: &str) -> String {
-        format!("{}:key:{key_id}", self.prefix)
-    }
-    /// Set of the tenant's API key ids (listing and the close cascade).
-    pub fn api_key_index(&self) -> String {
-        format!("{}:keys", self.prefix)
-    }
-    /// A webhook subscription owned by this tenant (or by `__system__`).
-    pub fn webhook(&self, id: &str) -> String {
-        format!("{}:wh:{id}", self.prefix)
-    }
-    /// Set of the subscription ids this tenant owns.
-    pub fn webhook_index(&self) -> String {
-        format!("{}:whs", self.prefix)
-    }
-    /// Stream id up to which this tenant's events were matched against subscriptions.
-    pub fn dispatch_cursor(&self) -> String {
-        format!("{}:whcursor", self.prefix)
-    }
-    /// A delivery of one of this owner's subscriptions.
-    pub fn delivery(&self, id: &str) -> String {
-        format!("{}:dl:{id}", self.prefix)
-    }
-    /// Due deliveries of this owner's subscriptions (score: when they are due), as queued
-    /// before deliveries were queued per subscription; only drained now.
-    pub fn legacy_delivery_queue(&self) -> String {
-        format!("{}:dq", self.prefix)
-    }
-    /// Due deliveries of one subscription (score: when they are due).
-    pub fn subscription_queue(&self, id: &str) -> String {
-        format!("{}:dq:{id}", self.prefix)
-    }
-    /// Claimed deliveries of one subscription (score: when the claim's lease ends).
-    pub fn subscription_in_flight(&self, id: &str) -> String {
-        format!("{}:df:{id}", self.prefix)
-    }
-    /// This owner's subscriptions that have deliveries queued or in flight (score: the next time
-    /// one may be claimable; early is harmless, late never happens).
-    pub fn due_subscriptions(&self) -> String {
-        format!("{}:dsubs", self.prefix)
-    }
-    /// Deliveries of one subscription (score: created ms), for listing.
-    pub fn subscription_deliveries(&self, id: &str) -> String {
-        format!("{}:wdl:{id}", self.prefix)
-    }
     pub fn budget(&self, scope: &str, unit: Unit) -> String {
-        self.budget_by_code(&budget_code(scope, unit))
-    }
-    pub fn budget_by_code(&self, code: &str) -> String {
-        format!("{}:b:{code}", self.prefix)
-    }
-    /// Hash scope -> ",UNIT,UNIT," of the units budgeted at that scope.
-    pub fn scope_units(&self) -> String {
-        format!("{}:scopes", self.prefix)
-    }
-    pub fn reservation(&self, token: &str) -> String {
-        format!("{}:r:{token}", self.prefix)
-    }
-    /// A reservation's metadata and commit metadata (hash), beside its record, so that listings
-    /// read records without it.
-    pub fn reservation_metadata(&self, token: &str) -> String {
-        format!("{}:rm:{token}", self.prefix)
-    }
-    /// The evidence ids of a reservation's operations (hash: reserve, commit, release).
-    pub fn reservation_evidence(&self, token: &str) -> String {
-        format!("{}:rev:{token}", self.prefix)
-    }
-    /// The listing index: a status member and three value members per reservation (see
-    /// `lua/lib/listing.lua`), all scored 0 and read with ZRANGE BYLEX.
-    pub fn listing_index(&self) -> String {
-        format!("{}:li", self.prefix)
-    }
-    /// How far the listing index backfill of reservations written before it has come: the last
-    /// created-index member done, or `done`.
-    pub fn listing_backfill(&self) -> String {
-        format!("{}:li:backfill", self.prefix)
-    }
-    /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
-    pub fn expiry_index(&self) -> String {
-        format!("{}:exp", self.prefix)
-    }
-    /// The per-tenant listing index: members `<13-digit created_at ms><token>` (token = the
-    /// record key suffix, see `reservation`), all scored 0, ordered with ZRANGE BYLEX.
-    pub fn created_index(&self) -> String {
-        format!("{}:created", self.prefix)
-    }
-    /// Stream of the tenant's events (the spec's `Event` JSON per entry), in time order.
-    pub fn events(&self) -> String {
-        format!("{}:events", self.prefix)
-    }
-    /// Reservations the sweep could not read: id -> reason. Never refunded automatically.
-    pub fn quarantine(&self) -> String {
-        format!("{}:quarantine", self.prefix)
-    }
-    /// The tenant's policies: policy_id -> the stored `Policy` (JSON).
-    pub fn policies(&self) -> String {
-        format!("{}:pol", self.prefix)
-    }
-    /// What the runtime scripts read of each policy: policy_id -> its runtime projection
-    /// (JSON). Rate counters live beside it, one hash per minute (`<this>:rate:<minute>`).
-    pub fn policy_rules(&self) -> String {
-        format!("{}:pol:rt", self.prefix)
-    }
-    /// Policy names in use: lower-case name -> policy_id.
-    pub fn policy_names(&self) -> String {
-        format!("{}:pol:names", self.prefix)
-    }
-    /// The tenant's recurring ledgers by the end of their period (score), for the sweep's rolls.
-    pub fn periods(&self) -> String {
-        format!("{}:periods", self.prefix)
-    }
-    /// The tenant's v0.1.26 action-quota counters: the index by member
-    /// ("<scope>|<kind or __risk__:class>|<window>|<bucket>", lexicographic), the same by
-    /// cleanup deadline, and one counter (`count_actions` in `lua/lib/quotas.lua` writes them).
-    pub fn quota_index(&self) -> String {
-        format!("{}:quotas", self.prefix)
-    }
-    pub fn quota_due(&self) -> String {
-        format!("{}:quotas:due", self.prefix)
-    }
-    pub fn quota_counter(&self, member: &str) -> String {
-        format!("{}:q:{member}", self.prefix)
-    }
-    /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).
-    pub fn audit_log(&self) -> String {
-        format!("{}:auditlog", self.prefix)
-    }
-    /// The audit entries written before the audit stream: a list (read and trimmed, never
-    /// written).
-    pub fn legacy_audit_log(&self) -> String {
-        format!("{}:audit", self.prefix)
+        self.budget_by_code(budget_code(scope, unit))
     }
     /// Idempotency record of namespace `ns` (e.g. `reserve`, `decide`, `event`).
     pub fn idempotency(&self, ns: &str, parts: &[&str]) -> String {
@@ -282,6 +153,135 @@ impl TenantKeys {
         all.extend_from_slice(parts);
         format!("{}:i:{ns}:{}", self.prefix, digest(&all))
     }
+}
+
+/// Declares the keys of a tenant's slot once, for both languages: each line is a key's name, its
+/// parameters and its suffix after the tenant's prefix (literals and parameters in order). It
+/// gives `TenantKeys` one method per key and the script library its `KEY` table (`lua_table`),
+/// whose functions take the prefix (`prefix_of` any key of the tenant) and the same parameters:
+/// no key is spelled anywhere else.
+macro_rules! tenant_keys {
+    ($($(#[$doc:meta])* $name:ident($($param:ident),*) => [$($part:tt)+];)*) => {
+        impl TenantKeys {
+            $($(#[$doc])* pub fn $name(&self, $($param: impl std::fmt::Display),*) -> String {
+                let mut key = self.prefix.clone();
+                $(tenant_keys!(@push key, $part);)+
+                key
+            })*
+        }
+
+        /// The `KEY` table of the script library: one function per key of a tenant's slot,
+        /// `KEY.prefix_of(key)`, the tenant prefix of any of them, and `KEY.tag_of(prefix)`, the
+        /// tenant's (encoded) name in it.
+        pub fn lua_table() -> String {
+            let mut out = String::from(
+                "local KEY = {\n  prefix_of = function(key) return string.match(key, '^(cy:{[^}]*})') end,\n  \
+                 tag_of = function(prefix) return string.match(prefix, '^cy:{(.*)}$') end,\n",
+            );
+            $(
+                let params: &[&str] = &[$(stringify!($param)),*];
+                let mut body = String::from("p");
+                $(body.push_str(&tenant_keys!(@lua $part));)+
+                out.push_str(&format!("  {} = function({}) return {} end,\n", stringify!($name),
+                    std::iter::once("p").chain(params.iter().copied()).collect::<Vec<_>>().join(", "), body));
+            )*
+            out.push_str("}\n");
+            out
+        }
+    };
+    (@push $key:ident, $lit:literal) => { $key.push_str($lit) };
+    (@push $key:ident, $param:ident) => { $key.push_str(&$param.to_string()) };
+    (@lua $lit:literal) => { format!(" .. '{}'", $lit) };
+    (@lua $param:ident) => { format!(" .. {}", stringify!($param)) };
+}
+
+tenant_keys! {
+    /// Tenant record (status and reservation defaults).
+    tenant() => [":tenant"];
+    api_key(key_id) => [":key:" key_id];
+    /// Set of the tenant's API key ids (listing and the close cascade).
+    api_key_index() => [":keys"];
+    /// A webhook subscription owned by this tenant (or by `__system__`).
+    webhook(id) => [":wh:" id];
+    /// The lock of a replay of events to one subscription.
+    webhook_replay_lock(id) => [":wh:" id ":replay"];
+    /// Set of the subscription ids this tenant owns.
+    webhook_index() => [":whs"];
+    /// Stream id up to which this tenant's events were matched against subscriptions.
+    dispatch_cursor() => [":whcursor"];
+    /// A delivery of one of this owner's subscriptions.
+    delivery(id) => [":dl:" id];
+    /// Due deliveries of this owner's subscriptions (score: when they are due), as queued
+    /// before deliveries were queued per subscription; only drained now.
+    legacy_delivery_queue() => [":dq"];
+    /// Due deliveries of one subscription (score: when they are due).
+    subscription_queue(id) => [":dq:" id];
+    /// Claimed deliveries of one subscription (score: when the claim's lease ends).
+    subscription_in_flight(id) => [":df:" id];
+    /// This owner's subscriptions that have deliveries queued or in flight (score: the next time
+    /// one may be claimable; early is harmless, late never happens).
+    due_subscriptions() => [":dsubs"];
+    /// Deliveries of one subscription (score: created ms), for listing.
+    subscription_deliveries(id) => [":wdl:" id];
+    /// A budget ledger, by its code (`budget_code`).
+    budget_by_code(code) => [":b:" code];
+    /// Hash scope -> ",UNIT,UNIT," of the units budgeted at that scope.
+    scope_units() => [":scopes"];
+    reservation(token) => [":r:" token];
+    /// A reservation's metadata and commit metadata (hash), beside its record, so that listings
+    /// read records without it.
+    reservation_metadata(token) => [":rm:" token];
+    /// The evidence ids of a reservation's operations (hash: reserve, commit, release).
+    reservation_evidence(token) => [":rev:" token];
+    /// The listing index: a status member and three value members per reservation (see
+    /// `lua/lib/listing.lua`), all scored 0 and read with ZRANGE BYLEX.
+    listing_index() => [":li"];
+    /// How far the listing index backfill of reservations written before it has come: the last
+    /// created-index member done, or `done`.
+    listing_backfill() => [":li:backfill"];
+    /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
+    expiry_index() => [":exp"];
+    /// The per-tenant listing index: members `<13-digit created_at ms><token>` (token = the
+    /// record key suffix, see `reservation`), all scored 0, ordered with ZRANGE BYLEX.
+    created_index() => [":created"];
+    /// Stream of the tenant's events (the spec's `Event` JSON per entry), in time order.
+    events() => [":events"];
+    /// The overview's counters of one hour of events: "<minute>|<category>" and
+    /// "<minute>|denied|<reason>" counts (`emit`).
+    event_stats(hour) => [":events:stats:" hour];
+    /// The ten latest events of one type (reservation.denied, reservation.expired).
+    event_recent(event_type) => [":events:recent:" event_type];
+    /// The marker that a system alert was written (once across containers).
+    system_alert_marker(name) => [":events:alert:" name];
+    /// Reservations the sweep could not read: id -> reason. Never refunded automatically.
+    quarantine() => [":quarantine"];
+    /// The tenant's policies: policy_id -> the stored `Policy` (JSON).
+    policies() => [":pol"];
+    /// What the runtime scripts read of each policy: policy_id -> its runtime projection
+    /// (JSON).
+    policy_rules() => [":pol:rt"];
+    /// Per-minute rate counters of the policies (one hash per calendar minute).
+    policy_rate(minute) => [":pol:rt:rate:" minute];
+    /// Policy names in use: lower-case name -> policy_id.
+    policy_names() => [":pol:names"];
+    /// The tenant's recurring ledgers by the end of their period (score), for the sweep's rolls.
+    periods() => [":periods"];
+    /// The tenant's v0.1.26 action-quota counters: the index by member
+    /// ("<scope>|<kind or __risk__:class>|<window>|<bucket>", lexicographic), the same by
+    /// cleanup deadline, and one counter (`count_actions` in `lua/lib/quotas.lua` writes them).
+    quota_index() => [":quotas"];
+    quota_due() => [":quotas:due"];
+    quota_counter(member) => [":q:" member];
+    /// One tenth of the alerts' rate window (`size` ms): counts of attempts, denials, expiries,
+    /// other writes and authentication failures (`lua/lib/alerts.lua`).
+    alert_window(size, tenth) => [":rt:" size ":" tenth];
+    /// When each rate-spike alert of the tenant was last raised.
+    alerted() => [":alerted"];
+    /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).
+    audit_log() => [":auditlog"];
+    /// The audit entries written before the audit stream: a list (read and trimmed, never
+    /// written).
+    legacy_audit_log() => [":audit"];
 }
 
 #[cfg(test)]
@@ -319,6 +319,19 @@ mod tests {
         assert_eq!(a.len(), 8);
         assert_ne!(a, budget_code("tenant:t", Unit::Credits));
         assert_ne!(a, budget_code("tenant:u", Unit::Tokens));
+    }
+
+    #[test]
+    fn the_lua_key_table_spells_keys_as_rust_does() {
+        let table = lua_table();
+        let k = TenantKeys::new("t");
+        assert!(table.contains("  tenant = function(p) return p .. ':tenant' end,"), "{table}");
+        assert!(
+            table.contains("  alert_window = function(p, size, tenth) return p .. ':rt:' .. size .. ':' .. tenth end,")
+        );
+        assert_eq!(k.alert_window(30000, 7), "cy:{t}:rt:30000:7");
+        assert_eq!(k.webhook_replay_lock("w1"), "cy:{t}:wh:w1:replay");
+        assert_eq!(k.tenant(), format!("{}:tenant", k.prefix()));
     }
 
     #[test]

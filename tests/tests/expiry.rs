@@ -205,7 +205,7 @@ async fn retention_removes_history_and_keeps_live_records() {
     // give this one the short retention by hand).
     h.commit(&t, &finished, 5).await.assert_ok();
     let token = |id: &str| cycles_shared::ids::ReservationId::parse(id).unwrap().token;
-    let _: () = h.store.conn().pexpire(keys.reservation(&token(&finished)), 1000).await.unwrap();
+    let _: () = h.store.conn().pexpire(keys.reservation(token(&finished)), 1000).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let first = sweep_one(&h, &t, &opts).await;
     assert_eq!(first.expired, 1);
@@ -289,7 +289,7 @@ async fn trimming_walks_past_live_records() {
     for _ in 0..5 {
         let id = h.reserve_ok(&t, 1, json!({})).await;
         h.commit(&t, &id, 1).await.assert_ok();
-        let _: () = h.store.conn().pexpire(keys.reservation(&token(&id)), 1000).await.unwrap();
+        let _: () = h.store.conn().pexpire(keys.reservation(token(&id)), 1000).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let r = sweep_one(&h, &t, &opts).await;

@@ -115,7 +115,7 @@ pub async fn observe(app: &App, ctx: &Ctx, status: u16, store_down: bool, latenc
     let keys = TenantKeys::new(SYSTEM_TENANT);
     let call = crate::ops::webhooks::SystemAlert {
         events: keys.events(),
-        marker: format!("{}:alert:{name}", keys.events()),
+        marker: keys.system_alert_marker(name),
         marker_ttl_ms: ttl.to_string(),
         context: json!({"request_id": ctx.request_id, "trace_id": ctx.trace.trace_id}).to_string(),
         alerts: events.into_iter().flat_map(|(t, d)| [t.to_string(), d.to_string()]).collect(),

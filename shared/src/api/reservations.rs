@@ -370,7 +370,7 @@ async fn dry_run(
         scopes: &scopes,
         hash,
         record: keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
-        live: keys.reservation(&ReservationId::token_for(&r.idempotency_key)),
+        live: keys.reservation(ReservationId::token_for(&r.idempotency_key)),
         governance: g,
         speaks_v26: r.observe_mode.is_some() || r.action.policy_keys.is_some(),
     };

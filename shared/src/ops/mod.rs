@@ -124,9 +124,9 @@ const SCRIPTS: &[Script] = &[
     quotas::ResetCounter::SCRIPT,
 ];
 
-/// The header of the library: the rules and messages the Rust side owns.
+/// The header of the library: the rules, messages and key schema the Rust side owns.
 fn library_header() -> String {
-    format!("{}{}", crate::domain::rules::lua_table(), crate::domain::messages::lua_table())
+    format!("{}{}{}", crate::domain::rules::lua_table(), crate::domain::messages::lua_table(), crate::keys::lua_table())
 }
 
 macro_rules! modules {
@@ -241,8 +241,26 @@ impl LedgerState {
 mod tests {
     use std::collections::{HashMap, HashSet};
 
-    use super::MODULES;
+    use super::{MODULES, SCRIPTS};
     use crate::store::{definitions, identifiers};
+
+    /// Keys are spelled in `keys.rs` only: Lua gets them as its keys or from the generated `KEY`
+    /// table, and never builds one (no literal that starts a key's suffix, such as ':tenant').
+    #[test]
+    fn no_script_builds_a_key() {
+        let sources = MODULES.iter().map(|(name, text)| (*name, *text)).chain(SCRIPTS.iter().map(|s| (s.name, s.body)));
+        for (name, text) in sources {
+            for line in text.lines().map(|l| l.split("--").next().unwrap_or_default()) {
+                for quote in ['\'', '"'] {
+                    for literal in line.split(quote).skip(1).step_by(2) {
+                        let suffix =
+                            literal.strip_prefix(':').is_some_and(|r| r.starts_with(|c: char| c.is_ascii_alphabetic()));
+                        assert!(!suffix && !literal.contains("cy:"), "{name} builds a key: {line}");
+                    }
+                }
+            }
+        }
+    }
 
     /// Every helper a module uses is its own (defined before the use) or comes from a module its
     /// `-- needs:` line names, which loads earlier; every module it names is used; nothing is

@@ -73,14 +73,14 @@ struct Window {
 }
 
 async fn window(store: &Store, owner: &str, now: i64) -> ApiResult<Window> {
-    let events = TenantKeys::new(owner).events();
+    let keys = TenantKeys::new(owner);
     let last = now / 60_000;
     let first = last - (WINDOW_SECONDS / 60 - 1);
     let mut w = Window::default();
     let mut hours = vec![first / 60, last / 60];
     hours.dedup();
     for hour in hours {
-        let counts: HashMap<String, i64> = store.conn().hgetall(format!("{events}:stats:{hour}")).await?;
+        let counts: HashMap<String, i64> = store.conn().hgetall(keys.event_stats(hour)).await?;
         for (field, n) in counts {
             let Some((minute, what)) = field.split_once('|') else { continue };
             if !minute.parse::<i64>().is_ok_and(|m| (first..=last).contains(&m)) {
@@ -94,7 +94,7 @@ async fn window(store: &Store, owner: &str, now: i64) -> ApiResult<Window> {
     }
     let since = format_rfc3339_ms(first * 60_000);
     for (kind, into) in [("reservation.denied", &mut w.denials), ("reservation.expired", &mut w.expiries)] {
-        let latest: Vec<String> = store.conn().lrange(format!("{events}:recent:{kind}"), 0, TOP as isize - 1).await?;
+        let latest: Vec<String> = store.conn().lrange(keys.event_recent(kind), 0, TOP as isize - 1).await?;
         into.extend(
             latest
                 .iter()

@@ -167,7 +167,7 @@ pub async fn delivery_ids(store: &Store, owner: &str, id: &str, limit: isize) ->
 /// Takes the replay lock of a subscription for an hour under `token`; false when another
 /// replay holds it.
 pub async fn lock_replay(store: &Store, owner: &str, id: &str, token: &str) -> ApiResult<bool> {
-    let lock = format!("{}:replay", TenantKeys::new(owner).webhook(id));
+    let lock = TenantKeys::new(owner).webhook_replay_lock(id);
     let set: Option<String> =
         redis::cmd("SET").arg(&lock).arg(token).arg("NX").arg("EX").arg(3600).query_async(&mut store.conn()).await?;
     Ok(set.is_some())
@@ -175,7 +175,7 @@ pub async fn lock_replay(store: &Store, owner: &str, id: &str, token: &str) -> A
 
 /// Releases the replay lock if `token` still holds it.
 pub async fn unlock_replay(store: &Store, owner: &str, id: &str, token: &str) -> ApiResult<()> {
-    let lock = format!("{}:replay", TenantKeys::new(owner).webhook(id));
+    let lock = TenantKeys::new(owner).webhook_replay_lock(id);
     let held: Option<String> = store.conn().get(&lock).await?;
     if held.as_deref() == Some(token) {
         let _: () = store.conn().del(&lock).await?;
