@@ -9,13 +9,17 @@ local f = cjson.decode(A.fields)
 if redis.call('EXISTS', K.budget) == 1 then
   return err('DUPLICATE_RESOURCE', 'A budget for scope ' .. f.scope .. ' and unit ' .. f.unit .. ' already exists')
 end
-f.status, f.remaining, f.reserved, f.spent, f.debt, f.is_over_limit = 'ACTIVE', f.allocated, '0', '0', '0', 'false'
-f.created_at_ms, f.updated_at_ms = now_s, now_s
+-- what changes with charges lives in the ledger's view, the rest in fields of their own
+local b = {key = K.budget, scope = f.scope, unit = f.unit, status = 'ACTIVE', allocated = f.allocated,
+  remaining = f.allocated, reserved = '0', spent = '0', debt = '0', overdraft_limit = f.overdraft_limit or '0',
+  over = false, policy = f.commit_overage_policy, caps = f.caps}
+f.allocated, f.overdraft_limit, f.commit_overage_policy, f.caps = nil, nil, nil, nil
+f.created_at_ms = now_s
 write_fields(K.budget, f)
 local units = redis.call('HGET', K.scope_units, f.scope) or ','
 if not string.find(units, ',' .. f.unit .. ',', 1, true) then redis.call('HSET', K.scope_units, f.scope, units .. f.unit .. ',') end
-schedule_period(K.budget, K.due_index, f.tenant_id)
-local b = read_budget(K.budget)
+schedule_period(b, K.due_index, f.tenant_id, now_s)
+b = read_budget(K.budget)
 emit(K.events, 'budget.created', f.tenant_id, f.scope, ctx, 'cycles-admin',
   '{"ledger_id":' .. cjson.encode(f.ledger_id) .. ',"scope":' .. cjson.encode(f.scope) .. ',"unit":"' .. f.unit ..
   '","operation":"CREATE","new_state":' .. ledger_state(b) .. '}', now)

@@ -32,9 +32,10 @@ if (patch.period_every or '') ~= '' and not patch.period_end_ms and not redis.ca
   return err('INVALID_REQUEST', 'period_recurrence needs a period_end (the end of the first period)')
 end
 if patch.overdraft_limit then b.overdraft_limit = patch.overdraft_limit end
+if patch.commit_overage_policy then b.policy = patch.commit_overage_policy end
 b.over = d_cmp(b.debt, b.overdraft_limit) > 0
 save_ledger(b, now)
-patch.overdraft_limit = nil
+patch.overdraft_limit, patch.commit_overage_policy = nil, nil
 write_fields(K.budget, patch)
 emit(K.events, 'budget.updated', tenant, b.scope, ctx, 'cycles-admin',
   '{' .. ids .. ',"operation":"UPDATE","previous_state":' .. before .. ',"new_state":' .. ledger_state(b) .. '}', now)
@@ -42,7 +43,7 @@ over_limit_events(K.events, ctx, b, tenant, now)
 audit(K.audit_log, ctx, 'budget.update', 'budget', ledger_id, now)
 -- a changed period takes effect now: scheduled, and rolled at once when it has already ended
 if patch.period_every or patch.period_end_ms then
-  schedule_period(K.budget, K.due_index, tenant)
-  roll_due(sc, read_budget(K.budget))
+  schedule_period(b, K.due_index, tenant, now_s)
+  roll_due(sc, b)
 end
 return ok(record_json(K.budget), b.status, now_s)

@@ -2,9 +2,9 @@
 -- reserve: charge every budgeted scope, return what was not used, record the commit.
 local now, now_s = now_ms()
 local r, answer = open_reservation(K, A, now, function(r)
-  if r.status ~= 'COMMITTED' or r.rec.ck ~= A.idempotency_key then return nil end
-  if r.rec.ch ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
-  return replayed(settle_answer(r.rec.cr, r), r.status, now_s)
+  if r.status ~= 'COMMITTED' or r.rec.fkey ~= A.idempotency_key then return nil end
+  if r.rec.fhash ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(settle_answer(r.rec), r.status, now_s)
 end)
 if not r then return answer end
 if A.unit ~= r.unit then
@@ -45,18 +45,16 @@ if ctx then
     ',"overage_policy":"' .. r.policy .. '","debt_incurred":' .. debt .. '}', now)
 end
 
-local result = {charged = charged, balances = balances(budgets)}
-if d_cmp(charged, E) < 0 then result.released = d_sub(E, charged) end
 local rec = r.rec
-rec.status, rec.charged, rec.finalized, rec.ck, rec.ch, rec.cr = 'COMMITTED', charged, now_s, A.idempotency_key,
-  A.payload_hash, result
+rec.status, rec.charged, rec.finished, rec.fkey, rec.fhash, rec.fbalances = 'COMMITTED', charged, now_s,
+  A.idempotency_key, A.payload_hash, balances(budgets)
 if A.metrics ~= '' then rec.metrics = A.metrics end
 if A.metadata ~= '' then
   rec.m = '1'
   redis.call('HSET', K.meta, 'cmeta', A.metadata)
 end
-save_record(K.reservation, rec)
+save_record(K.reservation, rec, K.meta)
 keep_finished(K.reservation, K.meta, rec, tonumber(A.record_ttl_ms))
 redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'COMMITTED')
-return ok(settle_answer(result, r), 'COMMITTED', now_s)
+return ok(settle_answer(rec), 'COMMITTED', now_s)

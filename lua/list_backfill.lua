@@ -4,14 +4,10 @@
 local added = 0
 for i, key in ipairs(K.records) do
   local rec = load_record(key)
-  if rec and STATUS_MARK[rec.status] and rec.estimate and rec.expires and rec.subject then
-    local decoded, subject = pcall(cjson.decode, rec.subject)
-    local scope = rec.scope or (decoded and type(subject) == 'table' and scope_path_of(subject))
-    if scope then
-      list_add(K.listing_index, list_members(string.sub(A.members[i], 14), rec.status, rec.subject, rec.estimate,
-        scope, rec.expires))
-      added = added + 1
-    end
+  if rec and STATUS_MARK[rec.status] and rec.estimate and rec.expires and rec.subject and rec.scope then
+    list_add(K.listing_index, list_members(string.sub(A.members[i], 14), rec.status, rec.subject, rec.estimate,
+      rec.scope, rec.expires))
+    added = added + 1
   end
 end
 return ok({added = added})

@@ -3,6 +3,6 @@
 local out = {}
 for i, key in ipairs(K.budgets) do
   local b = read_budget(key)
-  out[i] = b and balances({b})[1] or false
+  out[i] = b and balances({b}) or false
 end
 return ok({ledgers = out})

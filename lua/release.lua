@@ -2,9 +2,9 @@
 -- writes its audit entry in the same step.
 local now, now_s = now_ms()
 local r, answer = open_reservation(K, A, now, function(r)
-  if r.status ~= 'RELEASED' or r.rec.rk ~= A.idempotency_key then return nil end
-  if r.rec.rh ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
-  return replayed(settle_answer(r.rec.rr, r), r.status, now_s)
+  if r.status ~= 'RELEASED' or r.rec.fkey ~= A.idempotency_key then return nil end
+  if r.rec.fhash ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(settle_answer(r.rec), r.status, now_s)
 end)
 if not r then return answer end
 
@@ -17,12 +17,12 @@ local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(r.sc, budgets, r.unit)
 
-local result = {released = r.estimate, balances = balances(budgets)}
 local rec = r.rec
-rec.status, rec.finalized, rec.rk, rec.rh, rec.rr = 'RELEASED', now_s, A.idempotency_key, A.payload_hash, result
+rec.status, rec.finished, rec.fkey, rec.fhash, rec.fbalances = 'RELEASED', now_s, A.idempotency_key, A.payload_hash,
+  balances(budgets)
 uncount_runs(r.sc.prefix, rec)
 if A.reason ~= '' then rec.reason = A.reason end
-save_record(K.reservation, rec)
+save_record(K.reservation, rec, K.meta)
 keep_finished(K.reservation, K.meta, rec, tonumber(A.record_ttl_ms))
 redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'RELEASED')
@@ -31,4 +31,4 @@ if A.audit ~= '' then
   audit(K.audit_log, request_context(A.audit), 'reservation.release', 'reservation', r.rid, now,
     A.reason ~= '' and {reason = A.reason} or nil)
 end
-return ok(settle_answer(result, r), 'RELEASED', now_s)
+return ok(settle_answer(rec), 'RELEASED', now_s)

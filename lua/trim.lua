@@ -11,15 +11,14 @@ local removed = 0
 for i, member in ipairs(A.members) do
   local record, meta = K.candidates[2 * i - 1], K.candidates[2 * i]
   local rec = load_record(record)
-  local finished = rec and tonumber(rec.finalized or rec.expired)
+  local finished = rec and tonumber(rec.finished)
   if not rec then
     redis.call('ZREM', K.created_index, member)
     removed = removed + 1
   elseif rec.status ~= 'ACTIVE' and STATUS_MARK[rec.status] and finished and finished + retention <= now
       and rec.estimate and rec.expires then
     local token = string.sub(member, 14)
-    local scope = rec.scope or scope_path_of(cjson.decode(rec.subject))
-    for _, m in ipairs(list_members(token, rec.status, rec.subject, rec.estimate, scope, rec.expires)) do
+    for _, m in ipairs(list_members(token, rec.status, rec.subject, rec.estimate, rec.scope, rec.expires)) do
       redis.call('ZREM', K.listing_index, m)
     end
     redis.call('DEL', record, meta)

@@ -8,23 +8,22 @@
 -- request context (nil for system work) and Redis's clock. Every key below shares the tenant's
 -- prefix, so its slot. A context given as its JSON text is decoded only when an event needs it.
 
-local LAZY_CONTEXT = {__index = function(sc, field)
-  if field ~= 'ctx' then return nil end
-  local ctx = request_context(sc.raw_ctx) or false
-  rawset(sc, 'ctx', ctx)
-  return ctx
+-- The scene's request context and tenant name are worked out when first needed (most requests
+-- write no event).
+local LAZY_SCENE = {__index = function(sc, field)
+  local v
+  if field == 'ctx' then v = request_context(sc.raw_ctx) or false
+  elseif field == 'name' then v = KEY.tag_of(sc.prefix)
+  else return nil end
+  rawset(sc, field, v)
+  return v
 end}
 
 local function scene(events_key, ctx, now, tenant, name)
   local prefix = KEY.prefix_of(events_key)
-  local sc = {events = events_key, prefix = prefix, now = now, tenant = tenant,
-    name = name or KEY.tag_of(prefix)}
-  if type(ctx) == 'string' then
-    sc.raw_ctx = ctx
-    return setmetatable(sc, LAZY_CONTEXT)
-  end
-  sc.ctx = ctx
-  return sc
+  local sc = {events = events_key, prefix = prefix, now = now, tenant = tenant, name = name}
+  if type(ctx) == 'string' then sc.raw_ctx = ctx else sc.ctx = ctx or false end
+  return setmetatable(sc, LAZY_SCENE)
 end
 
 -- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
@@ -47,9 +46,10 @@ end
 
 -- (spent + reserved) / allocated; nil for a ledger without an allocation.
 local function utilization(allocated, spent, reserved)
-  local a = tonumber(allocated)
-  if not a or a <= 0 then return nil end
-  return (tonumber(spent) + tonumber(reserved)) / a
+  if allocated == '0' then return nil end
+  local a = allocated + 0
+  if a <= 0 then return nil end
+  return (spent + reserved) / a
 end
 
 -- budget.threshold_crossed for each threshold the ledger's utilization crossed since `from` (a
@@ -57,6 +57,7 @@ end
 -- other way. A change that leaves the utilization on one side of a threshold emits nothing,
 -- so each crossing is announced once per direction.
 local function threshold_events(sc, b, from)
+  if from.spent == b.spent and from.reserved == b.reserved and from.allocated == b.allocated then return end
   local u0 = utilization(from.allocated, from.spent, from.reserved)
   local u1 = utilization(b.allocated, b.spent, b.reserved)
   if not u0 or not u1 or u0 == u1 then return end
@@ -117,9 +118,9 @@ end
 -- at most eleven small hashes whatever its traffic.
 local function count(sc, field)
   local size = alert_settings(sc).rw * 100
-  local key = KEY.alert_window(sc.prefix, size, math.floor(sc.now / size))
-  local n = redis.call('HINCRBY', key, field, 1)
-  if n == 1 then redis.call('PEXPIRE', key, size * 11) end
+  local key = KEY.alert_window(sc.prefix, itoa(size), itoa(math.floor(sc.now / size)))
+  local n = redis.call('HINCRBY', key, field, '1')
+  if n == 1 then redis.call('PEXPIRE', key, itoa(size * 11)) end
   return n
 end
 
@@ -183,22 +184,22 @@ end
 -- written only by the script that makes the change, never on a replay, so a request never
 -- writes one twice.
 local function budget_events(sc, budgets, unit, reservation_id, policy)
-  local events_key, now, tenant = sc.events, sc.now, sc.name
+  local events_key, now = sc.events, sc.now
   for _, b in ipairs(budgets) do
     threshold_events(sc, b, b.before)
     if b.anomaly then
-      emit(events_key, 'budget.burn_rate_anomaly', tenant, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)
+      emit(events_key, 'budget.burn_rate_anomaly', sc.name, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)
     end
-    if d_pos(b.before.remaining) and b.remaining == '0' then
+    if b.remaining == '0' and d_pos(b.before.remaining) then
       local used = d_add(b.spent, b.reserved)
-      emit(events_key, 'budget.exhausted', tenant, b.scope, sc.ctx, 'cycles-server',
+      emit(events_key, 'budget.exhausted', sc.name, b.scope, sc.ctx, 'cycles-server',
         '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
         ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
         ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
     end
-    over_limit_events(events_key, sc.ctx, b, tenant, now, 'cycles-server')
-    if d_cmp(b.debt, b.before.debt) > 0 then
-      emit(events_key, 'budget.debt_incurred', tenant, b.scope, sc.ctx, 'cycles-server',
+    if b.over ~= b.before.over then over_limit_events(events_key, sc.ctx, b, sc.name, now, 'cycles-server') end
+    if b.debt ~= b.before.debt and d_cmp(b.debt, b.before.debt) > 0 then
+      emit(events_key, 'budget.debt_incurred', sc.name, b.scope, sc.ctx, 'cycles-server',
         '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '"' ..
         (reservation_id and (',"reservation_id":' .. cjson.encode(reservation_id)) or '') ..
         ',"debt_incurred":' .. d_sub(b.debt, b.before.debt) .. ',"total_debt":' .. b.debt ..

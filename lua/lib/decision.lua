@@ -1,96 +1,51 @@
--- The decision: budgets evaluated for a hold, denials and their detail, observe mode, and the
--- evaluation without a reservation (dry_run, decide).
--- needs: decimal, reply, access, tenant, events, ledger, alerts, periods, policies, quotas, reservation
+-- The decision: the checks every request that may spend goes through, in one ordered table
+-- (CHECKS), and how each kind of request answers them: a live reserve holds or refuses, an
+-- evaluation (dry_run, decide, a reserve in observe mode) answers a decision, an event charges
+-- or refuses.
+-- needs: decimal, reply, record, tenant, events, ledger, alerts, periods, policies, quotas
 
--- Reads the budgets of the derived scopes (`budget_keys`, with "<scope>|<code>" aligned in
--- `scopes`) and evaluates a hold of `amount` in `unit`, one condition at a time
--- across all budgeted scopes: FROZEN, CLOSED, over-limit, debt without overdraft,
--- insufficient. Returns an evaluation: budgets, scopes, codes of the budgeted scopes, and
--- either `unit_error` (no budget in this unit, but in another: 400), or `reason` (a denial
--- reason code, 'BUDGET_NOT_FOUND' included) with `message`.
-local DENIALS = {
-  {'BUDGET_FROZEN', MSG.BUDGET_FROZEN},
-  {'BUDGET_CLOSED', MSG.BUDGET_CLOSED},
-  {'OVERDRAFT_LIMIT_EXCEEDED', MSG.OVER_LIMIT},
-  {'DEBT_OUTSTANDING', MSG.DEBT_OUTSTANDING},
-  {'BUDGET_EXCEEDED', MSG.INSUFFICIENT_BUDGET},
-}
+-- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
+-- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
+-- path `scope`; the checks add the policies in force (`pol`), the quota counters a hold moves
+-- (`staged`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
+-- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
 
--- The first of DENIALS that holds for budget b, as an index; nil when b admits the hold.
-local function denial(b, amount)
-  if b.status == 'FROZEN' then return 1 end
-  if b.status == 'CLOSED' then return 2 end
-  if b.over then return 3 end
-  if d_pos(b.debt) and not d_pos(b.overdraft_limit) then return 4 end
-  if d_cmp(b.remaining, amount) < 0 then return 5 end
-  return nil
+-- The effective observe mode, decided here only: the request's, else the tenant's OBSERVE
+-- (DISABLED is ENFORCE).
+local function observing(A, tenant)
+  if A.observe ~= '' then return A.observe == 'OBSERVE' end
+  return type(tenant) == 'table' and tenant.observe == 'OBSERVE'
 end
 
--- The budgets of the derived scopes in `unit`; `unit_error` / `reason = 'BUDGET_NOT_FOUND'`
--- when no derived scope has one.
-local function scoped_budgets(units_key, budget_keys, scope_args, unit, sc)
-  local budgets, scopes, codes = {}, {}, {}
-  local e = {budgets = budgets, scopes = scopes, codes = codes}
-  for i, key in ipairs(budget_keys) do
-    local scope, code = string.match(scope_args[i], '^(.*)|(.*)$')
-    scopes[#scopes + 1] = scope
-    local b = read_budget(key, scope)
-    if b then
-      roll_due(sc, b)
-      budgets[#budgets + 1] = b
-      codes[#codes + 1] = code
-    end
-  end
-  if #budgets == 0 then
-    for _, scope in ipairs(scopes) do
-      local units = redis.call('HGET', units_key, scope)
-      if units and units ~= '' then
-        local expected = {}
-        for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end
-        e.unit_error = err('UNIT_MISMATCH', 'No budget in ' .. unit .. ' for this subject; scope ' .. scope ..
-          ' is budgeted in ' .. table.concat(expected, ', '),
-          cjson.encode({scope = scope, requested_unit = unit, expected_units = expected}))
-        return e
-      end
-    end
-    e.reason = 'BUDGET_NOT_FOUND'
-    e.message = MSG.BUDGET_NOT_FOUND .. scopes[#scopes]
-  end
-  return e
+-- The request's action as the v0.1.26 rules see it, decoded when first needed (false: none).
+local function governance_of(ask)
+  if ask.G == nil then ask.G = governance(ask.A.governance) or false end
+  return ask.G
 end
 
-local function evaluate(units_key, budget_keys, scope_args, unit, amount, sc)
-  local e = scoped_budgets(units_key, budget_keys, scope_args, unit, sc)
-  if e.unit_error or e.reason then return e end
-  -- One condition at a time across all scopes: the earliest condition wins, then the
-  -- shallowest scope.
-  local worst, denied_by
-  for _, b in ipairs(e.budgets) do
-    local k = denial(b, amount)
-    if k and (not worst or k < worst) then worst, denied_by = k, b end
-  end
-  if worst then
-    e.reason, e.message, e.denied_by = DENIALS[worst][1], DENIALS[worst][2] .. denied_by.scope, denied_by
-    return e
-  end
-  -- Operator caps come from the deepest derived scope's budget, when it has one.
-  local deepest = e.budgets[#e.budgets]
-  if deepest.scope == e.scopes[#e.scopes] and deepest.caps and deepest.caps ~= '' then e.caps = deepest.caps end
-  return e
+-- Whether the tenant may have policies (its record counts them; one without a record is read).
+local function has_policies(ask)
+  local t = ask.tenant
+  return not (type(t) == 'table' and t.policies == 0)
 end
 
-local function denied_event(sc, e, reason, A, detail)
-  local scope, remaining = e and e.denied_by and e.denied_by.scope, e and e.denied_by and e.denied_by.remaining
-  scope = (detail and detail.blocked_by_scope) or scope or request_scope(A.scopes)
-  emit(sc.events, 'reservation.denied', sc.name, scope, sc.ctx, 'cycles-server', '{"scope":' .. cjson.encode(scope) ..
-    ',"unit":"' .. A.unit .. '","reason_code":"' .. reason .. '","requested_amount":' .. A.amount ..
-    (remaining and (',"remaining":' .. remaining) or '') .. ',"action":' .. A.action .. ',"subject":' .. A.subject ..
-    (detail and detail.blocked_by_policy and (',"policy_id":' .. cjson.encode(detail.blocked_by_policy)) or '') ..
-    (detail and (',"deny_detail":' .. detail_json(detail)) or '') .. '}', sc.now)
-  count_and_check(sc, 'd')
+-- The policies in force for the request's scope (read once; nothing for a tenant without any).
+local NO_POLICIES = {}
+local function policies_of(ask)
+  if not ask.pol then
+    ask.pol = has_policies(ask) and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant,
+      ask.mode ~= 'charge' and governance_of(ask)) or NO_POLICIES
+  end
+  return ask.pol
 end
 
--- The DenyDetail of a budget or tenant denial of evaluation `e` (`A` the request).
+-- The request's action, where v0.1.26 rules may apply to it (a hold or an evaluation of a
+-- tenant with policies).
+local function ruled_action(ask)
+  return ask.mode ~= 'charge' and has_policies(ask) and governance_of(ask)
+end
+
+-- The DenyDetail of a budget or tenant denial (`b`: the ledger that denied).
 local FIXES = {
   BUDGET_FROZEN = 'Unfreeze the budget of %s',
   BUDGET_CLOSED = 'The budget of %s is closed; fund another scope',
@@ -100,44 +55,212 @@ local FIXES = {
   TENANT_CLOSED = 'The tenant is closed; no new reservations are possible',
   TENANT_SUSPENDED = 'Reactivate the tenant',
 }
-local function deny_detail(reason, e, A, tenant)
-  local b = e and e.denied_by
-  local scope = (b and b.scope) or (tenant and ('tenant:' .. tenant)) or request_scope(A.scopes)
+local function deny_detail(reason, b, ask, scope)
+  scope = scope or (b and b.scope) or ask.scope
   local d = {reason_code = reason, blocked_by_scope = scope}
   if reason == 'BUDGET_EXCEEDED' and b then
     d.budget_remaining = b.remaining
-    d.suggested_fix = 'Fund ' .. scope .. ' by at least ' .. d_sub(A.amount, b.remaining) .. ' ' .. A.unit
+    d.suggested_fix = 'Fund ' .. scope .. ' by at least ' .. d_sub(ask.A.amount, b.remaining) .. ' ' .. ask.A.unit
   elseif FIXES[reason] then
     d.suggested_fix = string.format(FIXES[reason], scope)
   end
   return d
 end
 
--- A live reserve's refusal with DenyDetail `d` (of evaluation `e`, when budgets refused):
--- reservation.denied, and the error carrying the detail.
-local function refused(sc, e, A, d, message)
-  denied_event(sc, e, d.reason_code, A, d)
+-- 1. The tenant accepts new spending: an evaluation answers DENY, a hold or a charge refuses.
+local function tenant_status(ask)
+  local t = ask.tenant
+  if t == 'MALFORMED' then return {fail = err('INTERNAL_ERROR', MSG.TENANT_MALFORMED)} end
+  if type(t) ~= 'table' or t.status == 'ACTIVE' then return nil end
+  if ask.mode == 'evaluate' then
+    local reason = 'TENANT_' .. t.status
+    return {deny = deny_detail(reason, nil, ask, 'tenant:' .. ask.sc.name)}
+  end
+  if t.status == 'CLOSED' then return {fail = err('TENANT_CLOSED', MSG.TENANT_CLOSED)} end
+  return {fail = err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)}
+end
+
+-- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
+local function rate_limit(ask)
+  if ask.mode ~= 'hold' then return nil end
+  local limited = rate_check(ask.K.policies, policies_of(ask).rl_r, 'reservations', ask.scope, ask.now,
+    ask.A.reclaimed == '')
+  return limited and {fail = limited}
+end
+
+-- A live reserve's attempt is counted for the denial-rate alert (once: not its reclaim retry),
+-- an event as another API-key write.
+local function attempt(ask)
+  if ask.A.digest == '' then return nil end
+  if ask.mode == 'hold' and ask.A.reclaimed == '' then count(ask.sc, 'n') end
+  if ask.mode == 'charge' then count(ask.sc, 'a') end
+  return nil
+end
+
+-- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas.
+local function action_access(ask)
+  local G = ruled_action(ask)
+  local d = G and access_denial(policies_of(ask), G, ask.scope)
+  return d and {deny = d}
+end
+
+local function quota_step(setting_of, by_risk)
+  return function(ask)
+    local G = ruled_action(ask)
+    if not G then return nil end
+    ask.staged = ask.staged or {}
+    local d, bad = quota_denial(ask.sc, setting_of(policies_of(ask)), by_risk and G.risk_label or G.kind, by_risk, G,
+      ask.scope, ask.staged)
+    if bad then return {fail = bad} end
+    return d and {deny = d}
+  end
+end
+
+-- 6. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
+-- evaluation: one condition at a time across the scopes, the earliest condition first, then
+-- the shallowest scope), or (a charge) none is frozen or closed.
+local DENIALS = {
+  {'BUDGET_FROZEN', MSG.BUDGET_FROZEN},
+  {'BUDGET_CLOSED', MSG.BUDGET_CLOSED},
+  {'OVERDRAFT_LIMIT_EXCEEDED', MSG.OVER_LIMIT},
+  {'DEBT_OUTSTANDING', MSG.DEBT_OUTSTANDING},
+  {'BUDGET_EXCEEDED', MSG.INSUFFICIENT_BUDGET},
+}
+
+local function denial(b, amount, charge)
+  if b.status == 'FROZEN' then return 1 end
+  if b.status == 'CLOSED' then return 2 end
+  if charge then return nil end
+  if b.over then return 3 end
+  if b.debt ~= '0' and d_pos(b.debt) and not d_pos(b.overdraft_limit) then return 4 end
+  if d_cmp(b.remaining, amount) < 0 then return 5 end
+  return nil
+end
+
+-- The budgets of the derived scopes in the request's unit (their keys in `K.budgets`, aligned
+-- with "<scope>|<8-character code>" in `A.scopes`), each rolled into its current period.
+local function scoped_budgets(ask)
+  local budgets, codes = {}, {}
+  local e = {budgets = budgets, codes = codes}
+  for i, key in ipairs(ask.K.budgets) do
+    local arg = ask.A.scopes[i]
+    local b = read_budget(key, string.sub(arg, 1, -10))
+    if b then
+      roll_due(ask.sc, b)
+      budgets[#budgets + 1] = b
+      codes[#codes + 1] = string.sub(arg, -8)
+    end
+  end
+  if #budgets > 0 then return e end
+  -- no budget in this unit: 400 when a derived scope has one in another, else BUDGET_NOT_FOUND
+  for _, arg in ipairs(ask.A.scopes) do
+    local scope = string.sub(arg, 1, -10)
+    local units = redis.call('HGET', ask.K.scope_units, scope)
+    if units and units ~= '' then
+      local expected = {}
+      for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end
+      local unit = ask.A.unit
+      return nil, err('UNIT_MISMATCH', 'No budget in ' .. unit .. ' for this subject; scope ' .. scope ..
+        ' is budgeted in ' .. table.concat(expected, ', '),
+        cjson.encode({scope = scope, requested_unit = unit, expected_units = expected}))
+    end
+  end
+  return nil
+end
+
+local function budget_checks(ask)
+  local e, bad = scoped_budgets(ask)
+  if bad then return {fail = bad} end
+  if not e then
+    if ask.mode ~= 'evaluate' then return {fail = err('NOT_FOUND', MSG.BUDGET_NOT_FOUND .. ask.scope)} end
+    return {deny = deny_detail('BUDGET_NOT_FOUND', nil, ask), message = MSG.BUDGET_NOT_FOUND .. ask.scope}
+  end
+  ask.e = e
+  local worst, by
+  for _, b in ipairs(e.budgets) do
+    local k = denial(b, ask.A.amount, ask.mode == 'charge')
+    if k and (not worst or k < worst) then worst, by = k, b end
+  end
+  if not worst then return nil end
+  local reason, message = DENIALS[worst][1], DENIALS[worst][2] .. by.scope
+  if ask.mode == 'charge' then return {fail = err(reason, message)} end
+  return {deny = deny_detail(reason, by, ask), message = message, e = e, by = by}
+end
+
+-- 7. Caps: a matching policy's over those of the deepest derived scope's budget (when it has one).
+local function caps_in_force(ask)
+  if ask.mode == 'charge' then return nil end
+  local pol = policies_of(ask)
+  if pol.caps then
+    ask.caps = pol.caps.value
+  else
+    local deepest = ask.e.budgets[#ask.e.budgets]
+    if deepest.scope == ask.scope and deepest.caps then ask.caps = deepest.caps end
+  end
+  return nil
+end
+
+-- The checks, in the normative order (protocol v0.1.26: access, risk-class quotas, per-kind
+-- quotas, budgets; before them the tenant and a policy's rate limit; caps last).
+local CHECKS = {
+  tenant_status,
+  rate_limit,
+  attempt,
+  action_access,
+  quota_step(function(pol) return pol.rq end, true),
+  quota_step(function(pol) return pol.aq end, false),
+  budget_checks,
+  caps_in_force,
+}
+
+local function decide(ask)
+  for _, check in ipairs(CHECKS) do
+    local verdict = check(ask)
+    if verdict then return verdict end
+  end
+  return nil
+end
+
+-- The ask of a request (its mode, keys, arguments, clock and tenant record).
+local function ask_of(mode, K, A, now, tenant)
+  local sc = scene(K.events, A.context, now, tenant)
+  return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = string.sub(A.scopes[#A.scopes], 1, -10)}
+end
+
+-- reservation.denied for a denial `d` (a live refusal or an evaluated DENY), counted for the
+-- denial-rate alert.
+local function denied_event(ask, d, by)
+  local sc, A = ask.sc, ask.A
+  local scope = d.blocked_by_scope or ask.scope
+  emit(sc.events, 'reservation.denied', sc.name, scope, sc.ctx, 'cycles-server', '{"scope":' .. cjson.encode(scope) ..
+    ',"unit":"' .. A.unit .. '","reason_code":"' .. d.reason_code .. '","requested_amount":' .. A.amount ..
+    (by and (',"remaining":' .. by.remaining) or '') .. ',"action":' .. A.action .. ',"subject":' .. A.subject ..
+    (d.blocked_by_policy and (',"policy_id":' .. cjson.encode(d.blocked_by_policy)) or '') ..
+    ',"deny_detail":' .. detail_json(d) .. '}', sc.now)
+  count_and_check(sc, 'd')
+end
+
+-- A live reserve's refusal of verdict `v`: reservation.denied, and the error carrying the detail.
+local function refused(ask, v)
+  local d = v.deny
+  denied_event(ask, d, v.by)
+  local message = v.message or gate_message(d, governance_of(ask).kind)
   return err(d.reason_code, message, '{"deny_detail":' .. detail_json(d) .. '}')
 end
 
--- The effective observe mode: the request's, else the tenant's OBSERVE; DISABLED is ENFORCE.
-local function observing(G, tenant)
-  if G and G.observe ~= '' then return G.observe == 'OBSERVE' end
-  return type(tenant) == 'table' and tenant.observe == 'OBSERVE'
-end
-
 -- reservation.observed_denied / observed_allowed of an observe-mode evaluation.
-local function observed_event(sc, A, G, result, scope_path)
+local function observed_event(ask, result)
+  local sc, A, G = ask.sc, ask.A, governance_of(ask) or {run = ''}
   local denied = result.decision == 'DENY'
   local correlation
   local data = '{"observe_mode":"OBSERVE","unit":"' .. A.unit .. '","estimated_amount":' .. A.amount .. ',"action":' ..
     A.action .. ',"subject":' .. A.subject
-  local scope = scope_path
+  local scope = ask.scope
   if denied then
     local d = result.deny_detail
-    scope = d.blocked_by_scope or scope_path
+    scope = d.blocked_by_scope or scope
     local v = d.quota_violation or {}
-    correlation = redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.kind .. '|' .. (v.window_key or '') .. '|' ..
+    correlation = redis.sha1hex(sc.name .. '|' .. scope .. '|' .. (G.kind or '') .. '|' .. (v.window_key or '') .. '|' ..
       d.reason_code .. '|' .. (d.blocked_by_policy or ''))
     data = data .. ',"scope":' .. cjson.encode(scope) .. ',"deny_detail":' .. detail_json(d) ..
       ',"would_have_blocked_at":' .. cjson.encode(scope) .. '}'
@@ -152,11 +275,11 @@ local function observed_event(sc, A, G, result, scope_path)
 end
 
 -- Evaluation without a reservation (dry_run, decide, and a reserve in observe mode): the
--- checks of a live reserve in the normative order, answered as a decision; only the
--- idempotency record is written, with reservation.denied on a denial (or, observing, the
--- observed_* event instead). `K.record` is this namespace's idempotency record, `K.live` the
--- reservation the same key would create (for decide, the record again); `status` the
--- answer's status ('OBSERVED' for a reserve in observe mode).
+-- checks in their order, answered as a decision; only the idempotency record is written, with
+-- reservation.denied on a denial (or, observing, the observed_* event instead). `K.record` is
+-- this namespace's idempotency record, `K.live` the reservation the same key would create (for
+-- decide, the record again); `status` the answer's status ('OBSERVED' for a reserve in observe
+-- mode).
 local function evaluation(K, A, now, now_s, status, tenant)
   local replayed_answer = replay(K.record, A.payload_hash, status, now_s, function(old)
     return {decision = old[1], reason_code = (old[2] ~= '') and old[2] or nil, caps = (old[3] ~= '') and old[3] or nil,
@@ -168,42 +291,28 @@ local function evaluation(K, A, now, now_s, status, tenant)
 
   if tenant == nil then tenant = tenant_record(K.tenant) end
   if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
-  local sc = scene(K.events, A.context, now, tenant)
-  local G = governance(A.governance)
-  local observe = observing(G, tenant)
-  local scope_path = request_scope(A.scopes)
-  local function decide(decision, reason, e, detail)
-    local result = {decision = decision, reason_code = reason, caps = e and e.caps,
-      codes = e and table.concat(e.codes) or '', deny_detail = detail, observed = observe or nil}
-    if e and decision ~= 'DENY' then result.balances = balances(e.budgets) end
-    if observe then
-      -- observed ALLOWs are sampled (the handler drew `sampled`); every observed DENY is written
-      if decision == 'DENY' or G.sampled then observed_event(sc, A, G, result, scope_path) end
-    elseif decision == 'DENY' then
-      denied_event(sc, e, reason, A, detail)
-    end
-    local json = detail_json(result)
-    redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', json)
-    redis.call('PEXPIRE', K.record, tonumber(A.record_ttl_ms))
-    return ok(json, status, now_s)
-  end
+  local ask = ask_of('evaluate', K, A, now, tenant)
+  local observe = observing(A, tenant)
   -- observed evaluations stay out of the production denial rate
-  if A.digest ~= '' and not observe then count(sc, 'n') end
-  local t = type(tenant) == 'table' and tenant
-  if t and (t.status == 'CLOSED' or t.status == 'SUSPENDED') then
-    local reason = 'TENANT_' .. t.status
-    return decide('DENY', reason, nil, deny_detail(reason, nil, A, sc.name))
+  if A.digest ~= '' and not observe then count(ask.sc, 'n') end
+  local verdict = decide(ask)
+  if verdict and verdict.fail then return verdict.fail end
+  local result = {decision = 'DENY', observed = observe or nil}
+  if verdict then
+    result.reason_code, result.deny_detail = verdict.deny.reason_code, verdict.deny
+    result.codes = ask.e and verdict.e and table.concat(ask.e.codes) or ''
+  else
+    result.decision = ask.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
+    result.caps, result.codes, result.balances = ask.caps, table.concat(ask.e.codes), balances(ask.e.budgets)
   end
-  local pol = policy_settings(K.policies, scope_path, now, tenant, G)
-  if G then
-    local gate, bad = action_gate(sc, pol, G, scope_path)
-    if bad then return bad end
-    if gate then return decide('DENY', gate.reason_code, nil, gate) end
+  if observe then
+    -- observed ALLOWs are sampled (the handler drew `sampled`); every observed DENY is written
+    if verdict or (governance_of(ask) and ask.G.sampled) then observed_event(ask, result) end
+  elseif verdict then
+    denied_event(ask, verdict.deny, verdict.by)
   end
-  local e = evaluate(K.scope_units, K.budgets, A.scopes, A.unit, A.amount, sc)
-  if e.unit_error then return e.unit_error end
-  if e.reason then return decide('DENY', e.reason, e, deny_detail(e.reason, e, A)) end
-  -- a matching policy's caps take precedence over the budget's
-  if pol.caps then e.caps = pol.caps.value end
-  return decide(e.caps and 'ALLOW_WITH_CAPS' or 'ALLOW', nil, e)
+  local json = detail_json(result)
+  redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', json)
+  redis.call('PEXPIRE', K.record, A.record_ttl_ms)
+  return ok(json, status, now_s)
 end

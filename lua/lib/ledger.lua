@@ -1,22 +1,57 @@
 -- Budget ledgers: read, settled, written, and the balances answers carry.
 -- needs: decimal, reply
 
-local BUDGET_FIELDS = {'scope', 'unit', 'status', 'allocated', 'remaining', 'reserved', 'spent', 'debt',
-  'overdraft_limit', 'is_over_limit', 'caps', 'commit_overage_policy', 'roll_at_ms', 'burn'}
+-- A ledger keeps what changes with every charge in one field, `v`: its view, the fields of
+-- LEDGER_VIEW (the header has them from `ops::ledgers::VIEW_FIELDS`) joined by \31: scope,
+-- unit, status, allocated, remaining, reserved, spent, debt, overdraft_limit, '1' when over the
+-- limit, updated_at_ms, roll_at (the end of its period when it recurs; `roll_period`), the
+-- commit overage policy, caps (JSON) and the burn window (`track_burn`), '' where it has none.
+-- One read and one write of one field per ledger and request, where every field cost a read
+-- and a write of its own. Its other fields (ids, period, metadata) change only by operator
+-- requests. Ledgers written before the view keep those values in fields of the same names,
+-- read as such until the next write folds them into the view.
 
--- Reads a budget hash; nil when it does not exist. `scope` guards against key-hash collisions.
--- `roll_at` is the end of its period when it recurs (`roll_period`), `burn` its burn window
--- (`track_burn`).
-local function read_budget(key, scope)
-  local f = redis.call('HMGET', key, unpack(BUDGET_FIELDS))
-  if not f[2] then return nil end
-  if scope and f[1] ~= scope then error('budget key collision at ' .. key) end
-  local b = { key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
+-- A ledger from its fields in view order (strings; '' for none).
+local function ledger_of(key, f)
+  for i = 3, 15 do if f[i] == '' then f[i] = nil end end
+  local b = {key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
     remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
-    overdraft_limit = f[9] or '0', over = (f[10] == 'true'), caps = f[11], policy = f[12], roll_at = f[13], burn = f[14] }
+    overdraft_limit = f[9] or '0', over = (f[10] == '1'), roll_at = f[12], policy = f[13], caps = f[14], burn = f[15]}
   b.before = {allocated = b.allocated, remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt,
     over = b.over, burn = b.burn}
   return b
+end
+
+-- Reads a ledger; nil when it does not exist. `scope` guards against key-hash collisions.
+local function read_budget(key, scope)
+  local raw = redis.call('HGET', key, 'v')
+  local b
+  if raw then
+    local f = {string.match(raw, LEDGER_VIEW_PATTERN)}
+    if #f == 0 then error('malformed ledger view at ' .. key) end
+    b = ledger_of(key, f)
+  else
+    local f = redis.call('HMGET', key, unpack(LEDGER_VIEW))
+    if not f[2] then return nil end
+    for i = 1, #LEDGER_VIEW do f[i] = f[i] or '' end
+    f[10] = (f[10] == 'true') and '1' or ''
+    b = ledger_of(key, f)
+    b.legacy = true
+  end
+  if scope and b.scope ~= scope then error('budget key collision at ' .. key) end
+  return b
+end
+
+-- Writes a ledger's view (`now_s`: the update time's digits); a ledger read from its old
+-- fields drops them, so the view is its only copy.
+local function save_view(b, now_s)
+  local v = table.concat({b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
+    b.overdraft_limit, b.over and '1' or '', now_s, b.roll_at or '', b.policy or '', b.caps or '', b.burn or ''}, '\31')
+  redis.call('HSET', b.key, 'v', v)
+  if b.legacy then
+    redis.call('HDEL', b.key, unpack(LEDGER_VIEW, 3))
+    b.legacy = nil
+  end
 end
 
 -- Charges the actual amount X against holds of E on every budget (the commit math of README's
@@ -81,53 +116,20 @@ local function resolve_policy(requested, budgets, tenant, from_policy)
   return (tenant and tenant.default_policy) or RULES.DEFAULT_OVERAGE_POLICY
 end
 
--- Checks that every new value fits int64, then writes all budgets (never half way): only the
--- fields that changed (Redis charges per argument) and the update time (`now_s`, the digits
--- `now_ms` returns).
-local LEDGER_FIELDS = {'remaining', 'reserved', 'spent', 'debt'}
+-- Checks that every new value fits int64, then writes all budgets (never half way), each with
+-- the update time `now_s` (the digits `now_ms` returns).
+local AMOUNTS = {'remaining', 'reserved', 'spent', 'debt'}
 local function write_budgets(budgets, now_s)
   for _, b in ipairs(budgets) do
-    for _, field in ipairs(LEDGER_FIELDS) do
+    for _, field in ipairs(AMOUNTS) do
       if not d_fits(b[field]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
     end
   end
-  for _, b in ipairs(budgets) do
-    local args = {'updated_at_ms', now_s}
-    for _, field in ipairs(LEDGER_FIELDS) do
-      if b[field] ~= b.before[field] then args[#args + 1] = field; args[#args + 1] = b[field] end
-    end
-    if b.over ~= b.before.over then args[#args + 1] = 'is_over_limit'; args[#args + 1] = b.over and 'true' or 'false' end
-    if b.burn ~= b.before.burn then args[#args + 1] = 'burn'; args[#args + 1] = b.burn end
-    redis.call('HSET', b.key, unpack(args))
-  end
+  for _, b in ipairs(budgets) do save_view(b, now_s) end
   return nil
 end
 
--- The balances an answer carries: per budget, in canonical scope order, its amounts as
--- [allocated, remaining, reserved, spent, debt, overdraft_limit, '1' when over the limit]
--- (the handler knows the scopes and the unit, so stored answers do not repeat them; the Rust
--- side reads them as `LedgerState`).
-local function balances(budgets)
-  local out = {}
-  for i, b in ipairs(budgets) do
-    out[i] = {b.allocated, b.remaining, b.reserved, b.spent, b.debt, b.overdraft_limit, b.over and '1' or '0'}
-  end
-  return out
-end
-
--- Stored answers written before answers were objects kept the balances flat: 7 strings per
--- budget from `first` on.
-local function legacy_balances(flat, first)
-  local out = {}
-  for i = first, #flat, 7 do
-    out[#out + 1] = {flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], flat[i + 5], flat[i + 6]}
-  end
-  return out
-end
-
--- Writes a ledger's amounts, flag, status and update time (after d_fits checks by the caller).
+-- Writes a ledger an operator changed (after d_fits checks by the caller), at `now` (ms).
 local function save_ledger(b, now)
-  redis.call('HSET', b.key, 'allocated', b.allocated, 'remaining', b.remaining, 'reserved', b.reserved,
-    'spent', b.spent, 'debt', b.debt, 'overdraft_limit', b.overdraft_limit, 'is_over_limit', b.over and 'true' or 'false',
-    'status', b.status, 'updated_at_ms', tostring(now))
+  save_view(b, itoa(now))
 end

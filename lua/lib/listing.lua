@@ -13,6 +13,8 @@ local function padded(digits, width)
   return string.rep('0', width - #digits) .. digits
 end
 
+-- A reservation id's token: "<tenant>.<token>.<codes>", the token 14 characters, the codes 8
+-- per budgeted scope.
 local function token_of(rid)
   return string.match(rid, '^[^.]+%.([^.]+)%.')
 end
@@ -33,13 +35,21 @@ end
 
 local function list_add(list_key, members)
   local args = {}
-  for _, m in ipairs(members) do args[#args + 1] = 0; args[#args + 1] = m end
+  for _, m in ipairs(members) do args[#args + 1] = '0'; args[#args + 1] = m end
   redis.call('ZADD', list_key, unpack(args))
+end
+
+-- A new reservation (`token`, its record `rec`) in the tenant's created index and listing index.
+-- Created index: lexicographic members "<13-digit created ms><token>", so one index serves
+-- time windows, both directions and stable cursors (ZRANGE ... BYLEX).
+local function index_reservation(K, token, rec)
+  redis.call('ZADD', K.created_index, '0', padded(rec.created, 13) .. token)
+  list_add(K.listing_index, list_members(token, 'ACTIVE', rec.subject, rec.estimate, rec.scope, rec.expires))
 end
 
 -- A reservation's status member moves with its status (`r` as `read_reservation` returns it).
 local function list_status(list_key, r, to)
   local token, t = token_of(r.rid), tenant_mark(r.rec.subject or '')
   redis.call('ZREM', list_key, STATUS_MARK[r.status] .. t .. token)
-  redis.call('ZADD', list_key, 0, STATUS_MARK[to] .. t .. token)
+  redis.call('ZADD', list_key, '0', STATUS_MARK[to] .. t .. token)
 end

@@ -13,9 +13,9 @@ local function roll_period(sc, b)
   local f = redis.call('HMGET', b.key, 'period_every', 'period_start_ms', 'rollover_policy', 'period_carried', 'ledger_id',
     'period_day')
   if not f[1] or b.status == 'CLOSED' then
-    redis.call('HDEL', b.key, 'roll_at_ms')
-    redis.call('ZREM', KEY.periods(sc.prefix), b.key)
     b.roll_at = nil
+    save_view(b, itoa(sc.now))
+    redis.call('ZREM', KEY.periods(sc.prefix), b.key)
     return
   end
   local from = {allocated = b.allocated, spent = b.spent, reserved = b.reserved}
@@ -45,30 +45,30 @@ local function roll_period(sc, b)
   local start_s, end_s = itoa(start_ms), itoa(end_ms)
   -- a new period is judged afresh, as RESET_SPENT does: over the limit only while the debt is
   b.over = d_cmp(b.debt, b.overdraft_limit) > 0
-  redis.call('HSET', b.key, 'allocated', b.allocated, 'remaining', b.remaining, 'spent', b.spent, 'period_start_ms',
-    start_s, 'period_end_ms', end_s, 'roll_at_ms', end_s, 'period_carried', carried, 'is_over_limit', tostring(b.over),
-    'updated_at_ms', itoa(sc.now))
+  b.roll_at = end_s
+  save_view(b, itoa(sc.now))
+  redis.call('HSET', b.key, 'period_start_ms', start_s, 'period_end_ms', end_s, 'period_carried', carried)
   over_limit_events(sc.events, nil, b, sc.name, sc.now, 'cycles-periods')
   redis.call('ZADD', KEY.periods(sc.prefix), end_ms, b.key)
-  b.roll_at = end_s
   b.before.allocated, b.before.remaining, b.before.spent, b.before.over = b.allocated, b.remaining, b.spent, b.over
   threshold_events(sc, b, from)
 end
 
--- After a write of a ledger's period fields: a recurring ledger is due at its period's end
--- (`roll_at_ms`, the tenant's periods index and its slot's due index, which the sweep reads);
--- any other is due never.
-local function schedule_period(key, due_index, tenant)
-  local f = redis.call('HMGET', key, 'period_every', 'period_end_ms', 'status')
-  local periods = KEY.periods(KEY.prefix_of(key))
-  if f[1] and f[2] and f[3] ~= 'CLOSED' then
-    redis.call('HSET', key, 'roll_at_ms', f[2])
-    redis.call('ZADD', periods, f[2], key)
+-- After a write of ledger `b`'s period fields (at `now_s`): a recurring ledger is due at its
+-- period's end (its `roll_at`, the tenant's periods index and its slot's due index, which the
+-- sweep reads); any other is due never.
+local function schedule_period(b, due_index, tenant, now_s)
+  local f = redis.call('HMGET', b.key, 'period_every', 'period_end_ms')
+  local periods = KEY.periods(KEY.prefix_of(b.key))
+  if f[1] and f[2] and b.status ~= 'CLOSED' then
+    b.roll_at = f[2]
+    redis.call('ZADD', periods, f[2], b.key)
     redis.call('ZADD', due_index, 'LT', f[2], tenant)
   else
-    redis.call('HDEL', key, 'roll_at_ms')
-    redis.call('ZREM', periods, key)
+    b.roll_at = nil
+    redis.call('ZREM', periods, b.key)
   end
+  save_view(b, now_s)
 end
 
 -- Rolls the ledger first when its period has ended (every script that changes a ledger).

@@ -4,10 +4,12 @@
 -- A released or expired reservation gives its per_run action calls back (v0.1.26 quotas; never
 -- below 0, and a counter that has expired stays gone). `prefix` is the tenant's key prefix.
 local function uncount_runs(prefix, rec)
-  if type(rec.qrun) ~= 'table' then return end
-  for _, member in ipairs(rec.qrun) do
+  if not rec.qrun then return end
+  local decoded, runs = pcall(cjson.decode, rec.qrun)
+  if not decoded or type(runs) ~= 'table' then return end
+  for _, member in ipairs(runs) do
     local key = KEY.quota_counter(prefix, member)
-    if tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', -1) end
+    if tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', '-1') end
   end
 end
 
@@ -31,8 +33,8 @@ local QUOTA_TTL_MS = {per_minute_tumbling = 120000, per_hour_tumbling = 3660000,
 local BUCKET_LEN = {per_minute_tumbling = 16, per_hour_tumbling = 13, per_day_tumbling = 10, per_tenant_per_day = 10}
 
 local function governance(raw)
-  local ok_, G = pcall(cjson.decode, raw or '')
-  if not ok_ or type(G) ~= 'table' or not G.kind then return nil end
+  local decoded, G = pcall(cjson.decode, raw or '')
+  if not decoded or type(G) ~= 'table' or not G.kind then return nil end
   G.risk_label = '__risk__:' .. G.risk
   if type(G.keys) ~= 'table' then G.keys = {} end
   return G
@@ -82,57 +84,58 @@ local function keys_admit(q, keys)
   return true
 end
 
--- Steps 1-3 of the reservation evaluation order, reading only: the access lists, then the
--- risk-class quotas, then the per-kind quotas of the rules `pol` found. Returns a DenyDetail
--- (the first failing step; among violated quotas of a step the one with the least headroom),
--- or nil, an error (400: a per_run quota applies and the run id is missing), or nil, nil and
--- the counters a live reserve increments (`count_actions`).
-local function action_gate(sc, pol, G, scope_path)
+-- Step 1 of the reservation evaluation order: the access lists of the policy that has them
+-- (`pol.ac`, from `policy_settings`). A DenyDetail, or nil.
+local function access_denial(pol, G, scope_path)
   local ac = pol.ac
-  if ac then
-    local p = ac.value
-    if p.deny and contains(p.deny, G.kind) then
-      return {reason_code = 'ACTION_KIND_DENIED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
-        suggested_fix = "Remove '" .. G.kind .. "' from denied_action_kinds in policy '" .. ac.id .. "'"}
-    end
-    if p.allow and not contains(p.allow, G.kind) then
-      return {reason_code = 'ACTION_KIND_NOT_ALLOWED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
-        suggested_fix = "Add '" .. G.kind .. "' to allowed_action_kinds in policy '" .. ac.id .. "'"}
-    end
+  if not ac then return nil end
+  local p = ac.value
+  if p.deny and contains(p.deny, G.kind) then
+    return {reason_code = 'ACTION_KIND_DENIED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
+      suggested_fix = "Remove '" .. G.kind .. "' from denied_action_kinds in policy '" .. ac.id .. "'"}
   end
-  local staged = {}
-  for _, step in ipairs({{pol.rq, G.risk_label, true}, {pol.aq, G.kind, false}}) do
-    local setting, label, by_risk = step[1], step[2], step[3]
-    local worst
-    for _, q in ipairs(setting and setting.value or {}) do
-      if q.k == label and (by_risk or keys_admit(q, G.keys)) then
-        if q.w == 'per_run' and G.run == '' then
-          return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. setting.id ..
-            ' has a per_run quota on ' .. label)
+  if p.allow and not contains(p.allow, G.kind) then
+    return {reason_code = 'ACTION_KIND_NOT_ALLOWED', blocked_by_policy = ac.id, blocked_by_scope = scope_path,
+      suggested_fix = "Add '" .. G.kind .. "' to allowed_action_kinds in policy '" .. ac.id .. "'"}
+  end
+  return nil
+end
+
+-- Steps 2 and 3: the quotas of one rule set (`setting`, a policy_settings entry: `pol.rq`, the
+-- risk-class quotas of the action's class, or `pol.aq`, its kind's quotas) on `label` (the
+-- risk label or the kind). Reads only. Returns a DenyDetail (among violated quotas the one
+-- with the least headroom), or nil and an error (400: a per_run quota applies and the run id
+-- is missing), or nil, nil after adding the counters a live reserve moves to `staged`.
+local function quota_denial(sc, setting, label, by_risk, G, scope_path, staged)
+  local worst
+  for _, q in ipairs(setting and setting.value or {}) do
+    if q.k == label and (by_risk or keys_admit(q, G.keys)) then
+      if q.w == 'per_run' and G.run == '' then
+        return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. setting.id ..
+          ' has a per_run quota on ' .. label)
+      end
+      local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or scope_path
+      local bucket = quota_bucket(q.w, sc.now, G.run)
+      local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
+      local key = KEY.quota_counter(sc.prefix, member)
+      local used = tonumber(redis.call('HGET', key, 'n') or '0')
+      if used >= q.n then
+        if not worst or q.n - used < worst.limit - worst.used then
+          worst = {action_kind = G.kind, window = q.w, window_key = bucket, used = used, limit = q.n, scope = scope,
+            policy_id = setting.id, risk_class = by_risk and G.risk or nil}
         end
-        local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or scope_path
-        local bucket = quota_bucket(q.w, sc.now, G.run)
-        local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
-        local key = KEY.quota_counter(sc.prefix, member)
-        local used = tonumber(redis.call('HGET', key, 'n') or '0')
-        if used >= q.n then
-          if not worst or q.n - used < worst.limit - worst.used then
-            worst = {action_kind = G.kind, window = q.w, window_key = bucket, used = used, limit = q.n, scope = scope,
-              policy_id = setting.id, risk_class = by_risk and G.risk or nil}
-          end
-        else
-          staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id}
-        end
+      else
+        staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id}
       end
     end
-    if worst then
-      return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
-        blocked_by_scope = worst.scope, suggested_fix = 'Increase the ' .. (by_risk and (G.risk .. ' risk-class') or
-        G.kind) .. ' quota from ' .. worst.limit .. ' ' .. worst.window .. " in policy '" .. worst.policy_id ..
-        "', or wait for the window to reset"}
-    end
   end
-  return nil, nil, staged
+  if worst then
+    return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
+      blocked_by_scope = worst.scope, suggested_fix = 'Increase the ' .. (by_risk and (G.risk .. ' risk-class') or
+      G.kind) .. ' quota from ' .. worst.limit .. ' ' .. worst.window .. " in policy '" .. worst.policy_id ..
+      "', or wait for the window to reset"}
+  end
+  return nil
 end
 
 -- The message of an access or quota denial `d` of `kind` (the 409's; the detail says more).
@@ -155,8 +158,8 @@ local function count_actions(sc, staged)
   local runs = {}
   for _, s in ipairs(staged) do
     local q = s.q
-    local n = redis.call('HINCRBY', s.key, 'n', 1)
-    redis.call('HSET', s.key, 'lim', q.n, 'pol', s.policy, 'last', itoa(sc.now))
+    local n = redis.call('HINCRBY', s.key, 'n', '1')
+    redis.call('HSET', s.key, 'lim', itoa(q.n), 'pol', s.policy, 'last', itoa(sc.now))
     if q.w == 'per_run' then runs[#runs + 1] = s.member end
     if n == 1 or q.w == 'per_run' then
       local ttl = q.ttl or QUOTA_TTL_MS[q.w]

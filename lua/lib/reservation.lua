@@ -1,58 +1,6 @@
 -- Reservations: the record, its stored answers, expiry, and the opening every script on one
 -- reservation shares.
--- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, quotas, listing
-
--- A reservation is one JSON string (every value a string, or an array of strings), which
--- keeps a finished reservation, replay records included, well under 1 KB. Fields:
---   codes (the budget codes of its id) status ik (reserve idempotency key) ph (its payload
---   hash) result (reserve replay) unit estimate subject scope (its scope path; absent in records
---   written before 2026-12-03) action created expires grace policy ext max_ext (grace, ext and
---   max_ext are omitted at their defaults: RULES.DEFAULT_GRACE_MS, 0, RULES.MAX_EXTENSIONS)
---   m ('1' when metadata or commit metadata is stored beside the record; older records hold
---   `metadata` and `cmeta`)
---   on commit: ck ch cr (key, payload hash, replay) charged metrics finalized
---   on release: rk rh rr reason finalized;  on expiry: expired
--- `load_record` returns the decoded record ({} when it does not decode) and its JSON as stored.
-local function load_record(key)
-  local raw = redis.call('GET', key)
-  if not raw then return nil end
-  local decoded, rec = pcall(cjson.decode, raw)
-  if not decoded or type(rec) ~= 'table' then return {}, raw end
-  return rec, raw
-end
-
--- The answer of a reserve from its stored result (a copy: the caller adds the id). Records
--- written before answers were objects hold [decision, expires, caps, balances...].
-local function reserve_answer(stored)
-  if stored[1] == nil then
-    local out = {}
-    for k, v in pairs(stored) do out[k] = v end
-    return out
-  end
-  return {decision = stored[1], expires_at_ms = stored[2], caps = (stored[3] ~= '') and stored[3] or nil,
-    balances = legacy_balances(stored, 4)}
-end
-
--- The answer of a commit or a release: its stored result with the reservation's subject and
--- unit (the handler derives the balances' scopes from them). Records written before answers
--- were objects hold [charged, released, balances...] or [released, balances...].
-local function settle_answer(stored, r)
-  local answer = stored
-  if stored[1] ~= nil then
-    if r.status == 'COMMITTED' then
-      answer = {charged = stored[1], released = (stored[2] ~= '') and stored[2] or nil, balances = legacy_balances(stored, 3)}
-    else
-      answer = {released = stored[1], balances = legacy_balances(stored, 2)}
-    end
-  end
-  local out = {subject = r.rec.subject, unit = r.unit}
-  for k, v in pairs(answer) do out[k] = v end
-  return out
-end
-
-local function save_record(key, rec)
-  redis.call('SET', key, cjson.encode(rec), 'KEEPTTL')
-end
+-- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, quotas, listing, record
 
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
 -- whose essential fields do not parse is returned with `corrupt` set (never acted on:
@@ -65,14 +13,8 @@ local function read_reservation(key, rid)
   if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
   local r = { rec = rec, raw = raw, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
     expires_at = tonumber(rec.expires), grace = tonumber(rec.grace) or RULES.DEFAULT_GRACE_MS, policy = rec.policy,
-    extensions = tonumber(rec.ext or '0'), max_extensions = tonumber(rec.max_ext) or RULES.MAX_EXTENSIONS,
-    created_at = tonumber(rec.created) }
-  -- Records keep their scope path since 2026-12-03; older ones derive it from the subject.
-  r.scope_path = rec.scope
-  if not r.scope_path then
-    local subject_ok, subject = pcall(cjson.decode, rec.subject or '')
-    if subject_ok and type(subject) == 'table' then r.scope_path = scope_path_of(subject) end
-  end
+    extensions = tonumber(rec.ext) or 0, max_extensions = tonumber(rec.max_ext) or RULES.MAX_EXTENSIONS,
+    created_at = tonumber(rec.created), scope_path = rec.scope }
   if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
       and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
     r.corrupt = true
@@ -102,9 +44,9 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   end
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
-  r.rec.status, r.rec.expired = 'EXPIRED', tostring(now)
+  r.rec.status, r.rec.finished = 'EXPIRED', itoa(now)
   uncount_runs(sc.prefix, r.rec)
-  save_record(ix.record, r.rec)
+  save_record(ix.record, r.rec, ix.meta)
   keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)
   list_status(ix.list, r, 'EXPIRED')

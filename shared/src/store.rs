@@ -459,7 +459,8 @@ pub fn definitions(lib: &str) -> Vec<(Vec<&str>, String)> {
     items
 }
 
-/// The identifiers a piece of Lua mentions outside comments and string literals.
+/// The identifiers a piece of Lua uses outside comments and string literals (not fields, not
+/// the keys of table constructors).
 pub fn identifiers(code: &str) -> std::collections::HashSet<&str> {
     let mut out = std::collections::HashSet::new();
     for line in code.lines() {
@@ -477,7 +478,12 @@ pub fn identifiers(code: &str) -> std::collections::HashSet<&str> {
                 start.get_or_insert(i);
             } else {
                 if let Some(s) = start.take() {
-                    if !bytes[s].is_ascii_digit() {
+                    // a field (`t.name`, `t:name`) or a table constructor's key (`name = v`) is no use
+                    let before = line[..s].trim_end();
+                    let field = (before.ends_with('.') && !before.ends_with("..")) || before.ends_with(':');
+                    let after = line[i..].trim_start();
+                    let key = after.starts_with('=') && !after.starts_with("==");
+                    if !bytes[s].is_ascii_digit() && !field && !key {
                         out.insert(&line[s..i]);
                     }
                 }

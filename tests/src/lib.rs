@@ -479,7 +479,8 @@ impl Harness {
     /// Reads a ledger straight from Redis and checks the balance identity on it.
     pub async fn ledger(&self, tenant: &str, scope: &str, unit: Unit) -> Ledger {
         let key = TenantKeys::new(tenant).budget(scope, unit);
-        let h: HashMap<String, String> = self.store.conn().hgetall(&key).await.unwrap();
+        let stored: HashMap<String, String> = self.store.conn().hgetall(&key).await.unwrap();
+        let h = cycles_shared::ops::ledgers::with_view(&stored).expect("a well-formed ledger view");
         let n = |f: &str| h.get(f).map(|v| v.parse::<i64>().unwrap()).unwrap_or(0);
         let l = Ledger {
             allocated: n("allocated"),
@@ -498,10 +499,21 @@ impl Harness {
         l
     }
 
-    /// Overwrites ledger fields (to stage debt, over-limit or status for a test).
+    /// Overwrites ledger fields (to stage debt, over-limit or status for a test), in the ledger's
+    /// view as the scripts keep it.
     pub async fn set_budget(&self, tenant: &str, scope: &str, unit: Unit, fields: &[(&str, &str)]) {
+        use cycles_shared::ops::ledgers::{view_of, with_view};
         let key = TenantKeys::new(tenant).budget(scope, unit);
-        let _: () = self.store.conn().hset_multiple(&key, fields).await.unwrap();
+        let stored: HashMap<String, String> = self.store.conn().hgetall(&key).await.unwrap();
+        if !stored.contains_key("v") {
+            let _: () = self.store.conn().hset_multiple(&key, fields).await.unwrap();
+            return;
+        }
+        let mut spread = with_view(&stored).expect("a well-formed ledger view");
+        for (f, v) in fields {
+            spread.insert(f.to_string(), v.to_string());
+        }
+        let _: () = self.store.conn().hset(&key, "v", view_of(&spread)).await.unwrap();
     }
 
     pub async fn set_tenant(&self, tenant: &str, fields: &[(&str, &str)]) {
@@ -567,6 +579,75 @@ impl Harness {
         let body = json!({"idempotency_key": unique("ex"), "extend_by_ms": by});
         self.post(&t.key, &format!("/v1/reservations/{rid}/extend"), &body).await
     }
+}
+
+/// A reservation record of today's layout (`lua/lib/record.lua`) by field name, its empty
+/// fields left out.
+pub fn record_fields(raw: &str) -> HashMap<String, String> {
+    let fields: Vec<String> = serde_json::from_str(raw).expect("a record of today's layout");
+    cycles_shared::ops::reservations::RECORD_FIELDS
+        .iter()
+        .zip(fields)
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+/// A record of today's layout as the first layout stored it (a JSON object, its stored answers
+/// nested objects), for the tests that such records still work.
+pub fn first_layout(raw: &str) -> Value {
+    let f = record_fields(raw);
+    let get = |k: &str| f.get(k).cloned();
+    let balances = |k: &str| -> Value {
+        let text = get(k).unwrap_or_default();
+        Value::Array(
+            text.split(',').filter(|l| !l.is_empty()).map(|l| Value::from(l.split(' ').collect::<Vec<_>>())).collect(),
+        )
+    };
+    let mut rec = serde_json::Map::new();
+    for k in ["codes", "status", "ik", "ph", "unit", "estimate", "subject", "scope", "action", "created", "expires"] {
+        if let Some(v) = get(k) {
+            rec.insert(k.into(), v.into());
+        }
+    }
+    for k in ["policy", "grace", "max_ext", "ext", "m", "charged", "metrics", "reason"] {
+        if let Some(v) = get(k) {
+            rec.insert(k.into(), v.into());
+        }
+    }
+    if let Some(q) = get("qrun") {
+        rec.insert("qrun".into(), serde_json::from_str(&q).unwrap());
+    }
+    let mut result = json!({"decision": get("decision").unwrap_or_else(|| "ALLOW".into()),
+        "expires_at_ms": get("first_expires").or(get("expires")), "balances": balances("balances")});
+    if let Some(c) = get("caps") {
+        result["caps"] = c.into();
+    }
+    rec.insert("result".into(), result);
+    match f["status"].as_str() {
+        "COMMITTED" => {
+            let mut cr = json!({"charged": get("charged"), "balances": balances("fbalances")});
+            let (e, c): (i64, i64) = (f["estimate"].parse().unwrap(), f["charged"].parse().unwrap());
+            if c < e {
+                cr["released"] = (e - c).to_string().into();
+            }
+            rec.insert("ck".into(), get("fkey").into());
+            rec.insert("ch".into(), get("fhash").into());
+            rec.insert("cr".into(), cr);
+            rec.insert("finalized".into(), get("finished").into());
+        }
+        "RELEASED" => {
+            rec.insert("rk".into(), get("fkey").into());
+            rec.insert("rh".into(), get("fhash").into());
+            rec.insert("rr".into(), json!({"released": get("estimate"), "balances": balances("fbalances")}));
+            rec.insert("finalized".into(), get("finished").into());
+        }
+        "EXPIRED" => {
+            rec.insert("expired".into(), get("finished").into());
+        }
+        _ => {}
+    }
+    Value::Object(rec)
 }
 
 /// Shallow-merges `extra` (an object) into `body`; a `null` value removes the field.

@@ -183,8 +183,8 @@ async fn closing_cascades_once_and_guards_every_mutation() {
     }
     let record: String =
         h.store.conn().get(TenantKeys::new(&t.id).reservation(open.split('.').nth(1).unwrap())).await.unwrap();
-    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
-    assert_eq!((record["status"].as_str(), record["reason"].as_str()), (Some("RELEASED"), Some("tenant_closed")));
+    let record = record_fields(&record);
+    assert_eq!((record["status"].as_str(), record["reason"].as_str()), ("RELEASED", "tenant_closed"));
     let exp: i64 = h.store.conn().zcard(TenantKeys::new(&t.id).expiry_index()).await.unwrap();
     assert_eq!(exp, 0);
 

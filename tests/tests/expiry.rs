@@ -141,7 +141,7 @@ async fn corrupt_reservations_are_quarantined_not_refunded() {
         .conn()
         .set_options(
             &key,
-            raw.replace("\"estimate\":\"40\"", "\"estimate\":\"forty\""),
+            raw.replacen(",\"40\",", ",\"forty\",", 1),
             redis::SetOptions::default().with_expiration(redis::SetExpiry::KEEPTTL),
         )
         .await

@@ -8,8 +8,12 @@ use cycles_tests::*;
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 
-/// The flat balances of an earlier stored answer: 7 strings per budget.
+/// The flat balances of an earlier stored answer: 7 strings per budget (from today's text, or
+/// the first layout's lists).
 fn flat(balances: &Value) -> Vec<Value> {
+    if let Some(text) = balances.as_str() {
+        return text.split([',', ' ']).filter(|v| !v.is_empty()).map(Value::from).collect();
+    }
     balances.as_array().map(|b| b.iter().flat_map(|row| row.as_array().unwrap().clone()).collect()).unwrap_or_default()
 }
 
@@ -43,14 +47,16 @@ fn legacy(kind: &str, now: &Value) -> Value {
     Value::Array(out)
 }
 
-/// Rewrites an answer kept in a reservation record's field (`result`, `cr`, `rr`) to its
-/// legacy shape.
-async fn age_record_field(h: &Harness, key: &str, field: &str, kind: &str) {
+/// Rewrites a reservation record in the first layout (a JSON object with its answers as nested
+/// objects) and, with `field`, that answer (`result`, `cr`, `rr`) in its older array shape.
+async fn age_record(h: &Harness, key: &str, field: Option<(&str, &str)>) {
     let mut conn = h.store.conn();
     let raw: String = conn.get(key).await.unwrap();
-    let mut rec: Value = serde_json::from_str(&raw).unwrap();
-    assert!(rec[field].is_object(), "{field} is stored as an object today: {raw}");
-    rec[field] = legacy(kind, &rec[field]);
+    // (replays leave a record as they found it: one aged before is still in the first layout)
+    let mut rec = if raw.starts_with('{') { serde_json::from_str(&raw).unwrap() } else { first_layout(&raw) };
+    if let Some((field, kind)) = field {
+        rec[field] = legacy(kind, &rec[field]);
+    }
     let _: () = redis::cmd("SET").arg(key).arg(rec.to_string()).arg("KEEPTTL").query_async(&mut conn).await.unwrap();
 }
 
@@ -118,9 +124,8 @@ async fn stored_answers_of_earlier_versions_replay_unchanged() {
     let fund_path = format!("/v1/admin/budgets/fund?scope={root}&unit=TOKENS&tenant_id={}", t.id);
     let funded = h.admin("POST", &fund_path, Some(&fund)).await.assert_ok().clone();
 
-    age_record_field(&h, &keys.reservation(&token), "result", "reserve").await;
-    age_record_field(&h, &keys.reservation(&token), "cr", "commit").await;
-    age_record_field(&h, &keys.reservation(&token2), "rr", "release").await;
+    age_record(&h, &keys.reservation(&token), Some(("result", "reserve"))).await;
+    age_record(&h, &keys.reservation(&token2), None).await;
     age_hash_result(&h, &keys.idempotency("extend", &[&rid, "e1"]), "extend").await;
     age_hash_result(&h, &keys.idempotency("decide", &["d1"]), "evaluate").await;
     age_hash_result(&h, &keys.idempotency("reserve-dry-run", &["y1"]), "evaluate").await;
@@ -130,7 +135,7 @@ async fn stored_answers_of_earlier_versions_replay_unchanged() {
 
     // Every replay answers what the first call answered, from the legacy shape.
     let again = h.post(&t.key, "/v1/reservations", &reserve).await.assert_ok().clone();
-    assert_eq!(without_ttl(again), without_ttl(first));
+    assert_eq!(without_ttl(again), without_ttl(first.clone()));
     let again = h.post(&t.key, &format!("/v1/reservations/{rid}/extend"), &extend).await;
     assert_eq!(again.assert_ok()["expires_at_ms"], extended["expires_at_ms"]);
     let again = h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &commit).await;
@@ -142,6 +147,15 @@ async fn stored_answers_of_earlier_versions_replay_unchanged() {
     let again = h.post(&t.key, "/v1/events", &event).await;
     assert_eq!((again.status, &again.body), (201, &charged.body));
     assert_eq!(h.admin("POST", &fund_path, Some(&fund)).await.assert_ok(), &funded);
+    // the commit's answer in its array shape, the reserve's in the first layout's object
+    age_record(&h, &keys.reservation(&token), Some(("cr", "commit"))).await;
+    age_record(&h, &keys.reservation(&token2), Some(("rr", "release"))).await;
+    let again = h.post(&t.key, "/v1/reservations", &reserve).await.assert_ok().clone();
+    assert_eq!(without_ttl(again), without_ttl(first));
+    let again = h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &commit).await;
+    assert_eq!(again.assert_ok(), &committed);
+    let again = h.post(&t.key, &format!("/v1/reservations/{rid2}/release"), &release).await;
+    assert_eq!(again.assert_ok(), &released);
     // ... and moves nothing.
     let after = h.root(&t).await;
     assert_eq!(
@@ -152,12 +166,111 @@ async fn stored_answers_of_earlier_versions_replay_unchanged() {
 
 /// Runs a Lua expression per case over the script library's helpers and returns its answers.
 async fn lua_answers(h: &Harness, body: &str, args: &[String]) -> Vec<String> {
+    lua_on_keys(h, body, &[], args).await
+}
+
+/// The same with keys (one tenant's: one slot).
+async fn lua_on_keys(h: &Harness, body: &str, keys: &[String], args: &[String]) -> Vec<String> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(format!("{}\n{body}", cycles_shared::ops::helpers())).arg(0);
+    cmd.arg(format!("{}\n{body}", cycles_shared::ops::helpers())).arg(keys.len());
+    for k in keys {
+        cmd.arg(k);
+    }
     for a in args {
         cmd.arg(a);
     }
     cmd.query_async(&mut h.store.conn()).await.unwrap()
+}
+
+/// The library loads as Redis Functions. (The store falls back to EVALSHA where Functions are
+/// refused, so a library that does not load would still serve, slower, and hide why.)
+#[tokio::test]
+async fn the_library_loads_as_redis_functions() {
+    let h = Harness::start().await;
+    let library = &cycles_shared::ops::LIBRARY.code;
+    let loaded: redis::RedisResult<redis::Value> =
+        redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(library).query_async(&mut h.store.conn()).await;
+    assert!(loaded.is_ok(), "FUNCTION LOAD: {loaded:?}");
+}
+
+/// A ledger as `read_budget` reads it: its view's fields in order, and whether it was read from
+/// fields of its own (written before the view).
+async fn lua_view(h: &Harness, key: String) -> Vec<String> {
+    let body = "local b = read_budget(KEYS[1])\nreturn {b.scope, b.unit, b.status, b.allocated, b.remaining, \
+                b.reserved, b.spent, b.debt, b.overdraft_limit, tostring(b.over), b.roll_at or '', b.policy or '', \
+                b.caps or '', b.burn or '', tostring(b.legacy or false)}";
+    lua_on_keys(h, body, &[key], &[]).await
+}
+
+/// A ledger's view (its `v` field) reads the same in Rust (`ops::ledgers`) and in Lua
+/// (`read_budget`) whichever side wrote it, and a ledger written before the view is read from
+/// its fields and folded into a view by its next write, with every value kept.
+#[tokio::test]
+async fn ledger_views_read_alike_in_rust_and_lua() {
+    use cycles_shared::ops::ledgers::{read, VIEW_FIELDS};
+    let h = Harness::start().await;
+    let t = h.funded(1_000).await;
+    let scope = format!("tenant:{}", t.id);
+    let key = TenantKeys::new(&t.id).budget(&scope, Unit::Tokens);
+
+    // written by Lua (a reserve), read by Rust
+    h.reserve_ok(&t, 300, json!({})).await;
+    let l = read(&h.store, &t.id, &scope, Unit::Tokens).await.unwrap().unwrap();
+    assert_eq!((l.allocated, l.remaining, l.reserved, l.spent, l.status.as_str()), (1_000, 700, 300, 0, "ACTIVE"));
+    let v = lua_view(&h, key.clone()).await;
+    assert_eq!(v[3..10], ["1000", "700", "300", "0", "0", "0", "false"]);
+
+    // written by Rust (the harness stages a view as `ops::ledgers::view_of` spells it), read by Lua
+    let caps = r#"{"max_tokens":5}"#;
+    h.set_budget(
+        &t.id,
+        &scope,
+        Unit::Tokens,
+        &[
+            ("status", "FROZEN"),
+            ("debt", "40"),
+            ("remaining", "660"),
+            ("overdraft_limit", "50"),
+            ("is_over_limit", "true"),
+            ("commit_overage_policy", "REJECT"),
+            ("caps", caps),
+            ("burn", "1:2:3:4:0"),
+        ],
+    )
+    .await;
+    let v = lua_view(&h, key.clone()).await;
+    assert_eq!(
+        v[2..15],
+        ["FROZEN", "1000", "660", "300", "0", "40", "50", "true", "", "REJECT", caps, "1:2:3:4:0", "false"]
+    );
+    assert_eq!(h.reserve(&t, 1, json!({})).await.error(), "BUDGET_FROZEN");
+
+    // a ledger from before the view: fields of its own, read as such, folded by the next write
+    let stored: std::collections::HashMap<String, String> = h.store.conn().hgetall(&key).await.unwrap();
+    let spread = cycles_shared::ops::ledgers::with_view(&stored).unwrap();
+    let _: () = h.store.conn().hdel(&key, "v").await.unwrap();
+    let legacy: Vec<(&str, String)> = VIEW_FIELDS
+        .iter()
+        .filter_map(|f| spread.get(*f).map(|v| (*f, v.clone())))
+        .map(|(f, v)| (f, if f == "status" { "ACTIVE".to_string() } else { v }))
+        .collect();
+    let _: () = h.store.conn().hset_multiple(&key, &legacy).await.unwrap();
+    let v = lua_view(&h, key.clone()).await;
+    assert_eq!(
+        v[2..15],
+        ["ACTIVE", "1000", "660", "300", "0", "40", "50", "true", "", "REJECT", caps, "1:2:3:4:0", "true"]
+    );
+    // over the limit: a reserve is refused without a write; a release writes the view
+    assert_eq!(h.reserve(&t, 1, json!({})).await.error(), "OVERDRAFT_LIMIT_EXCEEDED");
+    let held: Vec<String> = h.store.conn().zrange(TenantKeys::new(&t.id).expiry_index(), 0, -1).await.unwrap();
+    h.release(&t, held[0].as_str()).await.assert_ok();
+    let fields: Vec<String> = h.store.conn().hkeys(&key).await.unwrap();
+    assert!(fields.contains(&"v".to_string()) && !fields.contains(&"remaining".to_string()), "{fields:?}");
+    let l = read(&h.store, &t.id, &scope, Unit::Tokens).await.unwrap().unwrap();
+    assert_eq!((l.allocated, l.remaining, l.reserved, l.debt, l.overdraft_limit), (1_000, 960, 0, 40, 50));
+    assert_eq!((l.is_over_limit, l.commit_overage_policy.as_deref()), (true, Some("REJECT")));
+    let v = lua_view(&h, key).await;
+    assert_eq!(v[12..15], [caps, "1:2:3:4:0", "false"]);
 }
 
 #[tokio::test]

@@ -91,7 +91,7 @@ fn balances(scopes: &[String], unit: Unit, states: &[LedgerState]) -> ApiResult<
     if scopes.len() != states.len() {
         return Err(ApiError::fault(format!("{} ledger states for {} budgeted scopes", states.len(), scopes.len())));
     }
-    scopes.iter().zip(states).map(|(scope, state)| state.balance(scope, unit)).collect()
+    Ok(scopes.iter().zip(states).map(|(scope, state)| state.balance(scope, unit)).collect())
 }
 
 /// `max(0, expires_at - now)` while the reservation is ACTIVE, else 0 (recomputed on replays).
@@ -116,16 +116,17 @@ fn event_context(ctx: &Ctx, caller: Option<&TenantKey>, tenant: &str) -> String 
     .to_string()
 }
 
-/// The v0.1.26 side of a request (`A.governance` of the reserve and evaluate scripts): the
-/// action's kind and risk class, the policy keys its kind declares, the run id, the requested
-/// observe mode ('' when absent), and whether an observed ALLOW is written (sampling).
+/// The v0.1.26 side of a request (`A.governance` of the reserve and evaluate scripts, decoded
+/// there only where a tenant's policies or observe mode need it): the action's kind and risk
+/// class, the policy keys its kind declares, the run id, and whether an observed ALLOW is
+/// written (sampling). The requested observe mode travels apart (`A.observe`).
 struct Governance {
     json: String,
     /// The replacement of a deprecated kind (`X-Cycles-Deprecated-Kind`).
     replacement: Option<String>,
 }
 
-fn governance(app: &App, action: &Action, subject: &Subject, observe: &str) -> ApiResult<Governance> {
+fn governance(app: &App, action: &Action, subject: &Subject) -> ApiResult<Governance> {
     let info = kind_info(&action.kind, app.config.custom_kinds()).map_err(ApiError::invalid)?;
     let keys = action.policy_keys.as_ref().map(|k| serde_json::to_value(k).expect("serializable"));
     let rate = app.config.observe_allow_sample_rate;
@@ -133,7 +134,7 @@ fn governance(app: &App, action: &Action, subject: &Subject, observe: &str) -> A
     let mut g = json!({
         "kind": action.kind, "risk": info.risk_class, "keys": info.matching_keys(keys.as_ref()),
         "run": subject.dimensions.as_ref().and_then(|d| d.get("run_id")).cloned().unwrap_or_default(),
-        "observe": observe, "sampled": sampled,
+        "sampled": sampled,
     });
     if rate < 1.0 {
         g["rate"] = json!(rate);
@@ -171,9 +172,8 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     check_subject_tenant(&r.subject, &caller)?;
     let hash = payload_hash(&raw, &[("grace_period_ms", json!(rules::DEFAULT_GRACE_MS)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
-    let observe = r.observe_mode.map(ObserveMode::as_str).unwrap_or("");
-    let g = governance(app, &r.action, &r.subject, observe)?;
-    if r.dry_run == Some(true) || r.observe_mode == Some(ObserveMode::Observe) {
+    let g = governance(app, &r.action, &r.subject)?;
+    if r.dry_run == Some(true) {
         return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, &raw, hash, scopes, &g).await?, &g));
     }
     let keys = TenantKeys::new(&caller.tenant);
@@ -194,6 +194,7 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         action: serde_json::to_string(&r.action).expect("serializable"),
         metadata: json_or_empty(&r.metadata),
         context: event_context(ctx, Some(&caller), &caller.tenant),
+        observe: r.observe_mode.map(ObserveMode::as_str).unwrap_or_default().to_string(),
         governance: g.json.clone(),
         record_ttl_ms: evaluation_ttl_ms(app),
         ..Default::default()
@@ -265,6 +266,8 @@ struct Ask<'a> {
     record: String,
     live: String,
     governance: &'a Governance,
+    /// The requested observe mode ('' when none; decide has ENFORCE: it is no reservation).
+    observe: &'a str,
     /// The request uses a v0.1.26 field.
     speaks_v26: bool,
 }
@@ -323,6 +326,7 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
         context: event_context(ctx, Some(caller), &caller.tenant),
         subject: serde_json::to_string(ask.subject).expect("serializable"),
         action: serde_json::to_string(ask.action).expect("serializable"),
+        observe: ask.observe.to_string(),
         governance: ask.governance.json.clone(),
         scopes: scope_args(ask.scopes, unit),
     };
@@ -372,6 +376,7 @@ async fn dry_run(
         record: keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
         live: keys.reservation(ReservationId::token_for(&r.idempotency_key)),
         governance: g,
+        observe: r.observe_mode.map(ObserveMode::as_str).unwrap_or_default(),
         speaks_v26: r.observe_mode.is_some() || r.action.policy_keys.is_some(),
     };
     let ev = evaluate(app, ctx, caller, ask).await?;
@@ -398,8 +403,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
     let (r, raw) = parse::<DecisionRequest>(req)?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
-    // decide is no reservation: the tenant's observe mode does not apply to it
-    let g = governance(app, &r.action, &r.subject, ObserveMode::Enforce.as_str())?;
+    let g = governance(app, &r.action, &r.subject)?;
     let record = TenantKeys::new(&caller.tenant).idempotency("decide", &[&r.idempotency_key]);
     let ask = Ask {
         idempotency_key: &r.idempotency_key,
@@ -411,6 +415,8 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
         live: record.clone(),
         record,
         governance: &g,
+        // decide is no reservation: the tenant's observe mode does not apply to it
+        observe: ObserveMode::Enforce.as_str(),
         speaks_v26: r.action.policy_keys.is_some(),
     };
     let ev = evaluate(app, ctx, &caller, ask).await?;

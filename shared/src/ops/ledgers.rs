@@ -39,12 +39,81 @@ pub struct Ledger {
     pub updated_at_ms: Option<i64>,
 }
 
+/// The fields of a ledger's view (its `v` field, `lua/lib/ledger.lua`: what changes with every
+/// charge, joined by \x1f in this order), and the fields of their own that ledgers written
+/// before the view keep the same values in.
+pub const VIEW_FIELDS: [&str; 15] = [
+    "scope",
+    "unit",
+    "status",
+    "allocated",
+    "remaining",
+    "reserved",
+    "spent",
+    "debt",
+    "overdraft_limit",
+    "is_over_limit",
+    "updated_at_ms",
+    "roll_at_ms",
+    "commit_overage_policy",
+    "caps",
+    "burn",
+];
+
+/// A ledger record's fields with its view spread out under their own names (a record without
+/// a view is returned as it is). `None` when the view is malformed.
+pub fn with_view(r: &Record) -> Option<Record> {
+    let Some(view) = r.get("v") else { return Some(r.clone()) };
+    let values: Vec<&str> = view.split('\x1f').collect();
+    if values.len() != VIEW_FIELDS.len() {
+        return None;
+    }
+    let mut out = r.clone();
+    out.remove("v");
+    for (name, value) in VIEW_FIELDS.iter().zip(values) {
+        let value = match *name {
+            "is_over_limit" => {
+                if value == "1" {
+                    "true"
+                } else {
+                    "false"
+                }
+            }
+            _ => value,
+        };
+        if !value.is_empty() {
+            out.insert(name.to_string(), value.to_string());
+        }
+    }
+    Some(out)
+}
+
+/// The view of a ledger record given field by field (`with_view` read back): what a test or a
+/// tool writes to stage a ledger as the scripts would have.
+pub fn view_of(r: &Record) -> String {
+    VIEW_FIELDS
+        .iter()
+        .map(|name| match (*name, r.get(*name).map(String::as_str)) {
+            ("is_over_limit", v) => {
+                if v == Some("true") {
+                    "1"
+                } else {
+                    ""
+                }
+            }
+            (_, v) => v.unwrap_or_default(),
+        })
+        .collect::<Vec<_>>()
+        .join("\x1f")
+}
+
 impl Ledger {
-    /// The ledger of a stored hash; `None` when the hash is empty.
+    /// The ledger of a stored hash; `None` when the hash is empty or its view malformed.
     pub fn from_record(r: &Record) -> Option<Ledger> {
         if r.is_empty() {
             return None;
         }
+        let r = &with_view(r)?;
         let amount = |name: &str| int_field(r, name).unwrap_or(0);
         Some(Ledger {
             ledger_id: field(r, "ledger_id").unwrap_or_default().to_string(),

@@ -124,9 +124,19 @@ const SCRIPTS: &[Script] = &[
     quotas::ResetCounter::SCRIPT,
 ];
 
-/// The header of the library: the rules, messages and key schema the Rust side owns.
+/// The header of the library: the rules, messages, key schema and record layouts the Rust side
+/// owns.
 fn library_header() -> String {
-    format!("{}{}{}", crate::domain::rules::lua_table(), crate::domain::messages::lua_table(), crate::keys::lua_table())
+    let view: Vec<String> = ledgers::VIEW_FIELDS.iter().map(|f| format!("'{f}'")).collect();
+    // (a library's top level may call no function: the pattern is spelled out here)
+    let pattern = format!("^{}([^\\31]*)$", "([^\\31]*)\\31".repeat(view.len() - 1));
+    format!(
+        "{}{}{}local LEDGER_VIEW, LEDGER_VIEW_PATTERN = {{{}}}, '{pattern}'\n",
+        crate::domain::rules::lua_table(),
+        crate::domain::messages::lua_table(),
+        crate::keys::lua_table(),
+        view.join(", ")
+    )
 }
 
 macro_rules! modules {
@@ -142,6 +152,7 @@ modules![
     "reply",
     "calendar",
     "access",
+    "record",
     "tenant",
     "events",
     "ledger",
@@ -186,54 +197,96 @@ pub(crate) fn lua_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Nothing {}
 
-/// A ledger's amounts as answers carry them (`balances` in `lua/lib/ledger.lua`): allocated,
-/// remaining, reserved, spent, debt, overdraft limit, and "1" when over the limit.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct LedgerState(pub String, pub String, pub String, pub String, pub String, pub String, pub String);
+/// A ledger's amounts as answers carry them (`balances` in `lua/lib/record.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerState {
+    pub allocated: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    pub spent: i64,
+    pub debt: i64,
+    pub overdraft_limit: i64,
+    pub over_limit: bool,
+}
 
 impl LedgerState {
-    fn int(s: &str) -> crate::error::ApiResult<i64> {
-        s.parse().map_err(|_| crate::error::ApiError::fault(format!("malformed amount {s:?} in a ledger")))
+    /// One ledger from its amounts in order (allocated, remaining, reserved, spent, debt,
+    /// overdraft limit, "1" when over the limit); `None` unless exactly those, well formed.
+    fn from_parts<'a>(parts: impl IntoIterator<Item = &'a str>) -> Option<LedgerState> {
+        let parts: Vec<&str> = parts.into_iter().collect();
+        let [a, r, res, s, d, o, over] = parts.as_slice() else { return None };
+        let n = |v: &str| v.parse::<i64>().ok();
+        Some(LedgerState {
+            allocated: n(a)?,
+            remaining: n(r)?,
+            reserved: n(res)?,
+            spent: n(s)?,
+            debt: n(d)?,
+            overdraft_limit: n(o)?,
+            over_limit: match *over {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            },
+        })
     }
-    pub fn allocated(&self) -> crate::error::ApiResult<i64> {
-        Self::int(&self.0)
-    }
-    pub fn remaining(&self) -> crate::error::ApiResult<i64> {
-        Self::int(&self.1)
-    }
-    pub fn reserved(&self) -> crate::error::ApiResult<i64> {
-        Self::int(&self.2)
-    }
-    pub fn spent(&self) -> crate::error::ApiResult<i64> {
-        Self::int(&self.3)
-    }
-    pub fn debt(&self) -> crate::error::ApiResult<i64> {
-        Self::int(&self.4)
-    }
-    pub fn overdraft_limit(&self) -> crate::error::ApiResult<i64> {
-        Self::int(&self.5)
-    }
-    pub fn over_limit(&self) -> bool {
-        self.6 == "1"
+
+    /// The ledgers of a `balances` text: each as its amounts separated by spaces, ledgers
+    /// separated by commas ('' for none).
+    pub fn parse_all(text: &str) -> Option<Vec<LedgerState>> {
+        text.split(',').filter(|l| !l.is_empty()).map(|l| Self::from_parts(l.split(' '))).collect()
     }
 
     /// The wire `Balance` of this ledger at `scope` in `unit` (debt and overdraft limit only
     /// when not zero, the over-limit flag only when set).
-    pub fn balance(&self, scope: &str, unit: crate::model::Unit) -> crate::error::ApiResult<crate::model::Balance> {
+    pub fn balance(&self, scope: &str, unit: crate::model::Unit) -> crate::model::Balance {
         use crate::model::{Amount, Balance};
         let amount = |amount| Amount { unit, amount };
         let optional = |n: i64| (n != 0).then_some(amount(n));
-        Ok(Balance {
+        Balance {
             scope: crate::domain::leaf_segment(scope).to_string(),
             scope_path: scope.to_string(),
-            remaining: amount(self.remaining()?),
-            reserved: Some(amount(self.reserved()?)),
-            spent: Some(amount(self.spent()?)),
-            allocated: Some(amount(self.allocated()?)),
-            debt: optional(self.debt()?),
-            overdraft_limit: optional(self.overdraft_limit()?),
-            is_over_limit: self.over_limit().then_some(true),
-        })
+            remaining: amount(self.remaining),
+            reserved: Some(amount(self.reserved)),
+            spent: Some(amount(self.spent)),
+            allocated: Some(amount(self.allocated)),
+            debt: optional(self.debt),
+            overdraft_limit: optional(self.overdraft_limit),
+            is_over_limit: self.over_limit.then_some(true),
+        }
+    }
+}
+
+/// Balances in a script's answer: the text `balances` writes, or (answers stored by earlier
+/// versions) a list of 7-string lists. Anything else is malformed: the reply is a fault.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BalancesText {
+    Text(String),
+    Lists(#[serde(deserialize_with = "lua_list")] Vec<Vec<String>>),
+}
+
+impl BalancesText {
+    fn states(self) -> Option<Vec<LedgerState>> {
+        match self {
+            BalancesText::Text(t) => LedgerState::parse_all(&t),
+            BalancesText::Lists(l) => {
+                l.iter().map(|row| LedgerState::from_parts(row.iter().map(String::as_str))).collect()
+            }
+        }
+    }
+}
+
+pub(crate) fn ledger_states<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LedgerState>, D::Error> {
+    BalancesText::deserialize(d)?.states().ok_or_else(|| serde::de::Error::custom("malformed balances"))
+}
+
+impl<'de> Deserialize<'de> for LedgerState {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<LedgerState, D::Error> {
+        match ledger_states(d)?.as_slice() {
+            [one] => Ok(one.clone()),
+            _ => Err(serde::de::Error::custom("expected one ledger")),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{lua_list, script, LedgerState};
+use super::{script, LedgerState};
 use crate::domain::derive_scopes;
 use crate::error::{ApiError, ApiResult};
 use crate::ids::ReservationId;
@@ -39,7 +39,7 @@ script! {
         keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_index, due_index,
             listing_index, meta, policies, events; budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
-            idempotency_key, subject, action, metadata, reclaimed, context, governance, record_ttl_ms; scopes],
+            idempotency_key, subject, action, metadata, reclaimed, context, observe, governance, record_ttl_ms; scopes],
     }
 }
 
@@ -89,7 +89,7 @@ pub struct Hold {
     pub expires_at_ms: String,
     #[serde(default)]
     pub caps: Option<String>,
-    #[serde(deserialize_with = "lua_list")]
+    #[serde(deserialize_with = "super::ledger_states")]
     pub balances: Vec<LedgerState>,
 }
 
@@ -147,7 +147,7 @@ pub struct Settled {
     pub charged: Option<String>,
     #[serde(default)]
     pub released: Option<String>,
-    #[serde(deserialize_with = "lua_list")]
+    #[serde(deserialize_with = "super::ledger_states")]
     pub balances: Vec<LedgerState>,
     pub subject: String,
     pub unit: String,
@@ -220,7 +220,7 @@ script! {
     pub struct Evaluate = evaluate -> Evaluated {
         keys: [tenant, api_key, record, live, scope_units, events, policies; budgets],
         args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action,
-            governance; scopes],
+            observe, governance; scopes],
     }
 }
 
@@ -233,7 +233,7 @@ pub struct Evaluated {
     pub caps: Option<String>,
     #[serde(default)]
     pub codes: String,
-    #[serde(default, deserialize_with = "lua_list")]
+    #[serde(default, deserialize_with = "super::ledger_states")]
     pub balances: Vec<LedgerState>,
     /// v0.1.26 `DenyDetail` of a DENY.
     #[serde(default)]
@@ -259,13 +259,14 @@ pub struct Charged {
     #[serde(default)]
     pub charged: Option<String>,
     pub codes: String,
-    #[serde(deserialize_with = "lua_list")]
+    #[serde(deserialize_with = "super::ledger_states")]
     pub balances: Vec<LedgerState>,
 }
 
-/// A reservation record, decoded in this one place (the stored JSON; see `read_reservation` in
-/// `lua/lib/reservation.lua` for every field). Listing and getReservation read it alike.
-#[derive(Debug, Clone, Deserialize)]
+/// A reservation record, decoded in this one place: the layout of `RECORD` in
+/// `lua/lib/record.lua` (a JSON array of strings), or the JSON object of the first layout.
+/// Listing and getReservation read it alike.
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct ReservationRecord {
     pub codes: String,
     pub status: String,
@@ -286,9 +287,68 @@ pub struct ReservationRecord {
     pub scope: Option<String>,
 }
 
+/// The fields of a record of today's layout, by position (`RECORD` in `lua/lib/record.lua`).
+pub const RECORD_FIELDS: [&str; 29] = [
+    "version",
+    "status",
+    "codes",
+    "estimate",
+    "unit",
+    "policy",
+    "created",
+    "expires",
+    "grace",
+    "ext",
+    "max_ext",
+    "scope",
+    "m",
+    "ik",
+    "ph",
+    "decision",
+    "caps",
+    "first_expires",
+    "balances",
+    "subject",
+    "action",
+    "qrun",
+    "fkey",
+    "fhash",
+    "fbalances",
+    "charged",
+    "finished",
+    "metrics",
+    "reason",
+];
+
 impl ReservationRecord {
     pub fn parse(raw: &str) -> Option<ReservationRecord> {
-        serde_json::from_str(raw).ok()
+        if !raw.starts_with('[') {
+            return serde_json::from_str(raw).ok();
+        }
+        let fields: Vec<String> = serde_json::from_str(raw).ok()?;
+        let at = |name: &str| {
+            let i = RECORD_FIELDS.iter().position(|f| *f == name).expect("a record field");
+            fields.get(i).filter(|v| !v.is_empty()).cloned()
+        };
+        if at("version").as_deref() != Some("2") {
+            return None;
+        }
+        let status = at("status")?;
+        let finished = at("finished");
+        Some(ReservationRecord {
+            codes: at("codes")?,
+            ik: at("ik").unwrap_or_default(),
+            unit: at("unit")?,
+            estimate: at("estimate")?,
+            subject: at("subject")?,
+            action: at("action")?,
+            created: at("created")?,
+            expires: at("expires")?,
+            finalized: finished.filter(|_| status == "COMMITTED" || status == "RELEASED"),
+            charged: at("charged"),
+            scope: at("scope"),
+            status,
+        })
     }
 
     fn int(s: &str) -> Option<i64> {
