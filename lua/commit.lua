@@ -2,9 +2,11 @@
 -- reserve: charge every budgeted scope, return what was not used, record the commit.
 local now, now_s = now_ms()
 local r, answer = open_reservation(K, A, now, function(r)
-  if r.status ~= 'COMMITTED' or r.rec.fkey ~= A.idempotency_key then return nil end
-  if r.rec.fhash ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
-  return replayed(settle_answer(r.rec), r.status, now_s)
+  if r.status ~= 'COMMITTED' then return nil end
+  local rec = whole_record(r.rec)
+  if rec.fkey ~= A.idempotency_key then return nil end
+  if rec.fhash ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(settle_answer(rec), r.status, now_s)
 end)
 if not r then return answer end
 if A.unit ~= r.unit then
@@ -46,14 +48,14 @@ if ctx then
 end
 
 local rec = r.rec
-rec.status, rec.charged, rec.finished, rec.fkey, rec.fhash, rec.fbalances = 'COMMITTED', charged, now_s,
-  A.idempotency_key, A.payload_hash, balances(budgets)
-if A.metrics ~= '' then rec.metrics = A.metrics end
 if A.metadata ~= '' then
-  rec.m = '1'
+  -- (the record says it has metadata beside it: one set at the reserve, or this one)
+  if not rec.m then rec = whole_record(rec); rec.m = '1' end
   redis.call('HSET', K.meta, 'cmeta', A.metadata)
 end
-save_record(K.reservation, rec, K.meta)
+finish_record(K.reservation, rec, 'COMMITTED', {fkey = A.idempotency_key, fhash = A.payload_hash,
+  fbalances = balances(budgets), charged = charged, finished = now_s, metrics = A.metrics ~= '' and A.metrics or nil},
+  K.meta)
 keep_finished(K.reservation, K.meta, rec, tonumber(A.record_ttl_ms))
 redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'COMMITTED')

@@ -23,5 +23,7 @@ if A.with_evidence ~= '' then
     for i = 1, #flat, 2 do evidence[flat[i]] = flat[i + 1] end
   end
 end
-return ok({record = r.raw, scope = r.scope_path, metadata = meta[1] or r.rec.metadata,
-  committed_metadata = meta[2] or r.rec.cmeta, evidence = evidence}, r.status, now_s)
+-- (records of the first layout may hold their metadata inline)
+local inline = r.rec.head_only and {} or r.rec
+return ok({record = r.raw, scope = r.scope_path, metadata = meta[1] or inline.metadata,
+  committed_metadata = meta[2] or inline.cmeta, evidence = evidence}, r.status, now_s)

@@ -2,9 +2,11 @@
 -- writes its audit entry in the same step.
 local now, now_s = now_ms()
 local r, answer = open_reservation(K, A, now, function(r)
-  if r.status ~= 'RELEASED' or r.rec.fkey ~= A.idempotency_key then return nil end
-  if r.rec.fhash ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
-  return replayed(settle_answer(r.rec), r.status, now_s)
+  if r.status ~= 'RELEASED' then return nil end
+  local rec = whole_record(r.rec)
+  if rec.fkey ~= A.idempotency_key then return nil end
+  if rec.fhash ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(settle_answer(rec), r.status, now_s)
 end)
 if not r then return answer end
 
@@ -18,17 +20,15 @@ if failed then return failed end
 budget_events(r.sc, budgets, r.unit)
 
 local rec = r.rec
-rec.status, rec.finished, rec.fkey, rec.fhash, rec.fbalances = 'RELEASED', now_s, A.idempotency_key, A.payload_hash,
-  balances(budgets)
 uncount_runs(r.sc.prefix, rec)
-if A.reason ~= '' then rec.reason = A.reason end
-save_record(K.reservation, rec, K.meta)
+finish_record(K.reservation, rec, 'RELEASED', {fkey = A.idempotency_key, fhash = A.payload_hash,
+  fbalances = balances(budgets), finished = now_s, reason = A.reason ~= '' and A.reason or nil}, K.meta)
 keep_finished(K.reservation, K.meta, rec, tonumber(A.record_ttl_ms))
 redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'RELEASED')
 if A.audit ~= '' then
   -- admin-on-behalf-of: the audit entry is written in the same atomic step as the release
   audit(K.audit_log, request_context(A.audit), 'reservation.release', 'reservation', r.rid, now,
-    A.reason ~= '' and {reason = A.reason} or nil)
+    A.reason ~= '' and {reason = client_text(A.reason)} or nil)
 end
 return ok(settle_answer(rec), 'RELEASED', now_s)

@@ -21,8 +21,7 @@ for i = 1, n do
   local r = read_reservation(key, rid)
   if r and not r.corrupt and r.status == 'ACTIVE' then
     list_status(K.listing_index, r, 'RELEASED')
-    r.rec.status, r.rec.finished, r.rec.reason = 'RELEASED', now_s, 'tenant_closed'
-    save_record(key, r.rec, meta)
+    finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, meta)
     keep_finished(key, meta, r.rec, retention)
   end
   if not (r and r.corrupt) then redis.call('ZREM', K.expiry_index, rid) end

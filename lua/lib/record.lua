@@ -1,17 +1,27 @@
 -- The reservation record: one string per reservation, its own idempotency record too.
 -- needs: decimal, access
 --
--- Since version 2 a record is a JSON array of strings, in the order of RECORD (its positions
--- are named there): no field names and no nesting, so a finished reservation keeps its few
--- hundred bytes and a script decodes it into one array. '' stands for none; a record of an
--- ACTIVE reservation ends after `qrun`, a finished one carries the finishing fields after it.
--- `ops::reservations::ReservationRecord` reads the same layout. Records written before (a JSON
--- object with named fields, its stored answers nested) are read as such and written back in
--- the new layout by their next change.
-local RECORD = {'version', 'status', 'codes', 'estimate', 'unit', 'policy', 'created', 'expires', 'grace', 'ext',
-  'max_ext', 'scope', 'm', 'ik', 'ph', 'decision', 'caps', 'first_expires', 'balances', 'subject', 'action', 'qrun',
-  'fkey', 'fhash', 'fbalances', 'charged', 'finished', 'metrics', 'reason'}
-local RECORD_ACTIVE_FIELDS = 22
+-- A record is its fields joined by \31, in the order of RECORD (the header has it from
+-- `ops::reservations::RECORD_FIELDS`, which reads the same layout): no names, no nesting and
+-- no escaping, so a finished reservation keeps a few hundred bytes. '' stands for none. The status is one character at a fixed place (the
+-- third), and an ACTIVE reservation's record ends after `qrun`: finishing one changes that
+-- character and appends the finishing fields, without decoding or re-encoding the rest.
+-- Client text that could hold a \31 (idempotency keys, a release reason) is stored with `%`
+-- and control characters percent-encoded (`stored_text`; the handlers send it so). Records
+-- of the first layout (a JSON object with named fields, its stored answers nested) are read as
+-- such and written in this layout by their next change.
+local STATUS_CODE = {ACTIVE = 'A', COMMITTED = 'C', RELEASED = 'R', EXPIRED = 'E'}
+local STATUS_OF = {A = 'ACTIVE', C = 'COMMITTED', R = 'RELEASED', E = 'EXPIRED'}
+
+-- Client text as records keep it: `%` and control characters percent-encoded.
+local function stored_text(s)
+  return (string.gsub(s, '[%%%c]', function(c) return string.format('%%%02X', string.byte(c)) end))
+end
+
+-- The client text of a stored one.
+local function client_text(s)
+  return (string.gsub(s, '%%(%x%x)', function(h) return string.char(tonumber(h, 16)) end))
+end
 
 -- The balances answers carry, as text: per budget, in canonical scope order, its allocated,
 -- remaining, reserved, spent, debt, overdraft_limit and '1'/'0' (over the limit), separated
@@ -41,10 +51,10 @@ end
 local function upgraded(old)
   local rec = {version = '2', status = old.status, codes = old.codes, estimate = old.estimate, unit = old.unit,
     policy = old.policy, created = old.created, expires = old.expires, grace = old.grace, ext = old.ext,
-    max_ext = old.max_ext, scope = old.scope, m = old.m, ik = old.ik, ph = old.ph, subject = old.subject,
-    action = old.action, qrun = old.qrun and cjson.encode(old.qrun) or nil, charged = old.charged,
-    finished = old.finalized or old.expired, metrics = old.metrics, reason = old.reason, metadata = old.metadata,
-    cmeta = old.cmeta}
+    max_ext = old.max_ext, scope = old.scope, m = old.m, ik = old.ik and stored_text(old.ik), ph = old.ph,
+    subject = old.subject, action = old.action, qrun = old.qrun and cjson.encode(old.qrun) or nil,
+    charged = old.charged, finished = old.finalized or old.expired, metrics = old.metrics,
+    reason = old.reason and stored_text(old.reason), metadata = old.metadata, cmeta = old.cmeta}
   local r = old.result or {}
   if r[1] ~= nil then
     rec.decision, rec.first_expires, rec.caps, rec.balances = r[1], r[2], r[3], legacy_balances(r, 4)
@@ -54,14 +64,11 @@ local function upgraded(old)
   end
   if rec.decision == 'ALLOW' then rec.decision = nil end
   if rec.first_expires == rec.expires then rec.first_expires = nil end
-  if old.ck then
-    local c = old.cr or {}
-    rec.fkey, rec.fhash = old.ck, old.ch
-    rec.fbalances = (c[1] ~= nil) and legacy_balances(c, 3) or legacy_balances(c.balances)
-  elseif old.rk then
-    local c = old.rr or {}
-    rec.fkey, rec.fhash = old.rk, old.rh
-    rec.fbalances = (c[1] ~= nil) and legacy_balances(c, 2) or legacy_balances(c.balances)
+  local fkey, done = old.ck or old.rk, old.cr or old.rr or {}
+  if fkey then
+    rec.fkey, rec.fhash = stored_text(fkey), old.ck and old.ch or old.rh
+    local first = (done[1] ~= nil) and (old.ck and 3 or 2) or nil
+    rec.fbalances = first and legacy_balances(done, first) or legacy_balances(done.balances)
   end
   if not rec.scope and old.subject then
     local decoded, subject = pcall(cjson.decode, old.subject)
@@ -73,20 +80,50 @@ local function upgraded(old)
   return rec
 end
 
--- The record stored at `key`, by field name ('' fields absent), and its text as stored; nil
--- when there is none, {} when it does not decode.
+-- A record's text, whole: its fields by name ('' fields absent); {} when it does not parse.
+local function decoded_record(raw)
+  if string.sub(raw, 1, 2) ~= '2\31' then
+    local decoded, old = pcall(cjson.decode, raw)
+    if not decoded or type(old) ~= 'table' then return {} end
+    return upgraded(old)
+  end
+  local f = {string.match(raw, string.sub(raw, 3, 3) == 'A' and RECORD_ACTIVE_PATTERN or RECORD_FINISHED_PATTERN)}
+  if #f == 0 then return {} end
+  local rec = {version = '2'}
+  for i = 1, #f do
+    if f[i] ~= '' then rec[RECORD[i + 1]] = f[i] end
+  end
+  rec.status = STATUS_OF[rec.status]
+  return rec
+end
+
+-- The record stored at `key` by field name, and its text as stored; nil when there is none,
+-- {} when it does not parse.
 local function load_record(key)
   local raw = redis.call('GET', key)
   if not raw then return nil end
-  local decoded, stored = pcall(cjson.decode, raw)
-  if not decoded or type(stored) ~= 'table' then return {}, raw end
-  if stored[1] == nil then return upgraded(stored), raw end
-  local rec = {}
-  for i, name in ipairs(RECORD) do
-    local v = stored[i]
-    if v and v ~= '' then rec[name] = v end
-  end
-  return rec, raw
+  return decoded_record(raw), raw
+end
+
+-- What a script on one reservation reads of it: the head fields (the rest, `tail`, read only
+-- when needed: `whole_record`), or the whole record of the first layout.
+local function head_record(raw)
+  local s, codes, estimate, unit, policy, created, expires, grace, ext, max_ext, scope, m, qrun, subject =
+    string.match(raw, RECORD_HEAD_PATTERN)
+  if not s then return decoded_record(raw) end
+  local rec = {status = STATUS_OF[s], codes = codes, estimate = estimate, unit = unit, policy = policy, created = created,
+    expires = expires, grace = grace, ext = ext, max_ext = max_ext, scope = scope, m = m, qrun = qrun, subject = subject,
+    raw = raw, head_only = true}
+  for k, v in pairs(rec) do if v == '' then rec[k] = nil end end
+  return rec
+end
+
+-- The whole record of one read by `head_record`.
+local function whole_record(rec)
+  if not rec.head_only then return rec end
+  local whole = decoded_record(rec.raw)
+  whole.raw = rec.raw
+  return whole
 end
 
 -- The record's text (today's layout). A record of the first layout that held its metadata
@@ -100,14 +137,27 @@ local function record_text(rec, meta_key)
     rec.metadata, rec.cmeta, rec.m = nil, nil, '1'
   end
   local n = rec.status == 'ACTIVE' and RECORD_ACTIVE_FIELDS or #RECORD
-  local out = {}
-  for i = 1, n do out[i] = rec[RECORD[i]] or '' end
-  out[1] = '2'
-  return cjson.encode(out)
+  local out = {'2', STATUS_CODE[rec.status]}
+  for i = 3, n do out[i] = rec[RECORD[i]] or '' end
+  return table.concat(out, '\31')
 end
 
 local function save_record(key, rec, meta_key)
-  redis.call('SET', key, record_text(rec, meta_key), 'KEEPTTL')
+  redis.call('SET', key, record_text(whole_record(rec), meta_key), 'KEEPTTL')
+end
+
+-- Finishes an ACTIVE reservation's record (read by `head_record`): its status becomes `status`
+-- and the finishing fields (`fin`: fkey, fhash, fbalances, charged, finished, metrics, reason)
+-- follow its fields. A record of the first layout is written whole in today's.
+local function finish_record(key, rec, status, fin, meta_key)
+  rec.status = status
+  for name, v in pairs(fin) do rec[name] = v end
+  if not rec.head_only then return save_record(key, rec, meta_key) end
+  local raw = rec.raw
+  local text = '2\31' .. STATUS_CODE[status] .. string.sub(raw, 4) .. '\31' .. (fin.fkey or '') .. '\31' ..
+    (fin.fhash or '') .. '\31' .. (fin.fbalances or '') .. '\31' .. (fin.charged or '') .. '\31' .. (fin.finished or '') ..
+    '\31' .. (fin.metrics or '') .. '\31' .. (fin.reason or '')
+  redis.call('SET', key, text, 'KEEPTTL')
 end
 
 -- The answer of a reserve from its record (the caller adds the id).

@@ -7,8 +7,9 @@
 -- callers quarantine or fail).
 local STATUSES = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
 local function read_reservation(key, rid)
-  local rec, raw = load_record(key)
-  if not rec then return nil end
+  local raw = redis.call('GET', key)
+  if not raw then return nil end
+  local rec = head_record(raw)
   -- The id names the ledgers whose keys the caller declared: it must be this record's id.
   if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
   local r = { rec = rec, raw = raw, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
@@ -44,9 +45,8 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   end
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
-  r.rec.status, r.rec.finished = 'EXPIRED', itoa(now)
   uncount_runs(sc.prefix, r.rec)
-  save_record(ix.record, r.rec, ix.meta)
+  finish_record(ix.record, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
   keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)
   list_status(ix.list, r, 'EXPIRED')

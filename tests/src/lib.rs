@@ -582,15 +582,23 @@ impl Harness {
 }
 
 /// A reservation record of today's layout (`lua/lib/record.lua`) by field name, its empty
-/// fields left out.
+/// fields left out, the status spelled out.
 pub fn record_fields(raw: &str) -> HashMap<String, String> {
-    let fields: Vec<String> = serde_json::from_str(raw).expect("a record of today's layout");
-    cycles_shared::ops::reservations::RECORD_FIELDS
+    assert!(raw.starts_with("2\x1f"), "a record of today's layout: {raw}");
+    let mut out: HashMap<String, String> = cycles_shared::ops::reservations::RECORD_FIELDS
         .iter()
-        .zip(fields)
+        .zip(raw.split('\x1f'))
         .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let status = match out["status"].as_str() {
+        "A" => "ACTIVE",
+        "C" => "COMMITTED",
+        "R" => "RELEASED",
+        _ => "EXPIRED",
+    };
+    out.insert("status".into(), status.into());
+    out
 }
 
 /// A record of today's layout as the first layout stored it (a JSON object, its stored answers
@@ -605,13 +613,20 @@ pub fn first_layout(raw: &str) -> Value {
         )
     };
     let mut rec = serde_json::Map::new();
-    for k in ["codes", "status", "ik", "ph", "unit", "estimate", "subject", "scope", "action", "created", "expires"] {
+    for k in ["codes", "status", "ph", "unit", "estimate", "subject", "scope", "action", "created", "expires"] {
         if let Some(v) = get(k) {
             rec.insert(k.into(), v.into());
         }
     }
-    for k in ["policy", "grace", "max_ext", "ext", "m", "charged", "metrics", "reason"] {
+    for k in ["policy", "grace", "max_ext", "ext", "m", "charged", "metrics"] {
         if let Some(v) = get(k) {
+            rec.insert(k.into(), v.into());
+        }
+    }
+    // client text was stored as such
+    let text = |k: &str| get(k).map(|v| cycles_shared::ops::reservations::from_stored_text(&v));
+    for k in ["ik", "reason"] {
+        if let Some(v) = text(k) {
             rec.insert(k.into(), v.into());
         }
     }
@@ -631,13 +646,13 @@ pub fn first_layout(raw: &str) -> Value {
             if c < e {
                 cr["released"] = (e - c).to_string().into();
             }
-            rec.insert("ck".into(), get("fkey").into());
+            rec.insert("ck".into(), text("fkey").into());
             rec.insert("ch".into(), get("fhash").into());
             rec.insert("cr".into(), cr);
             rec.insert("finalized".into(), get("finished").into());
         }
         "RELEASED" => {
-            rec.insert("rk".into(), get("fkey").into());
+            rec.insert("rk".into(), text("fkey").into());
             rec.insert("rh".into(), get("fhash").into());
             rec.insert("rr".into(), json!({"released": get("estimate"), "balances": balances("fbalances")}));
             rec.insert("finalized".into(), get("finished").into());

@@ -141,7 +141,7 @@ async fn corrupt_reservations_are_quarantined_not_refunded() {
         .conn()
         .set_options(
             &key,
-            raw.replacen(",\"40\",", ",\"forty\",", 1),
+            raw.replacen("\x1f40\x1f", "\x1fforty\x1f", 1),
             redis::SetOptions::default().with_expiration(redis::SetExpiry::KEEPTTL),
         )
         .await

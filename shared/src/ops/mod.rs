@@ -127,15 +127,29 @@ const SCRIPTS: &[Script] = &[
 /// The header of the library: the rules, messages, key schema and record layouts the Rust side
 /// owns.
 fn library_header() -> String {
-    let view: Vec<String> = ledgers::VIEW_FIELDS.iter().map(|f| format!("'{f}'")).collect();
-    // (a library's top level may call no function: the pattern is spelled out here)
-    let pattern = format!("^{}([^\\31]*)$", "([^\\31]*)\\31".repeat(view.len() - 1));
+    // (a library's top level may call no function: patterns are spelled out here)
+    let field = "([^\\31]*)";
+    let names = |fields: &[&str]| fields.iter().map(|f| format!("'{f}'")).collect::<Vec<_>>().join(", ");
+    let joined = |n: usize| vec![field; n].join("\\31");
+    let record = &reservations::RECORD_FIELDS;
+    // a record by position: the version, then the status character, then the rest
+    let record_pattern = |n: usize| format!("^2\\31(.)\\31{}$", joined(n - 2));
     format!(
-        "{}{}{}local LEDGER_VIEW, LEDGER_VIEW_PATTERN = {{{}}}, '{pattern}'\n",
+        "{}{}{}local LEDGER_VIEW, LEDGER_VIEW_PATTERN = {{{}}}, '^{}$'\n\
+         local RECORD, RECORD_ACTIVE_FIELDS = {{{}}}, {}\n\
+         local RECORD_ACTIVE_PATTERN, RECORD_FINISHED_PATTERN = '{}', '{}'\n\
+         local RECORD_HEAD_FIELDS, RECORD_HEAD_PATTERN = {}, '^2\\31(.)\\31{}\\31'\n",
         crate::domain::rules::lua_table(),
         crate::domain::messages::lua_table(),
         crate::keys::lua_table(),
-        view.join(", ")
+        names(&ledgers::VIEW_FIELDS),
+        joined(ledgers::VIEW_FIELDS.len()),
+        names(record),
+        reservations::RECORD_ACTIVE_FIELDS,
+        record_pattern(reservations::RECORD_ACTIVE_FIELDS),
+        record_pattern(record.len()),
+        reservations::RECORD_HEAD_FIELDS,
+        joined(reservations::RECORD_HEAD_FIELDS - 2),
     )
 }
 

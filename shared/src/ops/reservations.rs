@@ -287,7 +287,13 @@ pub struct ReservationRecord {
     pub scope: Option<String>,
 }
 
-/// The fields of a record of today's layout, by position (`RECORD` in `lua/lib/record.lua`).
+/// How many fields an ACTIVE reservation's record has (the finishing fields follow), and how
+/// many a script on one reservation reads first (`head_record`).
+pub const RECORD_ACTIVE_FIELDS: usize = 22;
+pub const RECORD_HEAD_FIELDS: usize = 15;
+
+/// The fields of a record of today's layout, by position (the script library's `RECORD`, from
+/// here): joined by \x1f, the status one character (A, C, R, E).
 pub const RECORD_FIELDS: [&str; 29] = [
     "version",
     "status",
@@ -302,15 +308,15 @@ pub const RECORD_FIELDS: [&str; 29] = [
     "max_ext",
     "scope",
     "m",
+    "qrun",
+    "subject",
     "ik",
     "ph",
     "decision",
     "caps",
     "first_expires",
     "balances",
-    "subject",
     "action",
-    "qrun",
     "fkey",
     "fhash",
     "fbalances",
@@ -320,24 +326,65 @@ pub const RECORD_FIELDS: [&str; 29] = [
     "reason",
 ];
 
+/// Client text as records keep it (`stored_text` in `lua/lib/record.lua`): `%` and control
+/// characters percent-encoded, so no field ever holds the record's separator.
+pub fn stored_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '%' || c.is_ascii_control() {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The client text of a `stored_text`.
+pub fn from_stored_text(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_string();
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex =
+            (bytes[i] == b'%').then(|| s.get(i + 1..i + 3)).flatten().and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 impl ReservationRecord {
     pub fn parse(raw: &str) -> Option<ReservationRecord> {
-        if !raw.starts_with('[') {
-            return serde_json::from_str(raw).ok();
-        }
-        let fields: Vec<String> = serde_json::from_str(raw).ok()?;
+        let Some(packed) = raw.strip_prefix("2\x1f") else { return serde_json::from_str(raw).ok() };
+        let fields: Vec<&str> = std::iter::once("2").chain(packed.split('\x1f')).collect();
         let at = |name: &str| {
             let i = RECORD_FIELDS.iter().position(|f| *f == name).expect("a record field");
-            fields.get(i).filter(|v| !v.is_empty()).cloned()
+            fields.get(i).filter(|v| !v.is_empty()).map(|v| v.to_string())
         };
-        if at("version").as_deref() != Some("2") {
-            return None;
+        let status = match at("status")?.as_str() {
+            "A" => "ACTIVE",
+            "C" => "COMMITTED",
+            "R" => "RELEASED",
+            "E" => "EXPIRED",
+            _ => return None,
         }
-        let status = at("status")?;
+        .to_string();
         let finished = at("finished");
         Some(ReservationRecord {
             codes: at("codes")?,
-            ik: at("ik").unwrap_or_default(),
+            ik: at("ik").map(|k| from_stored_text(&k)).unwrap_or_default(),
             unit: at("unit")?,
             estimate: at("estimate")?,
             subject: at("subject")?,
