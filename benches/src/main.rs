@@ -386,7 +386,7 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
         assert_eq!(h.commit(&t, id, 80).await.status, 200);
     }
     let per_reservation = (used_memory(h).await - before) / n as i64;
-    // The same, attributed key by key: the records plus the tenant's created index.
+    // The same, attributed key by key: the records plus the tenant's created stream and listing index.
     let keys = cycles_shared::keys::TenantKeys::new(&t.id);
     let mut attributed: i64 = 0;
     for id in &ids {
@@ -399,7 +399,7 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
             .unwrap();
         attributed += usage.unwrap_or(0);
     }
-    for index in [keys.created_index(), keys.listing_index()] {
+    for index in [keys.created_stream(), keys.listing_index()] {
         let usage: Option<i64> = redis::cmd("MEMORY")
             .arg("USAGE")
             .arg(index)

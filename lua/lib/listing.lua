@@ -39,11 +39,12 @@ local function list_add(list_key, members)
   redis.call('ZADD', list_key, unpack(args))
 end
 
--- A new reservation (`token`, its record `rec`) in the tenant's created index and listing index.
--- Created index: lexicographic members "<13-digit created ms><token>", so one index serves
--- time windows, both directions and stable cursors (ZRANGE ... BYLEX).
+-- A new reservation (`token`, its record `rec`) in the tenant's created stream (its entry id
+-- its creation time, so time windows and both directions are ranges of ids; an id Redis refuses
+-- because the clock stepped back takes the next free one) and in its listing index.
 local function index_reservation(K, token, rec)
-  redis.call('ZADD', K.created_index, '0', padded(rec.created, 13) .. token)
+  local added = redis.pcall('XADD', K.created_stream, rec.created .. '-*', 't', token)
+  if type(added) == 'table' and added.err then redis.call('XADD', K.created_stream, '*', 't', token) end
   list_add(K.listing_index, list_members(token, 'ACTIVE', rec.subject, rec.estimate, rec.scope, rec.expires))
 end
 

@@ -241,8 +241,11 @@ tenant_keys! {
     listing_backfill() => [":li:backfill"];
     /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
     expiry_index() => [":exp"];
-    /// The per-tenant listing index: members `<13-digit created_at ms><token>` (token = the
-    /// record key suffix, see `reservation`), all scored 0, ordered with ZRANGE BYLEX.
+    /// The tenant's reservations in the order they were created: a stream whose entry ids are
+    /// their creation times (ms), each entry holding a token (field `t`; see `reservation`).
+    created_stream() => [":cs"];
+    /// The same as a sorted set, written before the stream (members `<13-digit created_at ms>
+    /// <token>`, all scored 0, read with ZRANGE BYLEX): read and trimmed, no longer written.
     created_index() => [":created"];
     /// Stream of the tenant's events (the spec's `Event` JSON per entry), in time order.
     events() => [":events"];

@@ -214,9 +214,7 @@ async fn retention_removes_history_and_keeps_live_records() {
     // The committed record expired by TTL and its index entry went; the expired one too (its
     // record took the sweep's 1 s retention); the live one stays, record and index entry.
     assert_eq!(first.trimmed_index + r.trimmed_index, 2, "{first:?} {r:?}");
-    let indexed: Vec<String> = h.store.conn().zrange(keys.created_index(), 0, -1).await.unwrap();
-    assert_eq!(indexed.len(), 1);
-    assert!(indexed[0].ends_with(&token(&live)));
+    assert_eq!(created_tokens(&h, &keys).await, [token(&live)]);
     h.get(&t.key, &format!("/v1/reservations/{live}")).await.assert_ok();
     h.get(&t.key, &format!("/v1/reservations/{expiring}")).await.assert_error(404, "NOT_FOUND");
     // The one reservation.expired event is older than its 1 s retention now: trimmed.
@@ -294,9 +292,95 @@ async fn trimming_walks_past_live_records() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let r = sweep_one(&h, &t, &opts).await;
     assert_eq!(r.trimmed_index, 5, "{r:?}");
+    assert_eq!(created_tokens(&h, &keys).await, [token(&live)]);
+}
+
+/// The tokens of a tenant's created stream, oldest first.
+async fn created_tokens(h: &Harness, keys: &TenantKeys) -> Vec<String> {
+    let entries: redis::streams::StreamRangeReply = h.store.conn().xrange_all(keys.created_stream()).await.unwrap();
+    entries.ids.iter().map(|e| e.get::<String>("t").unwrap()).collect()
+}
+
+/// Reservations indexed before the created stream (in the created index) are listed in order
+/// with newer ones and trimmed like them.
+#[tokio::test]
+async fn reservations_of_the_created_index_list_and_trim_with_the_stream() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let keys = TenantKeys::new(&t.id);
+    let token = |id: &str| cycles_shared::ids::ReservationId::parse(id).unwrap().token;
+    // two reservations moved from the stream to the created index, as written before it
+    let old: Vec<String> = vec![h.reserve_ok(&t, 1, json!({})).await, h.reserve_ok(&t, 2, json!({})).await];
+    let entries: redis::streams::StreamRangeReply = h.store.conn().xrange_all(keys.created_stream()).await.unwrap();
+    for e in &entries.ids {
+        let ms = e.id.split('-').next().unwrap();
+        let member = format!("{ms:0>13}{}", e.get::<String>("t").unwrap());
+        let _: () = h.store.conn().zadd(keys.created_index(), member, 0).await.unwrap();
+        let _: () =
+            redis::cmd("XDEL").arg(keys.created_stream()).arg(&e.id).query_async(&mut h.store.conn()).await.unwrap();
+    }
+    let new: Vec<String> = vec![h.reserve_ok(&t, 3, json!({})).await, h.reserve_ok(&t, 4, json!({})).await];
+    // in creation order, ties (one millisecond) by reservation id ascending in both directions
+    let mut all: Vec<(i64, String)> = Vec::new();
+    for id in old.iter().chain(&new) {
+        let d = h.get(&t.key, &format!("/v1/reservations/{id}")).await;
+        all.push((d.assert_ok()["created_at_ms"].as_i64().unwrap(), id.clone()));
+    }
+    let mut asc = all.clone();
+    asc.sort();
+    let mut desc = all.clone();
+    desc.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let ids = |v: Vec<(i64, String)>| v.into_iter().map(|(_, id)| id).collect::<Vec<_>>();
+    for (dir, expected) in [("asc", ids(asc)), ("desc", ids(desc))] {
+        // pages of one, so every page boundary is crossed (between the two as well)
+        let mut seen = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let path = format!("/v1/reservations?sort_by=created_at_ms&sort_dir={dir}&limit=1{cursor}");
+            let page = h.get(&t.key, &path).await;
+            let body = page.assert_ok();
+            seen.extend(
+                body["reservations"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["reservation_id"].as_str().unwrap().to_string()),
+            );
+            match body["next_cursor"].as_str() {
+                Some(c) => cursor = format!("&cursor={c}"),
+                None => break,
+            }
+        }
+        assert_eq!(seen, expected, "{dir}");
+    }
+    // finished and past retention, whichever index holds them
+    for id in [&old[0], &new[0]] {
+        h.commit(&t, id, 1).await.assert_ok();
+        let _: () = h.store.conn().pexpire(keys.reservation(token(id)), 1000).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let opts = SweepOptions { retention: Duration::from_millis(1000), ..Default::default() };
+    let r = sweep_one(&h, &t, &opts).await;
+    assert_eq!(r.trimmed_index, 2, "{r:?}");
     let indexed: Vec<String> = h.store.conn().zrange(keys.created_index(), 0, -1).await.unwrap();
     assert_eq!(indexed.len(), 1);
-    assert!(indexed[0].ends_with(&token(&live)));
+    assert!(indexed[0].ends_with(&token(&old[1])));
+    assert_eq!(created_tokens(&h, &keys).await, [token(&new[1])]);
+
+    // a clock that stepped back (the stream's last id ahead of Redis's time) takes the next id
+    let ahead = format!("{}-0", cycles_shared::domain::now_ms() + 60_000);
+    let _: () = redis::cmd("XADD")
+        .arg(keys.created_stream())
+        .arg(&ahead)
+        .arg("t")
+        .arg("gone0000000000")
+        .query_async(&mut h.store.conn())
+        .await
+        .unwrap();
+    let late = h.reserve_ok(&t, 5, json!({})).await;
+    assert_eq!(created_tokens(&h, &keys).await, [token(&new[1]), "gone0000000000".to_string(), token(&late)]);
+    let listed = h.get(&t.key, "/v1/reservations?sort_by=created_at_ms&sort_dir=desc").await;
+    assert_eq!(listed.assert_ok()["reservations"][0]["reservation_id"], late.as_str());
 }
 
 /// A pass finds due work without visiting idle tenants: thousands of registered tenants with

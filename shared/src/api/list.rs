@@ -323,18 +323,21 @@ fn sort_value(q: &Query, segments: &[Segment], p: &Position, tenant: &str) -> Va
 async fn read_segment(
     app: &App,
     auth: &(String, String),
-    index: &str,
+    keys: &TenantKeys,
+    listing: bool,
     segment: &Segment,
     after: Option<&Position>,
     count: usize,
 ) -> ApiResult<(Vec<(String, String)>, Vec<String>)> {
     let mut call = List {
         auth: auth.0.clone(),
-        index: index.to_string(),
+        index: if listing { keys.listing_index() } else { keys.created_index() },
+        stream: keys.created_stream(),
         digest: auth.1.clone(),
         accepted: Permission::ReservationsList.accepted().to_string(),
         order: segment.order.to_string(),
         count: count.to_string(),
+        walk: if listing { "lex" } else { "created" }.to_string(),
         ranges: Vec::with_capacity(segment.ranges.len() * 3),
     };
     for range in &segment.ranges {
@@ -451,7 +454,6 @@ async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &st
         return by_idempotency_key(app, auth, keys, tenant, query, key).await;
     }
     let (listing, segments) = plan(query);
-    let index = if listing { keys.listing_index() } else { keys.created_index() };
     let mut position = query.cursor.as_ref().map(|c| position_of(query, &segments, c)).transpose()?;
     let mut rows: Vec<Row> = Vec::new();
     let mut scanned = 0;
@@ -466,7 +468,7 @@ async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &st
         // First read just enough for a full page plus the look-ahead row; grow when filters skip rows.
         let mut size = query.limit + 1;
         loop {
-            let (members, scope_filter) = read_segment(app, auth, &index, segment, after.as_ref(), size).await?;
+            let (members, scope_filter) = read_segment(app, auth, keys, listing, segment, after.as_ref(), size).await?;
             let record_keys: Vec<String> = members.iter().map(|(_, t)| keys.reservation(t)).collect();
             let raws = if record_keys.is_empty() {
                 Vec::new()

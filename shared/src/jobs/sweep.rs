@@ -237,43 +237,76 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
 const MAX_TRIM_BATCHES: usize = 50;
 
 /// Retention: drops events older than their retention, and deletes finished reservations past
-/// their retention with their index entries (`trim.lua`). Walks the part of the created index
-/// old enough to hold such reservations, batch by batch, past records that stay (a long
-/// reservation never blocks the trim behind it).
+/// their retention with their index entries (`trim.lua`). Walks the part of the created stream
+/// (and of the created index of before it) old enough to hold such reservations, batch by
+/// batch, past records that stay (a long reservation never blocks the trim behind it).
 async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     let keys = TenantKeys::new(tenant);
-    let horizon = format!("({:013}", (now_ms() - opts.retention.as_millis() as i64).max(0));
+    let horizon_ms = (now_ms() - opts.retention.as_millis() as i64).max(0);
     let event_horizon = (now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string();
+    let trim = |source: &str| Trim {
+        created_stream: keys.created_stream(),
+        created_index: keys.created_index(),
+        events: keys.events(),
+        listing_index: keys.listing_index(),
+        oldest_event_ms: event_horizon.clone(),
+        retention_ms: opts.retention.as_millis().to_string(),
+        source: source.to_string(),
+        ..Default::default()
+    };
+    // the created index of before the stream: members "<13-digit ms><token>"
     let mut start = "-".to_string();
     for _ in 0..MAX_TRIM_BATCHES {
         let old: Vec<String> = redis::cmd("ZRANGE")
             .arg(keys.created_index())
             .arg(&start)
-            .arg(&horizon)
+            .arg(format!("({horizon_ms:013}"))
             .arg("BYLEX")
             .arg("LIMIT")
             .arg(0)
             .arg(opts.batch)
             .query_async(&mut store.conn())
             .await?;
-        let mut call = Trim {
-            created_index: keys.created_index(),
-            events: keys.events(),
-            listing_index: keys.listing_index(),
-            oldest_event_ms: event_horizon.clone(),
-            retention_ms: opts.retention.as_millis().to_string(),
-            ..Default::default()
-        };
+        if old.is_empty() {
+            break;
+        }
+        let mut call = trim("index");
         for member in &old {
             let token = member.get(13..).unwrap_or("-");
             call.candidates.extend([keys.reservation(token), keys.reservation_metadata(token)]);
-            call.members.push(member.clone());
+            call.entries.extend([member.clone(), token.to_string()]);
         }
         let trimmed = store.run(call).await?.value;
         report.trimmed_index += trimmed.removed;
         report.trimmed_events += trimmed.events;
         match old.last() {
             Some(last) if old.len() == opts.batch => start = format!("({last}"),
+            _ => break,
+        }
+    }
+    // the created stream: entry ids "<ms>-<seq>", each with its token
+    let mut start = "-".to_string();
+    for _ in 0..MAX_TRIM_BATCHES {
+        let old: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(keys.created_stream())
+            .arg(&start)
+            .arg(format!("{}", horizon_ms.saturating_sub(1)))
+            .arg("COUNT")
+            .arg(opts.batch)
+            .query_async(&mut store.conn())
+            .await?;
+        let mut call = trim("stream");
+        for entry in &old.ids {
+            let token: String = entry.get("t").unwrap_or_else(|| "-".to_string());
+            call.candidates.extend([keys.reservation(&token), keys.reservation_metadata(&token)]);
+            call.entries.extend([entry.id.clone(), token]);
+        }
+        // events are trimmed by the last call even when no reservation is old enough
+        let trimmed = store.run(call).await?.value;
+        report.trimmed_index += trimmed.removed;
+        report.trimmed_events += trimmed.events;
+        match old.ids.last() {
+            Some(last) if old.ids.len() == opts.batch => start = format!("({}", last.id),
             _ => break,
         }
     }

@@ -7,10 +7,12 @@ use super::{lua_list, script};
 
 script! {
     /// One chunk of a listing: up to `count` members of each range of one index in sort order,
-    /// after a position (`lua/list.lua`), with the key's scope filter.
+    /// after a position (`lua/list.lua`), with the key's scope filter. `walk` is `created` for
+    /// the creation-time walk (the created stream, merged with `index`: the created index of
+    /// before the stream), else `lex`.
     pub struct List = list read_only -> Ranges {
-        keys: [auth, index],
-        args: [digest, accepted, order, count; ranges],
+        keys: [auth, index, stream],
+        args: [digest, accepted, order, count, walk; ranges],
     }
 }
 

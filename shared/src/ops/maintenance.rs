@@ -29,11 +29,12 @@ pub struct Expired {
 }
 
 script! {
-    /// Retention of one tenant (`lua/trim.lua`): `candidates` holds per created-index member
-    /// its record and metadata keys.
+    /// Retention of one tenant (`lua/trim.lua`): `candidates` holds per candidate its record and
+    /// metadata keys, `entries` its created entry (a created-stream id, or with `source` `index`
+    /// a member of the created index of before the stream) and its token.
     pub struct Trim = trim -> Trimmed {
-        keys: [created_index, events, listing_index; candidates],
-        args: [oldest_event_ms, retention_ms; members],
+        keys: [created_stream, created_index, events, listing_index; candidates],
+        args: [oldest_event_ms, retention_ms, source; entries],
     }
 }
 
