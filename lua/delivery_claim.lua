@@ -1,6 +1,7 @@
 -- Claims due deliveries of one owner, subscription by subscription, at most `limit` in flight per
--- subscription (across every dispatcher), so a slow or dead endpoint holds only its own
--- deliveries back. A claim moves a delivery to its subscription's in-flight set with a lease:
+-- subscription and `A.per_owner` in flight for the owner (across every dispatcher), so a slow or
+-- dead endpoint holds only its own deliveries back, and one tenant's endpoints hold at most
+-- `per_owner` sends of any dispatcher's pool. A claim moves a delivery to its subscription's in-flight set with a lease:
 -- a dispatcher that dies after sending but before recording leaves it due again when the lease
 -- ends (at-least-once), and two dispatchers never claim the same delivery at once.
 -- `K.subscriptions` holds per subscription its queue and its in-flight set (pairs, aligned with
@@ -8,7 +9,15 @@
 -- deliveries as [id, subscription id ('' from the legacy queue)].
 local now, now_s = now_ms()
 local lease, room, limit = tonumber(A.lease_ms), tonumber(A.max), tonumber(A.per_subscription)
+-- the owner's claims whose lease ended are due again below (per subscription, or the legacy queue)
+redis.call('ZREMRANGEBYSCORE', K.owner_in_flight, '-inf', now)
+room = math.max(0, math.min(room, tonumber(A.per_owner) - redis.call('ZCARD', K.owner_in_flight)))
 local claimed = {}
+local function claim(id, sub)
+  redis.call('ZADD', K.owner_in_flight, now + lease, id)
+  claimed[#claimed + 1] = {id, sub}
+  room = room - 1
+end
 for i, sub in ipairs(A.subscription_ids) do
   local queue, flight = K.subscriptions[2 * i - 1], K.subscriptions[2 * i]
   -- leases that ran out: due again now
@@ -21,8 +30,7 @@ for i, sub in ipairs(A.subscription_ids) do
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, free)) do
       redis.call('ZREM', queue, id)
       redis.call('ZADD', flight, now + lease, id)
-      claimed[#claimed + 1] = {id, sub}
-      room = room - 1
+      claim(id, sub)
     end
   end
   -- when to look at this subscription next: its first queued delivery while it has room, else
@@ -36,7 +44,7 @@ end
 if room > 0 then
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.legacy_queue, '-inf', now, 'LIMIT', 0, room)) do
     redis.call('ZADD', K.legacy_queue, now + lease, id)
-    claimed[#claimed + 1] = {id, ''}
+    claim(id, '')
   end
 end
 return ok({claimed = claimed}, '', now_s)

@@ -9,6 +9,7 @@ local now, now_s = now_ms()
 local id, sub_id = A.delivery_id, A.subscription_id
 -- The claim ends: the subscription has room again, so it is looked at next pass.
 redis.call('ZREM', K.legacy_queue, id)
+redis.call('ZREM', K.owner_in_flight, id)
 if redis.call('ZREM', K.in_flight, id) == 1 then redis.call('ZADD', K.due_subscriptions, 'LT', now, sub_id) end
 local d = redis.call('HMGET', K.delivery, 'status', 'attempts', 'subscription_id')
 if not d[1] or (d[1] ~= 'PENDING' and d[1] ~= 'RETRYING') then
@@ -58,6 +59,7 @@ if sub_exists then
   local s = redis.call('HMGET', K.subscription, 'status', 'tenant_id')
   if failures >= tonumber(A.disable_after) and s[1] == 'ACTIVE' then
     redis.call('HSET', K.subscription, 'status', 'DISABLED', 'updated_at_ms', now_s)
+    drop_deliveries(KEY.prefix_of(K.subscription), d[3], 'dropped: subscription disabled', now_s)
     local ctx = {actor = 'system', correlation_id = 'webhook_auto_disable:' .. d[3] .. ':' .. id}
     emit(K.events, 'webhook.disabled', s[2], nil, ctx, 'cycles-events', '{"subscription_id":' ..
       cjson.encode(d[3]) .. ',"tenant_id":' .. cjson.encode(s[2]) ..

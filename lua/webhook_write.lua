@@ -49,6 +49,11 @@ local function lifecycle(kind, previous, new, changed)
 end
 
 if mode == 'create' then
+  local max = tonumber(A.max_subscriptions)
+  if redis.call('SCARD', K.subscription_index) >= max then
+    return err('LIMIT_EXCEEDED', 'An owner may have at most ' .. max .. ' webhook subscriptions; delete one first',
+      cjson.encode({max_subscriptions = max}), 409)
+  end
   local f = cjson.decode(A.fields)
   f.status, f.consecutive_failures, f.created_at_ms, f.updated_at_ms = 'ACTIVE', '0', now_s, now_s
   write_fields(K.subscription, f)
@@ -65,6 +70,7 @@ if not cur[1] then return err('WEBHOOK_NOT_FOUND', MSG.WEBHOOK_NOT_FOUND) end
 if mode == 'delete' then
   redis.call('DEL', K.subscription)
   redis.call('SREM', K.subscription_index, id)
+  drop_deliveries(KEY.prefix_of(K.subscription), id, 'dropped: subscription deleted', now_s)
   ctx.correlation_id = ctx.correlation_id or ('webhook_delete:' .. id)
   lifecycle('webhook.deleted', cur[2], nil, '[]')
   audit(K.audit_log, ctx, 'webhook.delete', 'webhook', id, now)
@@ -88,7 +94,8 @@ if #changed == 0 and to == from then return ok(record_json(K.subscription), from
 patch.updated_at_ms = now_s
 if to ~= from then
   patch.status = to
-  if to == 'ACTIVE' then patch.consecutive_failures = '0' end
+  if to == 'ACTIVE' then patch.consecutive_failures = '0'
+  else drop_deliveries(KEY.prefix_of(K.subscription), id, 'dropped: subscription ' .. string.lower(to), now_s) end
 end
 write_fields(K.subscription, patch)
 local fields = csv_json(',' .. table.concat(changed, ',') .. ',')

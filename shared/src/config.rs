@@ -197,6 +197,11 @@ pub struct WebhookConfig {
     pub concurrency: usize,
     /// Sends in flight at once per subscription, across all dispatchers.
     pub per_subscription: usize,
+    /// Sends in flight at once per owner (a tenant, or the system), across all dispatchers:
+    /// one tenant's slow endpoints can hold no more of the send pool than this.
+    pub per_tenant: usize,
+    /// Subscriptions one owner may have.
+    pub max_subscriptions: usize,
 }
 
 impl WebhookConfig {
@@ -227,6 +232,7 @@ impl WebhookConfig {
         let allowed_url_patterns = env("CYCLES_WEBHOOK_ALLOWED_URL_PATTERNS")
             .map(|v| v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect())
             .unwrap_or_default();
+        let timeout = env_ms("CYCLES_WEBHOOK_TIMEOUT_MS", 30_000);
         WebhookConfig {
             encryption_key,
             egress: egress::EgressRules {
@@ -235,11 +241,14 @@ impl WebhookConfig {
                 allowed_url_patterns,
                 private_targets: false,
             },
-            timeout: env_ms("CYCLES_WEBHOOK_TIMEOUT_MS", 30_000),
+            timeout,
             interval: env_ms("CYCLES_DELIVERY_INTERVAL_MS", 250),
-            lease: env_ms("CYCLES_DELIVERY_LEASE_MS", 60_000),
+            // a lease that ends before its send does would let a second dispatcher send it too
+            lease: env_ms("CYCLES_DELIVERY_LEASE_MS", 60_000).max(timeout + Duration::from_secs(5)),
             concurrency: env_count("CYCLES_DELIVERY_CONCURRENCY", 32),
             per_subscription: env_count("CYCLES_DELIVERY_PER_SUBSCRIPTION", 2),
+            per_tenant: env_count("CYCLES_DELIVERY_PER_TENANT", 8),
+            max_subscriptions: env_count("CYCLES_WEBHOOK_MAX_SUBSCRIPTIONS", 50),
         }
     }
 }

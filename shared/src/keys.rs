@@ -218,6 +218,9 @@ tenant_keys! {
     subscription_queue(id) => [":dq:" id];
     /// Claimed deliveries of one subscription (score: when the claim's lease ends).
     subscription_in_flight(id) => [":df:" id];
+    /// Claimed deliveries of all this owner's subscriptions (score: when the claim's lease
+    /// ends): what bounds one owner's sends in flight across every dispatcher.
+    owner_in_flight() => [":dfo"];
     /// This owner's subscriptions that have deliveries queued or in flight (score: the next time
     /// one may be claimable; early is harmless, late never happens).
     due_subscriptions() => [":dsubs"];

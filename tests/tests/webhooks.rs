@@ -481,3 +481,79 @@ async fn a_tar_pit_endpoint_slows_only_itself() {
         "p95 delivery latency {beside_the_pit} ms beside the tar pit, {alone} ms alone"
     );
 }
+
+/// Issue 27 (6): one tenant's subscriptions and endpoints cannot starve another tenant's
+/// deliveries. Tenant A fills its subscription cap with tar pits and queues hundreds of
+/// deliveries; tenant B's deliveries still arrive in about one send, because one owner holds at
+/// most `per_tenant` sends in flight and claiming starts at a different owner each round. Pausing
+/// or deleting A's subscriptions drops their queues (nothing left to work through).
+#[tokio::test]
+async fn one_tenant_cannot_starve_another_tenants_deliveries() {
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_with_redis(redis, |c| {
+        c.webhooks.timeout = Duration::from_secs(3);
+        c.webhooks.lease = Duration::from_secs(10); // longer than a send, as deployed
+        c.webhooks.max_subscriptions = 30;
+    })
+    .await;
+    let (attacker, victim) = (h.funded(1000).await, h.funded(1000).await);
+    let pit = Receiver::start().await;
+    pit.always(Reply::Stall(Duration::from_secs(60)));
+    let rx = Receiver::start().await;
+    let mut pits = vec![];
+    for _ in 0..30 {
+        let extra = json!({"retry_policy": {"max_retries": 0}, "disable_after_failures": 1000});
+        pits.push(subscribe(&h, &attacker.id, &pit.url, extra).await.0);
+    }
+    // the cap: a 31st subscription is refused and nothing is written
+    let body = json!({"url": pit.url, "event_types": ["budget.funded"]});
+    let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", attacker.id), Some(&body)).await;
+    r.assert_error(409, "LIMIT_EXCEEDED");
+    assert_eq!(r.body["details"]["max_subscriptions"], 30, "{}", r.raw);
+    let listed = h.admin("GET", &format!("/v1/admin/webhooks?tenant_id={}&limit=100", attacker.id), None).await;
+    assert_eq!(listed.assert_ok()["subscriptions"].as_array().unwrap().len(), 30);
+
+    subscribe(&h, &victim.id, &rx.url, json!({})).await;
+    for _ in 0..10 {
+        credit(&h, &attacker, 1).await; // 300 deliveries to tar pits
+    }
+    let running = tokio::spawn(h.dispatcher.clone().run_loop(Duration::from_millis(50), None));
+    tokio::time::sleep(Duration::from_millis(300)).await; // the pits are being tried
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let mut sent = vec![];
+    for _ in 0..6 {
+        credit(&h, &victim, 1).await;
+        sent.push(now());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let got = rx.wait_for(6, Duration::from_secs(20), || async {}).await;
+    let worst = got.iter().zip(&sent).map(|(r, s)| r.at_ms - s).max().unwrap();
+    eprintln!("victim's worst delivery latency beside 30 tar-pitted subscriptions: {worst} ms");
+    assert!(worst < 1500, "the victim waited {worst} ms for a delivery (a send to a pit takes 3000 ms)");
+    let in_flight = pit.received().len();
+    assert!((1..=8).contains(&in_flight), "the attacker holds at most per_tenant sends: {in_flight}");
+
+    // pausing and deleting drop the queues: no delivery of theirs is sent afterwards
+    let paused = &pits[0];
+    h.admin("PATCH", &format!("/v1/admin/webhooks/{paused}"), Some(&json!({"status": "PAUSED"}))).await.assert_ok();
+    for id in &pits[1..] {
+        assert_eq!(h.admin("DELETE", &format!("/v1/admin/webhooks/{id}"), None).await.status, 204);
+    }
+    let dropped = deliveries(&h, paused).await;
+    assert!(
+        dropped.iter().any(|d| d["status"] == "FAILED" && d["error_message"] == "dropped: subscription paused"),
+        "{dropped:?}"
+    );
+    assert!(dropped.iter().all(|d| d["status"] != "PENDING" && d["status"] != "RETRYING"), "{dropped:?}");
+    let mut conn = h.store.conn();
+    let keys = cycles_shared::keys::TenantKeys::new(&attacker.id);
+    for id in &pits {
+        let queued: i64 = redis::cmd("ZCARD").arg(keys.subscription_queue(id)).query_async(&mut conn).await.unwrap();
+        assert_eq!(queued, 0, "the queue of {id} was dropped");
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await; // the sends in flight end
+    let before = pit.received().len();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.abort();
+    assert_eq!(pit.received().len(), before, "nothing of a dropped queue is sent");
+}

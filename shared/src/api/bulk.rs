@@ -430,7 +430,7 @@ async fn webhook_row(app: &App, action: WebhookAction, id: &str, owner: &str, co
         };
         let expected = current.updated_at_ms.map(|ms| ms.to_string()).unwrap_or_default();
         let fields = json!({"status": target});
-        match ops::webhooks::write(&app.store, context.clone(), owner, id, "update", fields, &expected).await {
+        match ops::webhooks::update(&app.store, context.clone(), owner, id, fields, &expected).await {
             Ok(Some(_)) => return Outcome::Succeeded,
             Ok(None) => continue, // changed meanwhile: read it again
             Err(e) => return Outcome::failed(e),

@@ -243,7 +243,7 @@ async fn create_for(app: &App, ctx: &mut Ctx, caller: &Caller, owner: &str, req:
     let on_behalf = matches!(caller, Caller::Admin) && owner != SYSTEM_TENANT && req.path.starts_with("/v1/webhooks");
     let context = script_context(ctx, caller, on_behalf, None);
     let created =
-        ops::webhooks::write(&app.store, context, owner, &id, "create", f, "").await?.ok_or_else(not_found)?;
+        ops::webhooks::create(&app.store, context, owner, &id, f, app.config.webhooks.max_subscriptions).await?;
     Ok(Answer::json(201, &json!({"subscription": subscription_json(&created), "signing_secret": secret})))
 }
 
@@ -334,7 +334,7 @@ async fn update_for(
         let context = script_context(ctx, caller, on_behalf, None);
         // None: another write came first; start over from the record as it is now
         if let Some(updated) =
-            ops::webhooks::write(&app.store, context, &owner, id, "update", Value::Object(patch), &expected).await?
+            ops::webhooks::update(&app.store, context, &owner, id, Value::Object(patch), &expected).await?
         {
             return Ok(Answer::json(200, &subscription_json(&updated)));
         }

@@ -3,6 +3,7 @@
 //! then claim -> send -> record, at least once, many sends at a time.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,9 @@ use crate::ops::webhooks::{
 };
 use crate::store::Store;
 use crate::webhooks::{Attempt, Sender};
+
+/// Event batches (of 200) one tenant's fan-out handles per pass.
+const FAN_OUT_BATCHES: usize = 5;
 
 /// What one dispatcher pass did.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -62,6 +66,9 @@ pub struct Dispatcher {
     pub store: Store,
     pub config: WebhookConfig,
     sender: Sender,
+    /// Where the next claiming round starts among the owners (round-robin, so no tenant is
+    /// always served first).
+    turn: AtomicUsize,
 }
 
 /// A claimed delivery, ready to send.
@@ -73,7 +80,7 @@ pub struct Claimed {
 
 impl Dispatcher {
     pub fn new(store: Store, config: WebhookConfig) -> Dispatcher {
-        Dispatcher { store, sender: Sender::new(&config, config.egress.clone()), config }
+        Dispatcher { store, sender: Sender::new(&config, config.egress.clone()), config, turn: AtomicUsize::new(0) }
     }
 
     /// One pass over every registered tenant, waiting for its sends.
@@ -107,17 +114,21 @@ impl Dispatcher {
     }
 
     /// Claims up to `room` due deliveries across the owners and starts a task sending each.
+    /// Fair across owners: each round starts at the next owner, and one owner gets at most
+    /// `per_tenant` sends in flight (across dispatchers; the claim script keeps the count).
     async fn claim_and_spawn(
         self: &Arc<Self>,
         tenants: &[String],
         mut room: usize,
         sends: &mut tokio::task::JoinSet<DeliveryReport>,
     ) -> ApiResult<()> {
-        for owner in tenants.iter().map(String::as_str).chain([SYSTEM_TENANT]) {
+        let owners: Vec<&str> = tenants.iter().map(String::as_str).chain([SYSTEM_TENANT]).collect();
+        let start = self.turn.fetch_add(1, Ordering::Relaxed) % owners.len();
+        for owner in owners[start..].iter().chain(&owners[..start]) {
             if room == 0 {
                 break;
             }
-            for claimed in self.claim(owner, room).await? {
+            for claimed in self.claim(owner, room.min(self.config.per_tenant)).await? {
                 room -= 1;
                 let this = self.clone();
                 sends.spawn(async move { this.deliver(claimed).await });
@@ -142,14 +153,16 @@ impl Dispatcher {
     }
 
     /// Matches a tenant's events past its cursor against its own and the system-wide ACTIVE
-    /// subscriptions; the cursor moves only after every delivery row exists.
+    /// subscriptions; the cursor moves only after every delivery row exists. At most
+    /// `FAN_OUT_BATCHES` batches per pass, so a tenant with a flood of events cannot hold the
+    /// pass from the others (the rest is matched next pass).
     pub async fn fan_out(&self, tenant: &str, system: &[Subscription]) -> ApiResult<DeliveryReport> {
         let keys = TenantKeys::new(tenant);
         let mut conn = self.store.conn();
         let mut report = DeliveryReport::default();
         let own = subscriptions(&self.store, tenant).await?;
         let system: &[Subscription] = if tenant == SYSTEM_TENANT { &[] } else { system };
-        loop {
+        for _ in 0..FAN_OUT_BATCHES {
             let cursor: Option<String> = conn.get(keys.dispatch_cursor()).await?;
             let start = cursor.map(|c| format!("({c}")).unwrap_or_else(|| "-".to_string());
             let reply: StreamRangeReply = conn.xrange_count(keys.events(), &start, "+", 200).await?;
@@ -179,9 +192,10 @@ impl Dispatcher {
             }
             let _: () = conn.set(keys.dispatch_cursor(), &last).await?;
             if !full {
-                return Ok(report);
+                break;
             }
         }
+        Ok(report)
     }
 
     /// Claims up to `max` due deliveries of one owner (leased), with their subscriptions: the
@@ -201,6 +215,7 @@ impl Dispatcher {
         let call = Claim {
             due_subscriptions: keys.due_subscriptions(),
             legacy_queue: keys.legacy_delivery_queue(),
+            owner_in_flight: keys.owner_in_flight(),
             subscriptions: due
                 .iter()
                 .flat_map(|id| [keys.subscription_queue(id), keys.subscription_in_flight(id)])
@@ -208,6 +223,7 @@ impl Dispatcher {
             lease_ms: self.config.lease.as_millis().to_string(),
             max: max.to_string(),
             per_subscription: self.config.per_subscription.to_string(),
+            per_owner: self.config.per_tenant.to_string(),
             subscription_ids: due,
         };
         let claimed = self.store.run(call).await?.value.claimed;
@@ -224,6 +240,7 @@ impl Dispatcher {
                 // the row is gone (retention): its claim ends here
                 let _: () = self.store.conn().zrem(keys.legacy_delivery_queue(), &id).await?;
                 let _: () = self.store.conn().zrem(keys.subscription_in_flight(&sub_id), &id).await?;
+                let _: () = self.store.conn().zrem(keys.owner_in_flight(), &id).await?;
                 continue;
             }
             let subscription = field(&delivery, "subscription_id").and_then(|id| subs.get(id)).cloned();
@@ -285,6 +302,7 @@ impl Dispatcher {
         let call = RecordAttempt {
             delivery: keys.delivery(id),
             legacy_queue: keys.legacy_delivery_queue(),
+            owner_in_flight: keys.owner_in_flight(),
             subscription: keys.webhook(sub_id),
             events: keys.events(),
             queue: keys.subscription_queue(sub_id),

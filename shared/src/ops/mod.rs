@@ -176,7 +176,8 @@ modules![
     "quotas",
     "listing",
     "reservation",
-    "decision"
+    "decision",
+    "deliveries"
 ];
 
 /// The shared helpers of every script: the header, then the modules in order.

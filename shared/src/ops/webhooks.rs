@@ -22,7 +22,7 @@ script! {
     /// (`lua/webhook_write.lua`).
     pub struct WriteSubscription = webhook_write -> RecordAnswer {
         keys: [tenant, subscription, subscription_index, events, audit_log],
-        args: [context, mode, fields, expected_updated_at_ms, owner, subscription_id],
+        args: [context, mode, fields, expected_updated_at_ms, owner, subscription_id, max_subscriptions],
     }
 }
 
@@ -44,8 +44,8 @@ script! {
     /// Claims due deliveries of one owner with a lease (`lua/delivery_claim.lua`):
     /// `subscriptions` holds per subscription its queue and in-flight set.
     pub struct Claim = delivery_claim -> Claimed {
-        keys: [due_subscriptions, legacy_queue; subscriptions],
-        args: [lease_ms, max, per_subscription; subscription_ids],
+        keys: [due_subscriptions, legacy_queue, owner_in_flight; subscriptions],
+        args: [lease_ms, max, per_subscription, per_owner; subscription_ids],
     }
 }
 
@@ -60,7 +60,7 @@ script! {
     /// Records one attempt (or a pre-check failure) and its effect on the subscription
     /// (`lua/delivery_record.lua`); the status is the delivery's new one.
     pub struct RecordAttempt = delivery_record -> Nothing {
-        keys: [delivery, legacy_queue, subscription, events, queue, in_flight, due_subscriptions],
+        keys: [delivery, legacy_queue, owner_in_flight, subscription, events, queue, in_flight, due_subscriptions],
         args: [mode, http_status, response_ms, error, max_retries, retry_delay_ms, disable_after, delivery_id,
             subscription_id],
     }
@@ -91,19 +91,17 @@ pub async fn subscriptions(store: &Store, owner: &str) -> ApiResult<Vec<Subscrip
     Ok(read_records(store, &record_keys).await?.iter().filter_map(Subscription::from_record).collect())
 }
 
-/// Creates (`mode` "create") or updates ("update", compare-and-set on `updated_at_ms`) one
-/// subscription of `owner` (see `WriteSubscription`): its record after the write, or None when
-/// an update lost to a concurrent one.
-pub async fn write(
+/// Updates one subscription of `owner` (compare-and-set on `updated_at_ms`, see
+/// `WriteSubscription`): its record after the write, or None when it lost to a concurrent one.
+pub async fn update(
     store: &Store,
     context: String,
     owner: &str,
     id: &str,
-    mode: &str,
-    fields: Value,
+    patch: Value,
     expected_updated_at_ms: &str,
 ) -> ApiResult<Option<Subscription>> {
-    let reply = run_write(store, context, owner, id, mode, fields, expected_updated_at_ms).await?;
+    let reply = run_write(store, context, owner, id, Write::Update { patch, expected_updated_at_ms }).await?;
     if reply.status == "CHANGED" {
         return Ok(None);
     }
@@ -113,7 +111,28 @@ pub async fn write(
 
 /// Deletes one subscription of `owner`.
 pub async fn delete(store: &Store, context: String, owner: &str, id: &str) -> ApiResult<()> {
-    run_write(store, context, owner, id, "delete", json!({}), "").await.map(|_| ())
+    run_write(store, context, owner, id, Write::Delete).await.map(|_| ())
+}
+
+/// Creates one subscription of `owner`, unless it has `max_subscriptions` already (409
+/// LIMIT_EXCEEDED).
+pub async fn create(
+    store: &Store,
+    context: String,
+    owner: &str,
+    id: &str,
+    fields: Value,
+    max_subscriptions: usize,
+) -> ApiResult<Subscription> {
+    let reply = run_write(store, context, owner, id, Write::Create { fields, max_subscriptions }).await?;
+    Subscription::from_record(&reply.value.0).ok_or_else(|| ApiError::fault("a subscription write answered no record"))
+}
+
+/// One write of a subscription, with what its mode needs.
+enum Write<'a> {
+    Create { fields: Value, max_subscriptions: usize },
+    Update { patch: Value, expected_updated_at_ms: &'a str },
+    Delete,
 }
 
 async fn run_write(
@@ -121,10 +140,13 @@ async fn run_write(
     context: String,
     owner: &str,
     id: &str,
-    mode: &str,
-    fields: Value,
-    expected_updated_at_ms: &str,
+    write: Write<'_>,
 ) -> ApiResult<crate::store::Reply<RecordAnswer>> {
+    let (mode, fields, expected, max) = match write {
+        Write::Create { fields, max_subscriptions } => ("create", fields, "", max_subscriptions),
+        Write::Update { patch, expected_updated_at_ms } => ("update", patch, expected_updated_at_ms, 0),
+        Write::Delete => ("delete", json!({}), "", 0),
+    };
     let keys = TenantKeys::new(owner);
     let call = WriteSubscription {
         tenant: keys.tenant(),
@@ -135,9 +157,10 @@ async fn run_write(
         context,
         mode: mode.to_string(),
         fields: fields.to_string(),
-        expected_updated_at_ms: expected_updated_at_ms.to_string(),
+        expected_updated_at_ms: expected.to_string(),
         owner: owner.to_string(),
         subscription_id: id.to_string(),
+        max_subscriptions: max.to_string(),
     };
     store.run(call).await
 }
