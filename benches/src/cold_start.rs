@@ -177,7 +177,7 @@ pub async fn measure(dir: &Path, redis_url: &str) -> Value {
             }
             continue;
         }
-        let Some(route) = cycles_shared::api::route_of(&name) else {
+        let Some(&route) = cycles_shared::api::routes_of(&name).first() else {
             // the scheduled functions (no HTTP event to time); cycles-local is not a function
             if name != "cycles-local" {
                 rows.push(json!({"function": name, "size_mb": size}));
@@ -199,7 +199,7 @@ pub async fn smoke(dir: &Path, redis_url: &str, functions: &[&str]) -> bool {
     let mut ok = size_mb(&bin).is_some();
     println!("smoke: {} ({} MB)", bin.display(), size_mb(&bin).unwrap_or(0.0));
     for name in functions {
-        let Some(route) = cycles_shared::api::route_of(name) else {
+        let Some(&route) = cycles_shared::api::routes_of(name).first() else {
             println!("smoke: {name}: no such function");
             ok = false;
             continue;

@@ -6,7 +6,7 @@ use std::time::Duration;
 pub use lambda_http::Error;
 use lambda_http::{service_fn, Body, Request, RequestExt, Response};
 
-use crate::api::{self, match_template, route_of, ApiRequest, App, Params, Route};
+use crate::api::{self, match_template, routes_of, ApiRequest, App, Params, Route};
 
 /// Runs a function's main future on a single-threaded runtime. A Lambda container handles one
 /// invocation at a time, so worker threads would only add cross-thread wake-ups (a parked
@@ -27,15 +27,17 @@ pub async fn run_named() -> Result<(), lambda_http::Error> {
     }
 }
 
-/// Starts the Lambda function serving one route, named as in the route table. The Redis
-/// connection is made once, at init.
+/// Starts the Lambda function serving one route (or a route and its aliases), named as in the
+/// route table. The Redis connection is made once, at init.
 pub async fn run(function: &str) -> Result<(), lambda_http::Error> {
     crate::init_tracing(true);
     crate::metrics::enable();
-    let route = route_of(function).ok_or_else(|| format!("no route is served by a function named {function:?}"))?;
+    let routes = routes_of(function);
+    let first = *routes.first().ok_or_else(|| format!("no route is served by a function named {function:?}"))?;
     let app = Arc::new(App::from_env().await?);
     lambda_http::run(service_fn(move |event: Request| {
         let app = app.clone();
+        let route = routes.iter().copied().find(|r| path_params(r, &event).is_some()).unwrap_or(first);
         async move { Ok::<_, std::convert::Infallible>(handle_event(&app, route, event).await) }
     }))
     .await

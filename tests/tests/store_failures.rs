@@ -49,11 +49,22 @@ async fn liveness_ignores_redis_and_readiness_checks_it() {
     assert_eq!((live.status, live.body["status"].as_str()), (200, Some("ok")));
     assert!(live.headers.contains_key("x-request-id") && live.headers.contains_key("x-cycles-trace-id"));
     assert_eq!(h.send("GET", "/health/ready", &[], None).await.status, 200);
+    // the reference server's paths (Spring Boot actuator), in its shape
+    for path in ["/actuator/health", "/actuator/health/liveness", "/actuator/health/readiness"] {
+        let r = h.send("GET", path, &[], None).await;
+        assert_eq!((r.status, &r.body), (200, &json!({"status": "UP"})), "{path}");
+    }
     drop(h.embedded.take());
     tokio::time::sleep(Duration::from_millis(200)).await;
     let ready = h.send("GET", "/health/ready", &[], None).await;
     assert_eq!((ready.status, ready.body["status"].as_str()), (503, Some("unavailable")));
     assert_eq!(h.send("GET", "/health/live", &[], None).await.status, 200);
+    for path in ["/actuator/health", "/actuator/health/readiness"] {
+        let r = h.send("GET", path, &[], None).await;
+        assert_eq!((r.status, &r.body), (503, &json!({"status": "DOWN", "store": "unreachable"})), "{path}");
+    }
+    let r = h.send("GET", "/actuator/health/liveness", &[], None).await;
+    assert_eq!((r.status, &r.body), (200, &json!({"status": "UP"})));
 }
 
 /// A Redis that hangs (SIGSTOP) beyond the client timeout: requests fail with a clear 500 in

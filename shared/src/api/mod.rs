@@ -144,6 +144,10 @@ routes! {
     // Operational routes (outside /v1: not part of the protocol).
     Runtime GET "/health/live" => "health-live" (healthLive), liveness;
     Runtime GET "/health/ready" => "health-ready" (healthReady), readiness;
+    // The reference server's health paths (Spring Boot actuator), for tooling made for it.
+    Runtime GET "/actuator/health" => "health-ready" (actuatorHealth), actuator_readiness;
+    Runtime GET "/actuator/health/liveness" => "health-live" (actuatorLiveness), actuator_liveness;
+    Runtime GET "/actuator/health/readiness" => "health-ready" (actuatorReadiness), actuator_readiness;
     Runtime GET "/v1/reservations" => "list-reservations" (listReservations), list::list;
     Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
     Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds), action_kinds::list;
@@ -207,9 +211,10 @@ routes! {
     Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries" (listTenantWebhookDeliveries), webhooks::tenant_deliveries;
 }
 
-/// The route a Lambda function serves, by function (binary) name.
-pub fn route_of(function: &str) -> Option<&'static Route> {
-    ROUTES.iter().find(|r| r.function == function)
+/// The routes a Lambda function serves, by function (binary) name: one, or an endpoint and its
+/// aliases (the reference's health paths).
+pub fn routes_of(function: &str) -> Vec<&'static Route> {
+    ROUTES.iter().filter(|r| r.function == function).collect()
 }
 
 pub type Params = HashMap<String, String>;
@@ -472,19 +477,45 @@ async fn liveness(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
 /// 503 saying whether the store is unreachable or refuses writes (out of memory under
 /// `noeviction`, a read-only replica, a failed save: reads still work then, writes do not).
 async fn readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
-    let probe = app.store.probe(crate::ops::maintenance::Health { probe: crate::keys::HEALTH_PROBE.to_string() }).await;
-    Ok(match probe {
-        Ok(_) => Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"})),
-        Err(e) => {
-            let refusal = crate::store::write_refusal(&e);
-            tracing::warn!(error = %e, "readiness probe failed");
-            let store = if refusal.is_some() { "refusing_writes" } else { "unreachable" };
-            let mut body = serde_json::json!({"status": "unavailable", "store": store});
-            if let Some(reason) = refusal {
-                body["reason"] = serde_json::json!(reason);
-            }
+    Ok(match store_state(app).await {
+        Ok(()) => Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"})),
+        Err(mut body) => {
+            body["status"] = serde_json::json!("unavailable");
             Answer::json(503, &body)
         }
+    })
+}
+
+/// `/actuator/health/liveness`, as the reference server (Spring Boot) answers it, for probes
+/// and clients written for it.
+async fn actuator_liveness(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
+    Ok(Answer::json(200, &serde_json::json!({"status": "UP"})))
+}
+
+/// `/actuator/health` and `/actuator/health/readiness`: readiness in the reference's shape,
+/// `{"status":"UP"}`, else 503 `{"status":"DOWN"}` with the same `store` and `reason`.
+async fn actuator_readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
+    Ok(match store_state(app).await {
+        Ok(()) => Answer::json(200, &serde_json::json!({"status": "UP"})),
+        Err(mut body) => {
+            body["status"] = serde_json::json!("DOWN");
+            Answer::json(503, &body)
+        }
+    })
+}
+
+/// Whether Redis takes writes: Err holds `store` (and `reason` when it answers but refuses).
+async fn store_state(app: &App) -> Result<(), serde_json::Value> {
+    let probe = app.store.probe(crate::ops::maintenance::Health { probe: crate::keys::HEALTH_PROBE.to_string() }).await;
+    probe.map(|_| ()).map_err(|e| {
+        let refusal = crate::store::write_refusal(&e);
+        tracing::warn!(error = %e, "readiness probe failed");
+        let store = if refusal.is_some() { "refusing_writes" } else { "unreachable" };
+        let mut body = serde_json::json!({"store": store});
+        if let Some(reason) = refusal {
+            body["reason"] = serde_json::json!(reason);
+        }
+        body
     })
 }
 
