@@ -210,10 +210,12 @@ impl EgressRules {
         EgressRules { allow_http: true, private_targets: true, ..EgressRules::default() }
     }
 
-    /// The configuration these rules stand for (what applies while none is stored).
+    /// The configuration these rules stand for, as in force: under the development switch no
+    /// range is blocked, so none is listed (an operator reads the rules that apply).
     pub fn settings(&self) -> WebhookSecurity {
+        let blocked = if self.private_targets { &[][..] } else { &self.blocked[..] };
         WebhookSecurity {
-            blocked_cidr_ranges: self.blocked.iter().map(Cidr::to_string).collect(),
+            blocked_cidr_ranges: blocked.iter().map(Cidr::to_string).collect(),
             allowed_url_patterns: self.allowed_url_patterns.clone(),
             allow_http: self.allow_http,
         }

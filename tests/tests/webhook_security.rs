@@ -39,13 +39,22 @@ async fn the_stored_configuration_governs_writes_and_deliveries() {
     let t = h.funded(100).await;
     let rx = Receiver::start().await;
 
-    // none stored: the environment's rules (the harness allows http to local receivers)
+    // none stored: the environment's rules, as in force. A deployment blocks the defaults...
     let defaults: Vec<&str> = DEFAULT_BLOCKED.split(',').collect();
-    let r = h.admin("GET", PATH, None).await;
+    let deployed = Harness::start_beside(&h, |c| {
+        c.webhooks.egress = cycles_shared::egress::EgressRules { allow_http: true, ..Default::default() }
+    })
+    .await;
+    let r = deployed.admin("GET", PATH, None).await;
     assert_eq!(
         r.assert_ok(),
         &json!({"blocked_cidr_ranges": defaults, "allowed_url_patterns": [], "allow_http": true})
     );
+    assert!(defaults.contains(&"127.0.0.0/8"));
+    // ...while the development switch (the harness's, cycles-local --dev-webhooks) blocks
+    // nothing, and so lists nothing (issue 27: it listed 127.0.0.0/8 while loopback was allowed)
+    let r = h.admin("GET", PATH, None).await;
+    assert_eq!(r.assert_ok(), &json!({"blocked_cidr_ranges": [], "allowed_url_patterns": [], "allow_http": true}));
     let sub = create(&h, &t.id, &rx.url).await;
     assert_eq!(sub.status, 201, "{}", sub.raw);
     let sub_id = sub.body["subscription"]["subscription_id"].as_str().unwrap().to_string();
@@ -55,8 +64,13 @@ async fn the_stored_configuration_governs_writes_and_deliveries() {
         .admin("PUT", PATH, Some(&json!({"allowed_url_patterns": ["https://93.184.216.34/*"], "allow_http": true})))
         .await;
     let stored = json!({"blocked_cidr_ranges": defaults, "allowed_url_patterns": ["https://93.184.216.34/*"], "allow_http": true});
-    assert_eq!(put.assert_ok(), &stored);
-    assert_eq!(h.admin("GET", PATH, None).await.assert_ok(), &stored);
+    let in_force =
+        json!({"blocked_cidr_ranges": [], "allowed_url_patterns": ["https://93.184.216.34/*"], "allow_http": true});
+    assert_eq!(put.assert_ok(), &in_force);
+    assert_eq!(h.admin("GET", PATH, None).await.assert_ok(), &in_force);
+    assert_eq!(deployed.admin("GET", PATH, None).await.assert_ok(), &stored, "a deployment blocks the defaults");
+    let raw: String = h.store.conn().get(WEBHOOK_SECURITY).await.unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&raw).unwrap(), stored);
     let put_request = put.headers["x-request-id"].clone();
 
     // the next write is checked against it, on both write paths
@@ -89,7 +103,7 @@ async fn the_stored_configuration_governs_writes_and_deliveries() {
         let r = h.admin("PUT", PATH, Some(&bad)).await;
         r.assert_error(400, "INVALID_REQUEST");
         assert_error_shape(&r);
-        assert_eq!(h.admin("GET", PATH, None).await.assert_ok(), &stored, "{why}");
+        assert_eq!(h.admin("GET", PATH, None).await.assert_ok(), &in_force, "{why}");
     }
     h.send_to(&h.admin_base, "GET", PATH, &[("x-cycles-api-key", &t.key)], None)
         .await

@@ -8,22 +8,20 @@ use crate::error::{ApiError, ApiResult};
 use crate::keys::TenantKeys;
 use crate::model::parse_json;
 use crate::ops::audit::ADMIN_OWNER;
-use crate::ops::settings::{stored_webhook_security, WriteWebhookSecurity, WEBHOOK_SECURITY};
+use crate::ops::settings::{WriteWebhookSecurity, WEBHOOK_SECURITY};
 
 /// `GET /v1/admin/config/webhook-security` (getWebhookSecurityConfig): the configuration in
-/// force, the environment's defaults while none is stored.
+/// force: the stored one, the environment's defaults while none is stored, and under
+/// `cycles-local --dev-webhooks` no blocked range (none applies then).
 pub async fn get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    let current = match stored_webhook_security(&app.store).await? {
-        Some(s) => s,
-        None => app.config.webhooks.egress.settings(),
-    };
-    Ok(Answer::json(200, &current))
+    let in_force = crate::ops::settings::egress_rules(&app.store, &app.config.webhooks.egress).await?;
+    Ok(Answer::json(200, &in_force.settings()))
 }
 
 /// `PUT /v1/admin/config/webhook-security` (updateWebhookSecurityConfig): replaces the
 /// configuration (absent fields take the spec's defaults); in force from the next webhook
-/// write and the next delivery pass, on every container.
+/// write and the next delivery pass, on every container. Answers it as in force (see `get`).
 pub async fn put(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
     let (settings, _) = parse_json::<WebhookSecurity>(&req.body)?;
@@ -34,5 +32,6 @@ pub async fn put(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         context: script_context(ctx, &Caller::Admin, false, None),
         settings: serde_json::to_string(&settings).expect("settings serialize"),
     };
-    Ok(Answer::json(200, &app.store.run(call).await?.value))
+    app.store.run(call).await?;
+    Ok(Answer::json(200, &app.config.webhooks.egress.with_settings(&settings).settings()))
 }
