@@ -1,7 +1,7 @@
 -- A failed authentication, in its owner's slot (the key's tenant, or `__system__` for the admin
 -- key and unknown key ids): api_key.auth_failed when sampled (`A.sample`: the first failure of
 -- its key id or source in a minute), the tenant's failure count for the auth-failure-rate
--- alert, and an ACTIVE key found past its expiry becomes EXPIRED (api_key.expired).
+-- alert (`A.counted`: the first failure of its key id in a minute), and an ACTIVE key found past its expiry becomes EXPIRED (api_key.expired).
 local now, now_s = now_ms()
 local ctx = request_context(A.context)
 local sc = scene(K.events, ctx, now, nil, A.owner)
@@ -12,6 +12,6 @@ if A.sample ~= '' then
     ',"failure_reason":' .. cjson.encode(A.reason) .. (A.source ~= '' and (',"source_ip":' .. cjson.encode(A.source)) or '') ..
     '}', now)
 end
-if A.owner ~= '__system__' then count_and_check(sc, 'f') end
+if A.owner ~= '__system__' and A.counted ~= '' then count_and_check(sc, 'f') end
 if k[3] == 'ACTIVE' and k[4] and tonumber(k[4]) <= now then expire_key(sc, K.api_key, k) end
 return ok({})

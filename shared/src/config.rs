@@ -388,8 +388,14 @@ impl Config {
 /// Checks a configured origin: `scheme://host[:port]`, http or https, nothing after.
 pub fn check_origin(origin: &str) -> Result<(), String> {
     let parsed = url::Url::parse(origin).map_err(|e| format!("CORS origin {origin:?} is not a URL: {e}"))?;
+    // a host is a name of letters, digits, '-' and '.', or an IP: no wildcard (`*`) passes
+    let host_ok = match parsed.host() {
+        Some(url::Host::Domain(d)) => d.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'),
+        Some(_) => true,
+        None => false,
+    };
     let exact = matches!(parsed.scheme(), "http" | "https")
-        && parsed.host_str().is_some()
+        && host_ok
         && parsed.path() == "/"
         && parsed.query().is_none()
         && parsed.fragment().is_none()
@@ -437,13 +443,26 @@ mod tests {
     fn cors_origins_must_be_exact() {
         assert!(check_origin("https://console.example.com").is_ok());
         assert!(check_origin("http://localhost:3000").is_ok());
-        for bad in ["*", "console.example.com", "https://x.com/", "https://x.com/app", "ftp://x.com", "https://u@x.com"]
-        {
+        assert!(check_origin("http://[::1]:8080").is_ok() && check_origin("http://127.0.0.1:3000").is_ok());
+        for bad in [
+            "*",
+            "https://*",
+            "https://*.example.com",
+            "http://*:3000",
+            "https://console.*",
+            "console.example.com",
+            "https://x.com/",
+            "https://x.com/app",
+            "ftp://x.com",
+            "https://u@x.com",
+        ] {
             assert!(check_origin(bad).is_err(), "{bad}");
         }
         let mut c = Config::from_env(None);
         c.cors_origins = vec!["https://ok.example".into(), "https://bad.example/path".into()];
         assert!(c.validate().unwrap_err().contains("bad.example"));
+        c.cors_origins = vec!["https://ok.example".into(), "https://*.example".into()];
+        assert!(c.validate().unwrap_err().contains("*.example"), "a wildcard entry stops the start");
     }
 
     #[test]

@@ -184,11 +184,19 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
         (Some(t.key_id.as_str()), Some("invalid_key"), Some("127.0.0.1"))
     );
     assert_eq!(failed[0]["request_id"], r.headers["x-request-id"].as_str());
-    // sampled: more failures of the same key and source this minute write no more events
-    for _ in 0..11 {
+    // sampled: more failures of the same key and source this minute write no more events, and
+    // count once toward the tenant's failure rate: whoever knows a key id cannot raise the
+    // tenant's spike alone (issue 27)
+    for _ in 0..30 {
         h.get(&wrong, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
     }
     assert_eq!(h.admin_events(&t.id, "api_key.auth_failed").await.len(), 1);
+    assert!(h.admin_events(&t.id, "api_key.auth_failure_rate_spike").await.is_empty(), "one key id: no spike");
+    // failures of many of the tenant's key ids are a spike
+    for _ in 0..11 {
+        let k = h.key(&t.id, None).await;
+        h.get(&format!("{}x", k.secret), &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
+    }
     let spikes = h.admin_events(&t.id, "api_key.auth_failure_rate_spike").await;
     assert_eq!(spikes.len(), 1);
     assert_eq!(spikes[0]["data"]["metric"], "auth_failure_rate");

@@ -190,7 +190,7 @@ script! {
     /// (`lua/auth_failure.lua`).
     pub struct AuthFailure = auth_failure -> super::Nothing {
         keys: [events, api_key],
-        args: [context, owner, key_id, reason, source, sample],
+        args: [context, owner, key_id, reason, source, sample, counted],
     }
 }
 
@@ -222,7 +222,9 @@ pub struct Failure<'a> {
 
 /// Records a failed authentication: counts it against its key id and its source for this
 /// minute, and writes its event (the first of either in the minute), its tenant's alert count
-/// and a lazy key expiry. Answers the larger of the two counts.
+/// (the first failure of its key id in the minute only: someone who knows a key id cannot
+/// raise the tenant's auth-failure spike by repeating it) and a lazy key expiry. Answers the
+/// larger of the two counts.
 pub async fn record_failure(store: &Store, f: Failure<'_>) -> ApiResult<u64> {
     let minute = crate::domain::now_ms() / 60_000;
     let mut counts = vec![];
@@ -243,6 +245,7 @@ pub async fn record_failure(store: &Store, f: Failure<'_>) -> ApiResult<u64> {
         reason: f.reason.to_string(),
         source: f.source.to_string(),
         sample: if counts.contains(&1) { "1" } else { "" }.to_string(),
+        counted: if f.key_id.is_some() && counts.first() == Some(&1) { "1" } else { "" }.to_string(),
     };
     store.run(call).await?;
     Ok(counts.into_iter().max().unwrap_or(0))
