@@ -459,10 +459,63 @@ impl Validate for ReservationExtendRequest {
 /// Parses a JSON body strictly: malformed JSON, non-objects, unknown fields and wrong types
 /// are all 400 INVALID_REQUEST with the offending field path in the message. Returns the typed
 /// request and the raw JSON value (used for the idempotency payload hash).
+///
+/// Protocol requests follow one rule for `null`: an optional field sent as `null` is absent
+/// (`without_nulls`), so no stored request, replay fingerprint or receipt ever holds one; a
+/// required field sent as `null` is missing (400).
 pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> ApiResult<(T, Value)> {
-    let (typed, value) = parse_json::<T>(body)?;
+    let mut value = parse_object(body)?;
+    without_nulls(&mut value);
+    let (typed, value) = typed_from::<T>(value)?;
     typed.validate()?;
     Ok((typed, value))
+}
+
+/// Fields whose values are the caller's own JSON, kept as sent (a `null` inside is data).
+const FREE_FORM: &[&str] = &["metadata", "custom"];
+
+/// Removes every member whose value is `null` from a protocol request, at any depth but inside
+/// its free-form values (`metadata`, `metrics.custom`).
+pub fn without_nulls(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.retain(|_, m| !m.is_null());
+            for (name, m) in map.iter_mut() {
+                if !FREE_FORM.contains(&name.as_str()) {
+                    without_nulls(m);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
+}
+
+/// The largest integer a receipt can sign exactly: JCS writes numbers as IEEE doubles.
+pub const MAX_SIGNABLE_INTEGER: u64 = 1 << 53;
+
+/// The first integer of a protocol request beyond `MAX_SIGNABLE_INTEGER` in magnitude (outside
+/// its free-form values), with its path: such a request cannot get a receipt that holds what
+/// was submitted.
+pub fn unsignable_integer(v: &Value, path: &str) -> Option<String> {
+    match v {
+        Value::Number(n) => {
+            let big = n
+                .as_u64()
+                .map(|u| u > MAX_SIGNABLE_INTEGER)
+                .or(n.as_i64().map(|i| i.unsigned_abs() > MAX_SIGNABLE_INTEGER));
+            big.unwrap_or(false).then(|| path.to_string())
+        }
+        Value::Object(map) => {
+            map.iter().filter(|(name, _)| !FREE_FORM.contains(&name.as_str())).find_map(|(name, m)| {
+                unsignable_integer(m, &if path.is_empty() { name.clone() } else { format!("{path}.{name}") })
+            })
+        }
+        Value::Array(items) => {
+            items.iter().enumerate().find_map(|(i, m)| unsignable_integer(m, &format!("{path}[{i}]")))
+        }
+        _ => None,
+    }
 }
 
 /// The most a request's free-form `metadata` (and `metrics`) may take, as compact JSON: it is
@@ -498,11 +551,21 @@ fn check_free_form_sizes(body: &Value) -> ApiResult<()> {
 
 /// `parse_body` without the `Validate` step (operator-plane bodies check their own bounds).
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<(T, Value)> {
+    typed_from(parse_object(body)?)
+}
+
+/// A body as a JSON object (duplicate keys refused), its free-form values within bounds.
+fn parse_object(body: &[u8]) -> ApiResult<Value> {
     let value = crate::json::parse(body).map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::invalid("Malformed request body: expected a JSON object"));
     }
     check_free_form_sizes(&value)?;
+    Ok(value)
+}
+
+/// The typed request of a JSON object: a field in error is named by its path.
+fn typed_from<T: DeserializeOwned>(value: Value) -> ApiResult<(T, Value)> {
     // The path of a field in error is tracked only when there is an error to report.
     if let Ok(typed) = T::deserialize(&value) {
         return Ok((typed, value));

@@ -261,3 +261,81 @@ async fn the_public_evidence_routes_are_rate_limited() {
     r.assert_error(429, "LIMIT_EXCEEDED");
     assert!(r.headers.contains_key("retry-after"));
 }
+
+/// Issue 27 (1, 2): one rule for `null` on the protocol's requests: an optional field sent as
+/// `null` is absent, so no receipt, stored request or replay fingerprint holds one (the
+/// envelope schema allows none); and where receipts are on, an integer beyond 2^53 is refused
+/// (JCS writes numbers as doubles: the receipt could not hold what was submitted).
+#[tokio::test]
+async fn nulls_are_absent_and_integers_beyond_2_pow_53_are_refused_where_signed() {
+    let h = harness(EvidenceMode::On).await;
+    let t = h.funded(1_000_000).await;
+    let no_nulls = |e: &Value| assert_no_nulls(e, &e.to_string());
+    let key = unique("rk");
+    let with_nulls = json!({"idempotency_key": key, "metadata": null, "ttl_ms": null, "grace_period_ms": null,
+        "overage_policy": null, "dry_run": null,
+        "subject": {"tenant": t.id, "workspace": null, "dimensions": null},
+        "action": {"kind": "llm.completion", "name": "m", "tags": null},
+        "estimate": {"unit": "TOKENS", "amount": 10}});
+    let r = h.post(&t.key, "/v1/reservations", &with_nulls).await;
+    let r = r.assert_ok().clone();
+    let rid = r["reservation_id"].as_str().unwrap().to_string();
+    no_nulls(&authentic(&h, &r["cycles_evidence"]).await);
+    // the same request without them is the same request: a replay, not a mismatch
+    let without = json!({"idempotency_key": key, "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 10}});
+    let again = h.post(&t.key, "/v1/reservations", &without).await;
+    assert_eq!(again.assert_ok()["reservation_id"], rid.as_str());
+    // metadata inside is the caller's data, kept as sent
+    let got = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
+    assert!(got.assert_ok().get("metadata").is_none(), "{}", got.raw);
+
+    let decide = json!({"idempotency_key": unique("d"), "metadata": null, "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 5}});
+    let d = h.post(&t.key, "/v1/decide", &decide).await;
+    no_nulls(&authentic(&h, &d.assert_ok()["cycles_evidence"]).await);
+
+    let commit = json!({"idempotency_key": unique("c"), "actual": {"unit": "TOKENS", "amount": 7}, "metrics": null, "metadata": null});
+    let c = h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &commit).await;
+    no_nulls(&authentic(&h, &c.assert_ok()["cycles_evidence"]).await);
+    let rid2 = h.reserve_ok(&t, 10, json!({})).await;
+    let commit = json!({"idempotency_key": unique("c"), "actual": {"unit": "TOKENS", "amount": 7},
+        "metrics": {"tokens_input": null, "custom": null, "latency_ms": 12}});
+    let c = h.post(&t.key, &format!("/v1/reservations/{rid2}/commit"), &commit).await;
+    let e = authentic(&h, &c.assert_ok()["cycles_evidence"]).await;
+    no_nulls(&e);
+    let rid3 = h.reserve_ok(&t, 10, json!({})).await;
+    let release = json!({"idempotency_key": unique("rl"), "reason": null});
+    let rl = h.post(&t.key, &format!("/v1/reservations/{rid3}/release"), &release).await;
+    no_nulls(&authentic(&h, &rl.assert_ok()["cycles_evidence"]).await);
+    // a required field sent as null is missing
+    let bad = json!({"idempotency_key": unique("rk"), "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "m"}, "estimate": null});
+    h.post(&t.key, "/v1/reservations", &bad).await.assert_error(400, "INVALID_REQUEST");
+
+    // integers beyond 2^53: refused where a receipt would be made, exact at 2^53
+    let big = |amount: u64, dry: bool| {
+        json!({"idempotency_key": unique("rk"), "subject": {"tenant": t.id}, "dry_run": dry,
+            "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": amount}})
+    };
+    for (path, body) in [
+        ("/v1/reservations", big(i64::MAX as u64, true)),
+        ("/v1/decide", {
+            let mut b = big((1 << 53) + 1, false);
+            b.as_object_mut().unwrap().remove("dry_run");
+            b
+        }),
+        ("/v1/reservations", big((1 << 53) + 1, false)),
+    ] {
+        let r = h.post(&t.key, path, &body).await;
+        r.assert_error(400, "INVALID_REQUEST");
+        assert!(r.body["message"].as_str().unwrap().contains("estimate.amount"), "{}", r.raw);
+    }
+    let exact = h.post(&t.key, "/v1/reservations", &big(1 << 53, true)).await;
+    let e = authentic(&h, &exact.assert_ok()["cycles_evidence"]).await;
+    assert_eq!(e["payload"]["reserve"]["request"]["estimate"]["amount"].as_u64(), Some(1 << 53));
+    // without receipts the whole int64 range stays exact (reserve.rs)
+    let off = Harness::start_beside(&h, |_| {}).await;
+    let r = off.post(&t.key, "/v1/reservations", &big((1 << 53) + 1, true)).await;
+    assert_eq!(r.assert_ok()["decision"], "DENY");
+}

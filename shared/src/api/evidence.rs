@@ -197,7 +197,8 @@ pub async fn on_error(
     }
     let body = crate::evidence::project(&e.body(&ctx.request_id, &ctx.trace.trace_id), mirror::ERROR_RESPONSE);
     let mut payload = json!({"endpoint": endpoint, "http_status": e.status(), "response": body});
-    if let Ok(req) = serde_json::from_slice::<Value>(request) {
+    if let Ok(mut req) = serde_json::from_slice::<Value>(request) {
+        crate::model::without_nulls(&mut req);
         payload["request"] = attested_request(&req, fields);
     }
     if let Some(id) = reservation_id {

@@ -31,9 +31,24 @@ fn check_idempotency_header(req: &ApiRequest, body_key: &str) -> ApiResult<()> {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned + Validate>(req: &ApiRequest) -> ApiResult<(T, Value)> {
+/// A protocol request, after authentication (which names the tenant): its typed body and its
+/// JSON. Where the tenant gets receipts, an integer beyond 2^53 is refused (400): a receipt
+/// could not hold it exactly.
+async fn parse<T: serde::de::DeserializeOwned + Validate>(
+    app: &App,
+    ctx: &Ctx,
+    req: &ApiRequest,
+) -> ApiResult<(T, Value)> {
     let parsed = parse_body::<T>(&req.body)?;
     check_idempotency_header(req, parsed.0.idempotency_key())?;
+    if let (Some(path), Some(tenant)) = (crate::model::unsignable_integer(&parsed.1, ""), &ctx.tenant) {
+        if evidence::enabled_for(app, tenant).await? {
+            return Err(ApiError::invalid(format!(
+                "{path} is beyond 2^53 ({}); signed receipts are on for this tenant and cannot hold it exactly",
+                crate::model::MAX_SIGNABLE_INTEGER
+            )));
+        }
+    }
     Ok(parsed)
 }
 
@@ -168,7 +183,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 
 async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_key(app, ctx, req).await?;
-    let (r, raw) = parse::<ReservationCreateRequest>(req)?;
+    let (r, raw) = parse::<ReservationCreateRequest>(app, ctx, req).await?;
     check_subject_tenant(&r.subject, &caller)?;
     let hash = payload_hash(&raw, &[("grace_period_ms", json!(rules::DEFAULT_GRACE_MS)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
@@ -400,7 +415,7 @@ pub async fn decide(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 
 async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_key(app, ctx, req).await?;
-    let (r, raw) = parse::<DecisionRequest>(req)?;
+    let (r, raw) = parse::<DecisionRequest>(app, ctx, req).await?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let g = governance(app, &r.action, &r.subject)?;
@@ -439,7 +454,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
 /// createEvent: the post-only debit of `actual`, without a reservation (201).
 pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = tenant_key(app, ctx, req).await?;
-    let (r, raw) = parse::<EventCreateRequest>(req)?;
+    let (r, raw) = parse::<EventCreateRequest>(app, ctx, req).await?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let keys = TenantKeys::new(&caller.tenant);
@@ -570,7 +585,7 @@ pub async fn commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 
 async fn settle_commit(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, false).await?;
-    let (r, raw) = parse::<CommitRequest>(req)?;
+    let (r, raw) = parse::<CommitRequest>(app, ctx, req).await?;
     let a = address(app, caller, req, Permission::ReservationsCommit).await?;
     let call = Commit {
         digest: a.digest.clone(),
@@ -631,7 +646,7 @@ pub async fn release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<An
 
 async fn settle_release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, true).await?;
-    let (r, raw) = parse::<ReleaseRequest>(req)?;
+    let (r, raw) = parse::<ReleaseRequest>(app, ctx, req).await?;
     let a = address(app, caller, req, Permission::ReservationsRelease).await?;
     // An admin-key release records its audit entry in the same step as the release.
     let audit = if a.caller.is_none() {
@@ -666,7 +681,7 @@ async fn settle_release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
 
 pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, false).await?;
-    let (r, raw) = parse::<ReservationExtendRequest>(req)?;
+    let (r, raw) = parse::<ReservationExtendRequest>(app, ctx, req).await?;
     let a = address(app, caller, req, Permission::ReservationsExtend).await?;
     let call = Extend {
         digest: a.digest.clone(),
