@@ -32,16 +32,30 @@ local function iso8601(ms)
     math.floor(rem % 3600 / 60), rem % 60, frac)
 end
 
--- The end of the period after one ending at `end_ms`: `every` is its length in ms, or 'M'
--- (monthly: on day `day` of the next month, or its last day when it is shorter; without a
--- day, the day `end_ms` falls on).
-local function next_period_end(end_ms, every, day)
-  if every ~= 'M' then return end_ms + tonumber(every) end
+-- The period current at `now` of a recurrence whose period ended at `end_ms` (<= now): its
+-- start and end, and how many periods ended meanwhile, computed in one step however far behind.
+-- `every` is the length in ms, or 'M' (monthly: on day `day` of each month, or its last day
+-- when it is shorter; without a day, the day `end_ms` falls on).
+local function current_period(end_ms, every, day, now)
+  if every ~= 'M' then
+    local len = tonumber(every)
+    local n = math.floor((now - end_ms) / len) + 1
+    return end_ms + (n - 1) * len, end_ms + n * len, n
+  end
   local days, rem = math.floor(end_ms / 86400000), end_ms % 86400000
   local y, m, d = civil_from_days(days)
   day = tonumber(day) or d
-  if m == 12 then y, m = y + 1, 1 else m = m + 1 end
-  local length = (m == 12) and (days_from_civil(y + 1, 1, 1) - days_from_civil(y, 12, 1))
-    or (days_from_civil(y, m + 1, 1) - days_from_civil(y, m, 1))
-  return days_from_civil(y, m, math.min(day, length)) * 86400000 + rem
+  -- the end n months after the month of end_ms
+  local function month_end(n)
+    local k = m - 1 + n
+    local yy, mm = y + math.floor(k / 12), k % 12 + 1
+    local ny, nm = yy + math.floor(mm / 12), mm % 12 + 1
+    local length = days_from_civil(ny, nm, 1) - days_from_civil(yy, mm, 1)
+    return days_from_civil(yy, mm, math.min(day, length)) * 86400000 + rem
+  end
+  local ny, nm = civil_from_days(math.floor(now / 86400000))
+  local n = math.max(1, (ny - y) * 12 + (nm - m))
+  while n > 1 and month_end(n - 1) > now do n = n - 1 end
+  while month_end(n) <= now do n = n + 1 end
+  return (n == 1) and end_ms or month_end(n - 1), month_end(n), n
 end

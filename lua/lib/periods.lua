@@ -2,13 +2,15 @@
 -- reads that roll first.
 -- needs: decimal, calendar, events, ledger, alerts
 
--- Rolls a recurring ledger whose period has ended into the current one, a period at a time,
--- as RESET_SPENT does: spent cleared, holds and debt kept, and the allocation per
--- rollover_policy: NONE the base allocation, CARRY_FORWARD the base plus what was unused
--- (remaining above zero), CAP_AT_ALLOCATED the base plus the unused part up to the base. The
--- base is the allocation less what the previous roll carried in. Each roll writes
--- budget.reset_spent and an audit row; the new period is written at once, so no period is
--- ever rolled twice. At most RULES.MAX_ROLLS rolls per call.
+-- Rolls a recurring ledger whose period has ended into the current one, in one step however
+-- far behind (so no request is ever judged against an ended period, and a burst after a long
+-- idle time admits one period's allocation), as RESET_SPENT does: spent cleared, holds and
+-- debt kept, and the allocation per rollover_policy: NONE the base allocation, CARRY_FORWARD
+-- the base plus what the ended period left unused (remaining above zero), CAP_AT_ALLOCATED the
+-- base plus that unused part up to the base. The base is the allocation less what the previous
+-- roll carried in. Periods that passed whole without a request carry nothing. One
+-- budget.reset_spent and one audit row (naming how many periods ended); the new period is
+-- written at once, so no period is ever rolled twice.
 local function roll_period(sc, b)
   local f = redis.call('HMGET', b.key, 'period_every', 'period_start_ms', 'rollover_policy', 'period_carried', 'ledger_id',
     'period_day')
@@ -20,28 +22,25 @@ local function roll_period(sc, b)
   end
   local from = {allocated = b.allocated, spent = b.spent, reserved = b.reserved}
   local every, policy, ledger_id = f[1], f[3] or 'NONE', f[5] or ''
-  local start_ms, end_ms, carried = tonumber(f[2]), tonumber(b.roll_at), f[4] or '0'
+  local carried = f[4] or '0'
+  local start_ms, end_ms, ended = current_period(tonumber(b.roll_at), every, f[6], sc.now)
+  local before = ledger_state(b, true)
+  local base = d_max(d_sub(b.allocated, carried), '0')
+  local unused = d_max(b.remaining, '0')
+  local carry = '0'
+  if policy == 'CARRY_FORWARD' then carry = unused elseif policy == 'CAP_AT_ALLOCATED' then carry = d_min(unused, base) end
+  if not d_fits(d_add(base, carry)) then carry = '0' end
+  b.allocated, b.spent, carried = d_add(base, carry), '0', carry
+  b.remaining = d_sub(d_sub(b.allocated, b.reserved), b.debt)
+  emit(sc.events, 'budget.reset_spent', sc.name, b.scope, nil, 'cycles-periods', '{"ledger_id":' ..
+    cjson.encode(ledger_id) .. ',"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit ..
+    '","operation":"RESET_SPENT","previous_state":' .. before .. ',"new_state":' .. ledger_state(b, true) ..
+    ',"spent_override_provided":false,"reason":"period rollover (' .. policy .. ')"}', sc.now)
   local actx = {tenant = sc.name, operation = 'rollBudgetPeriod', actor = 'system', status = 200,
     request_id = sc.ctx and sc.ctx.request_id, trace_id = sc.ctx and sc.ctx.trace_id}
-  local rolls = 0
-  while end_ms <= sc.now and rolls < RULES.MAX_ROLLS do
-    rolls = rolls + 1
-    local before = ledger_state(b, true)
-    local base = d_max(d_sub(b.allocated, carried), '0')
-    local unused = d_max(b.remaining, '0')
-    local carry = '0'
-    if policy == 'CARRY_FORWARD' then carry = unused elseif policy == 'CAP_AT_ALLOCATED' then carry = d_min(unused, base) end
-    if not d_fits(d_add(base, carry)) then carry = '0' end
-    b.allocated, b.spent, carried = d_add(base, carry), '0', carry
-    b.remaining = d_sub(d_sub(b.allocated, b.reserved), b.debt)
-    start_ms, end_ms = end_ms, next_period_end(end_ms, every, f[6])
-    emit(sc.events, 'budget.reset_spent', sc.name, b.scope, nil, 'cycles-periods', '{"ledger_id":' ..
-      cjson.encode(ledger_id) .. ',"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit ..
-      '","operation":"RESET_SPENT","previous_state":' .. before .. ',"new_state":' .. ledger_state(b, true) ..
-      ',"spent_override_provided":false,"reason":"period rollover (' .. policy .. ')"}', sc.now)
-    audit(KEY.audit_log(sc.prefix), actx, 'budget.roll_period', 'budget', ledger_id, sc.now,
-      {period_start = iso8601(start_ms), period_end = iso8601(end_ms), rollover_policy = policy, carried = carry})
-  end
+  audit(KEY.audit_log(sc.prefix), actx, 'budget.roll_period', 'budget', ledger_id, sc.now,
+    {period_start = iso8601(start_ms), period_end = iso8601(end_ms), rollover_policy = policy, carried = carry,
+      periods_ended = ended})
   local start_s, end_s = itoa(start_ms), itoa(end_ms)
   -- a new period is judged afresh, as RESET_SPENT does: over the limit only while the debt is
   b.over = d_cmp(b.debt, b.overdraft_limit) > 0

@@ -205,7 +205,7 @@ async fn debt_survives_a_roll_and_funding_resets_the_carry() {
 }
 
 #[tokio::test]
-async fn a_period_ended_long_ago_rolls_once_per_period() {
+async fn a_period_ended_long_ago_rolls_to_the_current_one_in_one_step() {
     let h = Harness::start().await;
     let t = h.tenant().await;
     periodic(&h, &t, 100, "CARRY_FORWARD", now_ms() + HOUR, "PT1H").await.assert_created();
@@ -214,36 +214,96 @@ async fn a_period_ended_long_ago_rolls_once_per_period() {
     let r = end_period(&h, &t, ago).await;
     let end = parse_rfc3339_ms(r.assert_ok()["period_end"].as_str().unwrap()).unwrap();
     assert!(end > now_ms() && end < now_ms() + HOUR, "the current period: {end} (was {before})");
-    assert_eq!(h.events_of(&t.id, "budget.reset_spent").await.len(), 3, "three periods ended: three rolls");
-    // each empty period carried its whole allocation forward
-    assert_eq!(h.ledger(&t.id, &root(&t), Unit::Tokens).await.allocated, 400);
+    assert_eq!(h.events_of(&t.id, "budget.reset_spent").await.len(), 1, "three periods ended: one roll");
+    let audits = roll_audits(&h, &t).await;
+    assert_eq!((audits.len(), audits[0]["details"]["periods_ended"].as_i64()), (1, Some(3)));
+    // the ended period's unused allocation carried; the periods nobody used carry nothing
+    assert_eq!(h.ledger(&t.id, &root(&t), Unit::Tokens).await.allocated, 200);
+}
+
+/// Issue 27 (7): a budget far behind reaches its current period in one step, so a burst
+/// admits one period's allocation however long it was idle (it admitted one per 100 periods
+/// rolled: a PT1M budget of 1,000 a week behind let 50,000 through).
+#[tokio::test]
+async fn a_burst_after_a_long_idle_time_admits_one_periods_allocation() {
+    let h = Arc::new(Harness::start().await);
+    for (every, behind) in [("PT1M", 7 * 24 * HOUR), ("PT1H", 365 * 24 * HOUR), ("DAILY", 3 * 365 * 24 * HOUR)] {
+        let t = h.tenant().await;
+        periodic(&h, &t, 1000, "NONE", now_ms() + HOUR, every).await.assert_created();
+        // the period's end moved far back without a roll (as a ledger untouched for that long)
+        let end = (now_ms() - behind).to_string();
+        h.set_budget(&t.id, &root(&t), Unit::Tokens, &[("roll_at_ms", &end)]).await;
+        let key = TenantKeys::new(&t.id).budget(&root(&t), Unit::Tokens);
+        let _: () = redis::AsyncCommands::hset(&mut h.store.conn(), key, "period_end_ms", &end).await.unwrap();
+        let mut tasks = vec![];
+        for _ in 0..40 {
+            let (h, t) = (h.clone(), t.clone());
+            tasks.push(tokio::spawn(async move {
+                let r = h.reserve(&t, 100, json!({})).await;
+                if r.status == 200 {
+                    let rid = r.body["reservation_id"].as_str().unwrap().to_string();
+                    h.commit(&t, &rid, 100).await.assert_ok();
+                    100
+                } else {
+                    r.assert_error(409, "BUDGET_EXCEEDED");
+                    0
+                }
+            }));
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.unwrap();
+        }
+        let l = h.ledger(&t.id, &root(&t), Unit::Tokens).await;
+        assert_eq!((admitted, l.spent), (1000, 1000), "{every} {behind} ms behind: one period's allocation");
+        assert_eq!(h.events_of(&t.id, "budget.reset_spent").await.len(), 1, "{every}: one roll");
+        let end = parse_rfc3339_ms(lookup(&h, &t).await["period_end"].as_str().unwrap()).unwrap();
+        assert!(end > now_ms(), "{every}: the current period");
+    }
 }
 
 #[tokio::test]
 async fn monthly_periods_follow_the_calendar() {
     let h = Harness::start().await;
+    // ended on 2024-01-31: rolled at once into the current month, ending on its last day (the
+    // 31st or the month's last day)
     let t = h.tenant().await;
-    // ended on 2024-01-31: every month since rolls at once, on the 31st or the month's last day
     let anchor = parse_rfc3339_ms("2024-01-31T00:00:00Z").unwrap();
     periodic(&h, &t, 100, "NONE", anchor, "MONTHLY").await.assert_created();
-    let ends: Vec<String> =
-        roll_audits(&h, &t).await.iter().map(|a| a["details"]["period_end"].as_str().unwrap().to_string()).collect();
-    assert_eq!(
-        &ends[..4],
-        [
-            "2024-02-29T00:00:00.000Z",
-            "2024-03-31T00:00:00.000Z",
-            "2024-04-30T00:00:00.000Z",
-            "2024-05-31T00:00:00.000Z"
-        ]
-    );
-    assert!(ends.contains(&"2025-02-28T00:00:00.000Z".to_string()), "{ends:?}");
     let b = lookup(&h, &t).await;
     let (start, end) = (b["period_start"].as_str().unwrap(), b["period_end"].as_str().unwrap());
     let (s, e) = (parse_rfc3339_ms(start).unwrap(), parse_rfc3339_ms(end).unwrap());
     assert!(s <= now_ms() && now_ms() < e, "the current month: {start} .. {end}");
-    assert_eq!(&start[..10], ends[ends.len() - 2].get(..10).unwrap());
-    assert_eq!(ends.len(), h.events_of(&t.id, "budget.reset_spent").await.len());
+    for at in [s, e] {
+        assert_eq!(
+            &format_rfc3339_ms(at + 86_400_000)[8..],
+            "01T00:00:00.000Z",
+            "the last day of its month: {start} {end}"
+        );
+    }
+    assert!((28..=31).contains(&((e - s) / 86_400_000)), "one month: {start} .. {end}");
+    assert_eq!(h.events_of(&t.id, "budget.reset_spent").await.len(), 1);
+    let audits = roll_audits(&h, &t).await;
+    let months = audits[0]["details"]["periods_ended"].as_i64().unwrap();
+    assert!(months >= 23, "every month since 2024-01 ended: {months}");
+    // on the 15th: every month on the 15th
+    let t = h.tenant().await;
+    periodic(&h, &t, 100, "NONE", parse_rfc3339_ms("2023-06-15T12:00:00Z").unwrap(), "MONTHLY").await.assert_created();
+    let b = lookup(&h, &t).await;
+    for field in ["period_start", "period_end"] {
+        assert_eq!(&b[field].as_str().unwrap()[8..], "15T12:00:00.000Z", "{b}");
+    }
+    // a roll at a time follows the calendar: the 31st, then February's last day, then the 31st
+    let t = h.tenant().await;
+    periodic(&h, &t, 100, "NONE", now_ms() + HOUR, "MONTHLY").await.assert_created();
+    let path = format!("/v1/admin/budgets?scope={}&unit=TOKENS", root(&t));
+    let jan31 = json!({"period_start": "2024-01-01T00:00:00.000Z", "period_end": "2024-01-31T00:00:00.000Z"});
+    h.admin("PATCH", &path, Some(&jan31)).await.assert_ok();
+    let ends: Vec<String> =
+        roll_audits(&h, &t).await.iter().map(|a| a["details"]["period_end"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ends.len(), 1);
+    let end = parse_rfc3339_ms(&ends[0]).unwrap();
+    assert!(end > now_ms() && &format_rfc3339_ms(end + 86_400_000)[8..10] == "01", "{ends:?}");
 }
 
 #[tokio::test]
@@ -361,10 +421,8 @@ async fn period_case(h: &Harness, seed: u64, every: &str, length: Option<i64>, p
                 let k = length.map(|_| rng.gen_range(1..=3)).unwrap_or(1);
                 let ago = length.map(|l| (k - 1) * l + 1_000).unwrap_or(1_000);
                 end_period(h, &t, ago).await.assert_ok();
-                for _ in 0..k {
-                    m.roll(policy);
-                }
-                rolls += k as usize;
+                m.roll(policy); // however many ended: one roll into the current period
+                rolls += 1;
             }
         }
         let l = h.ledger(&t.id, &root(&t), Unit::Tokens).await; // the balance identity is asserted inside

@@ -24,10 +24,6 @@ pub const FUNDING_IDEMPOTENCY_MS: u64 = 24 * 3_600_000;
 /// The most policies one tenant may hold (every runtime script reads all of them).
 pub const MAX_POLICIES: usize = 100;
 
-/// The most period rolls one script applies to one ledger (a ledger further behind is caught
-/// up by the next script or sweep that touches it).
-pub const MAX_ROLLS: i64 = 100;
-
 /// The alert settings of the spec's `WebhookThresholdConfig`, at its defaults: what a tenant
 /// without subscriptions that set them is alerted at.
 pub mod alerts {
@@ -55,7 +51,7 @@ pub fn lua_table() -> String {
     format!(
         "local RULES = {{DEFAULT_TTL_MS = {DEFAULT_TTL_MS}, MAX_TTL_MS = {MAX_TTL_MS}, MAX_EXTENSIONS = {MAX_EXTENSIONS}, \
          DEFAULT_GRACE_MS = {DEFAULT_GRACE_MS}, DEFAULT_OVERAGE_POLICY = '{}', MAX_POLICIES = {MAX_POLICIES}, \
-         MAX_ROLLS = {MAX_ROLLS}, ALERTS = {{th = {{{}}}, bm = {BURN_MULTIPLIER:?}, bw = {BURN_WINDOW_S}, \
+         ALERTS = {{th = {{{}}}, bm = {BURN_MULTIPLIER:?}, bw = {BURN_WINDOW_S}, \
          dr = {DENIAL_RATE:?}, er = {EXPIRY_RATE:?}, ar = {AUTH_FAILURE_RATE:?}, rw = {RATE_WINDOW_S}, \
          min_samples = {MIN_SAMPLES}, min_burn_windows = {MIN_BURN_WINDOWS}}}}}\n",
         DEFAULT_OVERAGE_POLICY.as_str(),
