@@ -324,7 +324,13 @@ impl Subject {
 impl Action {
     pub fn validate(&self) -> ApiResult<()> {
         check_len("action.kind", &self.kind, 1, 64)?;
-        check_not_blank("action.kind", &self.kind)?;
+        if !crate::domain::action_kinds::is_canonical_kind(&self.kind) {
+            return Err(ApiError::invalid(format!(
+                "action.kind {:?} is not a canonical action kind: lower-case ASCII letters, digits, '_' and '-' \
+                 in dot-separated segments (e.g. llm.completion)",
+                self.kind
+            )));
+        }
         check_len("action.name", &self.name, 1, 256)?;
         check_not_blank("action.name", &self.name)?;
         if let Some(tags) = &self.tags {

@@ -682,3 +682,82 @@ async fn observed_allows_are_sampled_and_say_so() {
     assert!(!e.is_empty() && e.len() < 40, "about half of 40: {}", e.len());
     assert!(e.iter().all(|x| x["data"]["sample_rate"] == 0.5));
 }
+
+/// Issue 27 (8): one grammar for kinds, before any rule: other spellings of a denied or
+/// quota'd kind (case, whitespace, NUL, zero-width and look-alike characters, full-width
+/// letters, a trailing dot, a prefix) are 400 naming the field on reserve, dry_run, decide and
+/// events alike, so none gets past a deny list or a quota as another kind.
+#[tokio::test]
+async fn other_spellings_of_a_kind_are_refused_before_any_rule() {
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000).await;
+    policy(
+        &h,
+        &t,
+        json!({"denied_action_kinds": ["code.exec"],
+        "action_quotas": [{"action_kind": "web.search", "max_calls": 2, "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    let variants = [
+        "CODE.EXEC",
+        "Code.Exec",
+        "code.EXEC",
+        "code.exec\t",
+        "code.exec\0",
+        "code.exec\u{200b}",
+        "\u{200b}code.exec",
+        "cod\u{0435}.exec",
+        "\u{ff43}\u{ff4f}\u{ff44}\u{ff45}.exec",
+        "code.exec.",
+        ".code.exec",
+        "code..exec",
+        "mcp:code.exec",
+        " code.exec",
+        "code.exec ",
+        "code .exec",
+        "code.exec\n",
+        "code/exec",
+        "code.exec*",
+        "WEB.SEARCH",
+        "Web.Search",
+        "web.search\r",
+        "web\u{2024}search",
+    ];
+    let evaluate = |path: &'static str, k: &str, dry: bool| {
+        let mut body = json!({"idempotency_key": unique("v"), "subject": {"tenant": t.id},
+            "action": {"kind": k, "name": "x"}});
+        if path == "/v1/events" {
+            body["actual"] = json!({"unit": "TOKENS", "amount": 1});
+        } else {
+            body["estimate"] = json!({"unit": "TOKENS", "amount": 1});
+        }
+        if dry {
+            body["dry_run"] = json!(true);
+        }
+        let h = &h;
+        let key = t.key.clone();
+        async move { h.post(&key, path, &body).await }
+    };
+    for v in variants {
+        for (path, dry) in
+            [("/v1/reservations", false), ("/v1/reservations", true), ("/v1/decide", false), ("/v1/events", false)]
+        {
+            let r = evaluate(path, v, dry).await;
+            r.assert_error(400, "INVALID_REQUEST");
+            assert!(r.body["message"].as_str().unwrap().contains("action.kind"), "{path} {v:?}: {}", r.raw);
+        }
+    }
+    assert!(h.ledger(&t.id, &format!("tenant:{}", t.id), cycles_shared::model::Unit::Tokens).await.reserved == 0);
+    // the kind itself is denied, and its quota counts only its one spelling
+    evaluate("/v1/reservations", "code.exec", false).await.assert_error(409, "ACTION_KIND_DENIED");
+    for _ in 0..2 {
+        evaluate("/v1/reservations", "web.search", false).await.assert_ok();
+    }
+    evaluate("/v1/reservations", "web.search", false).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    // policy lists hold the same grammar
+    for bad in ["CODE.EXEC", "code.exec.", "mcp:code.exec", "code.exec\u{200b}"] {
+        let body = json!({"tenant_id": t.id, "name": unique("bad"), "scope_pattern": format!("tenant:{}", t.id),
+            "denied_action_kinds": [bad]});
+        h.admin("POST", POLICIES, Some(&body)).await.assert_error(400, "INVALID_REQUEST");
+    }
+}

@@ -86,15 +86,23 @@ pub struct CustomKind {
     pub mcp_tool_prefixes: Option<Vec<String>>,
 }
 
-/// Whether a string has the shape of a kind: `<category>.<operation>[.<qualifier>...]`,
-/// lower-case letters, digits and `_`, at most 64 characters.
-pub fn is_kind_shaped(kind: &str) -> bool {
-    let segments: Vec<&str> = kind.split('.').collect();
+/// The one grammar of action kinds, applied before any rule on every request (reserve,
+/// dry_run, decide, events) and in policy lists: dot-separated segments of lower-case ASCII
+/// letters, digits, `_` and `-` (`llm.completion`, `code.exec.shell`), at most 64 characters.
+/// So no other spelling of a kind (case, whitespace, control or zero-width characters,
+/// look-alike letters, a trailing dot, a prefix such as `mcp:`) can pass a deny list or a
+/// quota as a different kind.
+pub fn is_canonical_kind(kind: &str) -> bool {
     kind.len() <= 64
-        && segments.len() >= 2
-        && segments
-            .iter()
-            .all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+        && kind.split('.').all(|s| {
+            !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        })
+}
+
+/// Whether a string has the shape of a kind in a policy list or a declaration: canonical, of
+/// at least two segments (`<category>.<operation>[.<qualifier>...]`).
+pub fn is_kind_shaped(kind: &str) -> bool {
+    is_canonical_kind(kind) && kind.contains('.')
 }
 
 /// Parses and validates the custom-kind declarations: each kind `custom.<org>.<operation>...`,
