@@ -402,7 +402,14 @@ pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let in_script = ctx.audit_in_script.load(std::sync::atomic::Ordering::Relaxed);
     let audit =
         (route.plane == Plane::Admin && !(outcome.is_ok() && in_script)).then(|| audit_entry(&ctx, &req, &outcome));
+    let changed = route.plane == Plane::Admin && route.method != Method::GET && outcome.is_ok();
     let res = respond(&ctx, outcome);
+    if changed {
+        // the operator sees the change on the overview's next read (ops::overview)
+        if let Err(e) = crate::ops::overview::mark_stale(&app.store).await {
+            tracing::warn!(request_id = %ctx.request_id, error = %e.message, "could not mark the overview stale");
+        }
+    }
     if let Some((owner, entry)) = audit {
         // the answer stands whatever happens to its audit entry; a failure is logged
         if let Err(e) = record_audit(app, owner, entry).await {

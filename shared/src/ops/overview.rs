@@ -24,19 +24,76 @@ pub const WINDOW_SECONDS: i64 = 3600;
 /// Top-offender and recent-event lists hold at most this many items.
 const TOP: usize = 10;
 
-/// The stored snapshot when younger than `max_age_ms`.
-async fn fresh(store: &Store, max_age_ms: i64) -> ApiResult<Option<Value>> {
-    let stored: Option<String> = store.conn().get(SNAPSHOT).await?;
-    Ok(stored
-        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
-        .filter(|v| v["as_of_ms"].as_i64().is_some_and(|at| now_ms() - at < max_age_ms)))
+/// When an operator last changed something (ms): set after every successful operator-plane
+/// write, so the next read rebuilds the snapshot (same slot as the snapshot: one MGET reads both).
+pub const STALE_SINCE: &str = "cy:{__admin__}:overview:stale";
+/// Held (1 s) by the read that rebuilds a snapshot an operator change made stale, so such
+/// rebuilds happen at most once a second across containers.
+const REBUILDING: &str = "cy:{__admin__}:overview:rebuilding";
+/// A snapshot younger than this is served even after a change (the rebuilds' bound).
+const MIN_REBUILD_MS: i64 = 1_000;
+
+/// Marks the snapshot stale: an operator just changed something.
+pub async fn mark_stale(store: &Store) -> ApiResult<()> {
+    let _: () = store.conn().set(STALE_SINCE, now_ms()).await?;
+    Ok(())
 }
 
-/// The overview: the stored snapshot when younger than `max_age_ms`, else a fresh one.
+/// The stored snapshot, with whether it must be rebuilt: older than `max_age_ms`, or older
+/// than the last operator change (and than `MIN_REBUILD_MS`).
+async fn stored(store: &Store, max_age_ms: i64) -> ApiResult<(Option<Value>, Rebuild)> {
+    let (snapshot, stale_since): (Option<String>, Option<i64>) =
+        redis::cmd("MGET").arg(SNAPSHOT).arg(STALE_SINCE).query_async(&mut store.conn()).await?;
+    let Some(v) = snapshot.and_then(|s| serde_json::from_str::<Value>(&s).ok()) else {
+        return Ok((None, Rebuild::Now));
+    };
+    let at = v["as_of_ms"].as_i64().unwrap_or(0);
+    let age = now_ms() - at;
+    let rebuild = if age >= max_age_ms {
+        Rebuild::Now
+    } else if stale_since.is_some_and(|s| s >= at) && age >= MIN_REBUILD_MS {
+        Rebuild::IfFirst
+    } else {
+        Rebuild::No
+    };
+    Ok((Some(v), rebuild))
+}
+
+#[derive(PartialEq)]
+enum Rebuild {
+    No,
+    /// An operator changed something: rebuilt by the first read to take the lock.
+    IfFirst,
+    Now,
+}
+
+/// The stored snapshot when it needs no rebuild.
+async fn fresh(store: &Store, max_age_ms: i64) -> ApiResult<Option<Value>> {
+    Ok(match stored(store, max_age_ms).await? {
+        (v, Rebuild::No) => v,
+        _ => None,
+    })
+}
+
+/// The overview: the stored snapshot, rebuilt first when older than `max_age_ms` or than an
+/// operator's change.
 pub async fn overview(store: &Store, max_age_ms: i64) -> ApiResult<Value> {
-    match fresh(store, max_age_ms).await? {
-        Some(v) => Ok(strip(v)),
-        None => Ok(strip(refresh(store).await?)),
+    let (v, rebuild) = stored(store, max_age_ms).await?;
+    let first = || async {
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(REBUILDING)
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(MIN_REBUILD_MS)
+            .query_async(&mut store.conn())
+            .await?;
+        ApiResult::Ok(taken.is_some())
+    };
+    match (v, rebuild) {
+        (Some(v), Rebuild::No) => Ok(strip(v)),
+        (Some(v), Rebuild::IfFirst) if !first().await? => Ok(strip(v)),
+        _ => Ok(strip(refresh(store).await?)),
     }
 }
 
