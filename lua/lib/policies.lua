@@ -65,11 +65,20 @@ local function policy_settings(rules_key, scope_path, now, tenant, action)
     end
   end
   local out = {}
-  for f, p in pairs(best) do out[f] = {value = (f == 'ac') and p or p[f], id = p.id} end
+  for f, p in pairs(best) do out[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
   return out
 end
 
--- A policy's per-minute rate limit on `kind` (reservations, commits) for one scope path:
+-- Where a setting's counts (quotas, rate limits) are kept for a request on `scope_path`: its
+-- policy's anchor when the policy counts there (`at`; '' is the tenant's root), so invented
+-- paths under a pattern share one count, else the scope path itself.
+local function counted_scope(setting, tenant, scope_path)
+  if not setting or setting.at == nil then return scope_path end
+  if setting.at == '' then return 'tenant:' .. tenant end
+  return setting.at
+end
+
+-- A policy's per-minute rate limit on `kind` (reservations, commits) for one counted scope:
 -- fixed calendar-minute windows counted in a hash per minute beside the rules (it expires
 -- after two minutes). nil when within the limit (and counted, unless `counted` is false), else
 -- 429 LIMIT_EXCEEDED with when to retry.

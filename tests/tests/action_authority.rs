@@ -640,7 +640,7 @@ async fn quotas_come_from_the_top_policy_report_the_least_headroom_and_keep_coun
     let top = policy(
         &h,
         &t,
-        json!({"priority": 9, "scope_pattern": "*", "action_quotas": [
+        json!({"priority": 9, "scope_pattern": "*", "counting": "scope_path", "action_quotas": [
         {"action_kind": "db.query", "max_calls": 3, "window": "per_hour_tumbling"},
         {"action_kind": "db.query", "max_calls": 3, "window": "per_day_tumbling"},
         {"action_kind": "db.query", "max_calls": 9, "window": "per_tenant_per_day"}]}),
@@ -650,7 +650,8 @@ async fn quotas_come_from_the_top_policy_report_the_least_headroom_and_keep_coun
     for _ in 0..3 {
         h.reserve_ok(&t, 1, agent.clone()).await;
     }
-    // per_tenant_per_day counts at the tenant root; the others at the request's scope
+    // per_tenant_per_day counts at the tenant root; the others at the request's scope (the
+    // policy says `counting: scope_path`)
     let c = counters(&h, &t, "window=per_tenant_per_day").await;
     assert_eq!((c[0]["scope"].as_str(), c[0]["used"].as_i64()), (Some(format!("tenant:{}", t.id).as_str()), Some(3)));
     assert_eq!(counters(&h, &t, "window=per_day_tumbling").await[0]["scope"], format!("tenant:{}/agent:a1", t.id));
@@ -760,4 +761,93 @@ async fn other_spellings_of_a_kind_are_refused_before_any_rule() {
             "denied_action_kinds": [bad]});
         h.admin("POST", POLICIES, Some(&body)).await.assert_error(400, "INVALID_REQUEST");
     }
+}
+
+/// Issue 27 (9): quotas and rate limits of a pattern ending in `*` count at the policy's anchor
+/// (its fixed prefix) by default, so invented scope paths of one tenant share one count (a
+/// 2-per-hour quota on `tenant:T/*` admitted 23 holds from 11 paths); `counting: scope_path`
+/// counts each path apart.
+#[tokio::test]
+async fn quotas_and_rate_limits_count_at_the_anchor_of_a_wildcard_pattern() {
+    early_in_a_window(HOUR, 15_000).await;
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000).await;
+    let p = policy(
+        &h,
+        &t,
+        json!({"scope_pattern": format!("tenant:{}/*", t.id),
+        "action_quotas": [{"action_kind": "web.search", "max_calls": 2, "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    assert_eq!(p["counting"], "anchor", "the default for a pattern ending in *");
+    let at = |agent: String, k: &str| json!({"subject": {"tenant": t.id, "agent": agent}, "action": {"kind": k, "name": "q"}});
+    let mut admitted = 0;
+    for i in 0..11 {
+        let r = h.reserve(&t, 1, at(format!("invented-{i}"), "web.search")).await;
+        if r.status == 200 {
+            admitted += 1;
+        } else {
+            r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+            assert_eq!(r.body["details"]["deny_detail"]["quota_violation"]["scope"], format!("tenant:{}", t.id));
+        }
+    }
+    assert_eq!(admitted, 2, "one count for every path under the anchor");
+    let c = counters(&h, &t, "window=per_hour_tumbling").await;
+    assert_eq!(
+        (c.len(), c[0]["scope"].as_str(), c[0]["used"].as_i64()),
+        (1, Some(format!("tenant:{}", t.id).as_str()), Some(2))
+    );
+
+    // a rate limit counts there too
+    let t2 = h.funded(1_000_000).await;
+    policy(
+        &h,
+        &t2,
+        json!({"scope_pattern": format!("tenant:{}/workspace:w/*", t2.id),
+        "rate_limits": {"max_reservations_per_minute": 3}}),
+    )
+    .await;
+    let ws = |agent: String| json!({"subject": {"tenant": t2.id, "workspace": "w", "agent": agent}});
+    let mut limited = 0;
+    for i in 0..6 {
+        let r = h.reserve(&t2, 1, ws(format!("a{i}"))).await;
+        if r.status == 429 {
+            r.assert_error(429, "LIMIT_EXCEEDED");
+            assert!(
+                r.body["message"].as_str().unwrap().contains(&format!("tenant:{}/workspace:w", t2.id)),
+                "{}",
+                r.raw
+            );
+            limited += 1;
+        } else {
+            r.assert_ok();
+        }
+    }
+    assert_eq!(limited, 3, "three of six paths under one anchor");
+
+    // counting per scope path, when the policy says so
+    let t3 = h.funded(1_000_000).await;
+    let p = policy(
+        &h,
+        &t3,
+        json!({"scope_pattern": format!("tenant:{}/*", t3.id), "counting": "scope_path",
+        "action_quotas": [{"action_kind": "web.search", "max_calls": 1, "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    assert_eq!(p["counting"], "scope_path");
+    let path = |agent: &str| json!({"subject": {"tenant": t3.id, "agent": agent}, "action": {"kind": "web.search", "name": "q"}});
+    h.reserve(&t3, 1, path("x")).await.assert_ok();
+    h.reserve(&t3, 1, path("y")).await.assert_ok();
+    h.reserve(&t3, 1, path("x")).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    // and back to the default with null; an unknown value is 400
+    let id = p["policy_id"].as_str().unwrap();
+    let r = h.admin("PATCH", &format!("{POLICIES}/{id}"), Some(&json!({"counting": null}))).await;
+    assert_eq!(r.assert_ok()["counting"], "anchor");
+    h.admin("PATCH", &format!("{POLICIES}/{id}"), Some(&json!({"counting": "everywhere"})))
+        .await
+        .assert_error(400, "INVALID_REQUEST");
+    // an exact pattern counts at its own (one) path
+    let t4 = h.funded(1_000_000).await;
+    let p = policy(&h, &t4, json!({"scope_pattern": format!("tenant:{}", t4.id)})).await;
+    assert_eq!(p["counting"], "scope_path");
 }

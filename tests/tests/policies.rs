@@ -257,7 +257,7 @@ async fn rate_limits_answer_429_and_touch_nothing() {
     create(
         &h,
         &t.id,
-        json!({"name": "rl", "scope_pattern": "agent:*",
+        json!({"name": "rl", "scope_pattern": "agent:*", "counting": "scope_path",
             "rate_limits": {"max_reservations_per_minute": 2, "max_commits_per_minute": 1}}),
     )
     .await;
@@ -275,7 +275,8 @@ async fn rate_limits_answer_429_and_touch_nothing() {
     assert_eq!(reset % 60, 0);
     assert!(reset * 1000 > cycles_shared::domain::now_ms());
     assert_eq!(h.root(&t).await, ledger, "a limited reserve touches no balance");
-    // per scope: another agent has its own window; a path the pattern misses has none
+    // per scope path (`counting: scope_path`): another agent has its own window; a path the
+    // pattern misses has none
     h.reserve_ok(&t, 10, json!({"subject": {"tenant": t.id, "agent": "other"}})).await;
     h.reserve_ok(&t, 10, json!({})).await;
     // commits: the second in the minute is refused and the reservation stays open

@@ -181,3 +181,46 @@ async fn unreachable_targets_answer_alike_whatever_the_port_state() {
     assert_eq!(answers[0], answers[1]);
     assert_eq!(answers[0], json!({"success": false, "error_message": UNREACHABLE}));
 }
+
+/// Issue 27 (10): every `/test` answer without an HTTP response takes one fixed time (the
+/// connect timeout, 5 s), whatever the target does: a closed port, a non-HTTP banner, and an
+/// endpoint that accepts and never answers (it took the whole 8 s delivery timeout before).
+#[tokio::test]
+async fn the_test_endpoint_answers_no_http_response_in_one_fixed_time() {
+    let h = Harness::start_configured(|c| c.webhooks.timeout = std::time::Duration::from_secs(8)).await;
+    let t = h.tenant().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (banner, pit) = (listener.local_addr().unwrap().port(), {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = vec![];
+            while let Ok((s, _)) = l.accept().await {
+                held.push(s); // accepts and never answers
+            }
+        });
+        port
+    });
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").await;
+        }
+    });
+    let mut times = vec![];
+    for port in [closed, banner, pit] {
+        let body = json!({"url": format!("http://127.0.0.1:{port}/h"), "event_types": ["budget.funded"]});
+        let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", t.id), Some(&body)).await;
+        let id = r.body["subscription"]["subscription_id"].as_str().unwrap().to_string();
+        let started = std::time::Instant::now();
+        let mut body = h.admin("POST", &format!("/v1/admin/webhooks/{id}/test"), None).await.assert_ok().clone();
+        times.push(started.elapsed().as_millis() as i64);
+        body.as_object_mut().unwrap().remove("event_id");
+        assert_eq!(body, json!({"success": false, "error_message": UNREACHABLE}), "port {port}");
+    }
+    eprintln!("closed, banner, tar pit: {times:?} ms");
+    for ms in &times {
+        assert!((5_000..6_000).contains(ms), "one fixed time (5 s) for every answer without HTTP: {times:?}");
+    }
+}

@@ -48,6 +48,25 @@ struct PolicyCreateRequest {
     allowed_action_kinds: Option<Vec<String>>,
     #[serde(default)]
     denied_action_kinds: Option<Vec<String>>,
+    #[serde(default)]
+    counting: Option<Counting>,
+}
+
+/// Where a policy's quotas and rate limits count (an extension; see `Policy::counting`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Counting {
+    Anchor,
+    ScopePath,
+}
+
+impl Counting {
+    fn stored(c: Option<Counting>) -> Option<String> {
+        c.map(|c| match c {
+            Counting::Anchor => "anchor".to_string(),
+            Counting::ScopePath => "scope_path".to_string(),
+        })
+    }
 }
 
 /// A field a PATCH may set, clear (`null`), or leave alone (absent).
@@ -86,6 +105,8 @@ struct PolicyUpdateRequest {
     allowed_action_kinds: Option<Vec<String>>,
     #[serde(default)]
     denied_action_kinds: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    counting: Option<Option<Counting>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -242,6 +263,7 @@ fn changed_fields(before: &Policy, after: &Policy) -> Vec<&'static str> {
         "risk_class_quotas",
         "allowed_action_kinds",
         "denied_action_kinds",
+        "counting",
     ]
     .into_iter()
     .filter(|f| b.get(f) != a.get(f))
@@ -306,6 +328,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         risk_class_quotas: r.risk_class_quotas.unwrap_or_default(),
         allowed_action_kinds: r.allowed_action_kinds.unwrap_or_default(),
         denied_action_kinds: r.denied_action_kinds.unwrap_or_default(),
+        counting: Counting::stored(r.counting),
         ..Policy::default()
     };
     let mut p = p;
@@ -422,6 +445,9 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         }
         if let Some(q) = &r.risk_class_quotas {
             p.risk_class_quotas = q.clone();
+        }
+        if let Some(c) = r.counting {
+            p.counting = Counting::stored(c);
         }
         check(app, &mut p)?;
         let changed = changed_fields(&current, &p);

@@ -370,17 +370,21 @@ async fn test_for(app: &App, ctx: &mut Ctx, tenant: Option<&str>, id: &str) -> A
         "request_id": ctx.request_id, "trace_id": ctx.trace.trace_id,
     });
     // The dispatcher's own path: the egress guard checks the URL and every address it
-    // connects to. A target that gives no HTTP answer (blocked, refused, filtered, timed out)
-    // gets one answer, and not before the connect timeout, so this is no port scanner.
+    // connects to. A target that gives no HTTP answer (blocked, refused, filtered, a banner
+    // that is not HTTP, or one that accepts and never answers) gets one answer after one fixed
+    // time, the connect timeout: the attempt is cut there, and an earlier failure waits for it,
+    // so neither the answer nor its timing tells a port's state (this is no port scanner).
     let started = std::time::Instant::now();
+    let fixed = app.config.webhooks.connect_timeout();
     let sender = webhooks::Sender::new(&app.config.webhooks, egress_rules(app).await?);
-    let attempt = sender.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub).await;
+    let send = sender.post(&sub.url, &event, ctx.trace.inbound_flags.as_deref(), &sub);
+    let attempt = tokio::time::timeout(fixed, send).await.unwrap_or_else(|_| webhooks::Attempt::unreachable());
     let mut body = json!({"success": attempt.error.is_none(), "event_id": event_id});
     if attempt.status > 0 {
         body["response_status"] = json!(attempt.status);
         body["response_time_ms"] = json!(attempt.ms);
     } else {
-        tokio::time::sleep_until((started + app.config.webhooks.connect_timeout()).into()).await;
+        tokio::time::sleep_until((started + fixed).into()).await;
     }
     if let Some(e) = &attempt.error {
         body["error_message"] = json!(e);

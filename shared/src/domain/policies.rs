@@ -56,8 +56,31 @@ pub fn pattern_matches(pattern: &str, path: &str) -> bool {
     walk(&p, &s)
 }
 
+/// A pattern's anchor: its fixed prefix, the segments before the first wildcard
+/// (`tenant:acme/workspace:eng/*` -> `tenant:acme/workspace:eng`); None when the pattern is not
+/// rooted at a tenant (`agent:*`, `*`), whose anchor is the tenant's root. Quotas and rate
+/// limits of a policy that counts at its anchor count every matching scope path together.
+pub fn anchor(pattern: &str) -> Option<String> {
+    let pattern = pattern.to_ascii_lowercase();
+    if !pattern.starts_with("tenant:") {
+        return None;
+    }
+    let fixed: Vec<&str> = pattern.split('/').take_while(|s| !s.ends_with('*')).collect();
+    Some(fixed.join("/"))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn anchors_are_the_fixed_prefix() {
+        assert_eq!(super::anchor("tenant:T/*").as_deref(), Some("tenant:t"));
+        assert_eq!(super::anchor("tenant:acme/workspace:eng/agent:*").as_deref(), Some("tenant:acme/workspace:eng"));
+        assert_eq!(super::anchor("tenant:acme/workspace:eng").as_deref(), Some("tenant:acme/workspace:eng"));
+        assert_eq!(super::anchor("tenant:acme/*/agent:x").as_deref(), Some("tenant:acme"));
+        assert_eq!(super::anchor("agent:*"), None);
+        assert_eq!(super::anchor("*"), None);
+    }
+
     use super::*;
 
     #[test]

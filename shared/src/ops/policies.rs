@@ -149,6 +149,11 @@ pub struct Policy {
     pub allowed_action_kinds: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denied_action_kinds: Vec<String>,
+    /// Where quotas and rate limits count (an extension): `anchor` (every matching scope path
+    /// together, at the pattern's fixed prefix) or `scope_path` (each path apart); unset: the
+    /// anchor for a pattern ending in `*`, else the scope path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counting: Option<String>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub created_at_ms: i64,
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -166,6 +171,7 @@ impl Policy {
             "allowed_action_kinds": self.allowed_action_kinds, "denied_action_kinds": self.denied_action_kinds,
             "created_at": format_rfc3339_ms(self.created_at_ms),
             "updated_at": format_rfc3339_ms(self.updated_at_ms),
+            "counting": if self.counts_at_anchor() { "anchor" } else { "scope_path" },
         });
         let optional = [
             ("description", self.description.as_ref().map(|d| json!(d))),
@@ -184,6 +190,14 @@ impl Policy {
         v
     }
 
+    /// Whether quotas and rate limits count at the pattern's anchor (see `counting`).
+    pub fn counts_at_anchor(&self) -> bool {
+        match self.counting.as_deref() {
+            Some(c) => c == "anchor",
+            None => self.scope_pattern.ends_with('*'),
+        }
+    }
+
     /// Whether the policy's quotas or allow/deny lists name a kind (listPolicies'
     /// `references_action_kind`).
     pub fn references_kind(&self, kind: &str) -> bool {
@@ -200,6 +214,10 @@ impl Policy {
         let rate = self.rate_limits.clone().unwrap_or_default();
         let mut v = json!({"id": self.policy_id, "pat": self.scope_pattern.to_ascii_lowercase(),
             "pri": self.priority, "st": self.status});
+        if self.counts_at_anchor() {
+            // where its quotas and rate limits count: the anchor ('': the tenant's root)
+            v["at"] = json!(crate::domain::policies::anchor(&self.scope_pattern).unwrap_or_default());
+        }
         let fields = [
             ("from", self.effective_from_ms.map(|x| json!(x))),
             ("until", self.effective_until_ms.map(|x| json!(x))),
