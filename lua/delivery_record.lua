@@ -45,7 +45,9 @@ if code >= 200 and code < 300 then
   return ok({}, 'SUCCESS', now_s)
 end
 redis.call('HSET', K.delivery, 'error_message', A.error)
-if attempts <= tonumber(A.max_retries) then
+-- a subscription paused, disabled or deleted meanwhile has no queue to retry in
+local sub_status = sub_exists and redis.call('HGET', K.subscription, 'status') or 'DELETED'
+if attempts <= tonumber(A.max_retries) and sub_status == 'ACTIVE' then
   local next_at = now + tonumber(A.retry_delay_ms)
   redis.call('HSET', K.delivery, 'status', 'RETRYING', 'next_retry_at_ms', tostring(next_at))
   redis.call('ZADD', K.queue, next_at, id)

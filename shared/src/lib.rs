@@ -34,6 +34,11 @@ pub mod webhooks;
 
 pub use api::{ApiRequest, ApiResponse, App};
 
+/// This server's own version (semver; CHANGELOG.md says what each release changed).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The Cycles protocol version it serves (runtime v0.1.25 with the v0.1.26 extensions).
+pub const PROTOCOL_VERSION: &str = "0.1.26";
+
 /// Logs: JSON lines (for CloudWatch) or compact text (local), filtered by `RUST_LOG`.
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

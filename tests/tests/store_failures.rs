@@ -49,6 +49,16 @@ async fn liveness_ignores_redis_and_readiness_checks_it() {
     assert_eq!((live.status, live.body["status"].as_str()), (200, Some("ok")));
     assert!(live.headers.contains_key("x-request-id") && live.headers.contains_key("x-cycles-trace-id"));
     assert_eq!(h.send("GET", "/health/ready", &[], None).await.status, 200);
+    // the running version, without a key
+    let v = h.send("GET", "/version", &[], None).await;
+    assert_eq!(
+        (v.status, &v.body),
+        (
+            200,
+            &json!({"name": "cycles-serverless", "version": env!("CARGO_PKG_VERSION"),
+            "protocol_version": "0.1.26", "evidence_schema": "cycles-evidence/v0.1"})
+        )
+    );
     // the reference server's paths (Spring Boot actuator), in its shape
     for path in ["/actuator/health", "/actuator/health/liveness", "/actuator/health/readiness"] {
         let r = h.send("GET", path, &[], None).await;

@@ -148,6 +148,7 @@ routes! {
     Runtime GET "/actuator/health" => "health-ready" (actuatorHealth), actuator_readiness;
     Runtime GET "/actuator/health/liveness" => "health-live" (actuatorLiveness), actuator_liveness;
     Runtime GET "/actuator/health/readiness" => "health-ready" (actuatorReadiness), actuator_readiness;
+    Runtime GET "/version" => "health-live" (getVersion), version;
     Runtime GET "/v1/reservations" => "list-reservations" (listReservations), list::list;
     Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
     Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds), action_kinds::list;
@@ -491,6 +492,16 @@ async fn readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> 
             Answer::json(503, &body)
         }
     })
+}
+
+/// `GET /version`: the running server's version and the protocol version it serves (no key,
+/// never touches Redis).
+async fn version(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
+    Ok(Answer::json(
+        200,
+        &serde_json::json!({"name": "cycles-serverless", "version": crate::VERSION,
+            "protocol_version": crate::PROTOCOL_VERSION, "evidence_schema": crate::evidence::SCHEMA_VERSION}),
+    ))
 }
 
 /// `/actuator/health/liveness`, as the reference server (Spring Boot) answers it, for probes
