@@ -44,7 +44,7 @@ pub struct BudgetCreateRequest {
     pub period_start: Option<String>,
     #[serde(default)]
     pub period_end: Option<String>,
-    /// How the period recurs (an extension; README "Budget periods").
+    /// How the period recurs (an extension; docs/operator-guide.md "Budget periods").
     #[serde(default)]
     pub period_recurrence: Option<String>,
     #[serde(default)]
@@ -64,7 +64,7 @@ struct BudgetUpdateRequest {
     commit_overage_policy: Option<OveragePolicy>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
-    // The period fields are an extension of updateBudget (README "Budget periods").
+    // The period fields are an extension of updateBudget (docs/operator-guide.md "Budget periods").
     #[serde(default)]
     rollover_policy: Option<RolloverPolicy>,
     #[serde(default)]
