@@ -502,24 +502,25 @@ pub const MAX_SIGNABLE_INTEGER: u64 = 1 << 53;
 
 /// The first integer of a protocol request beyond `MAX_SIGNABLE_INTEGER` in magnitude (outside
 /// its free-form values), with its path: such a request cannot get a receipt that holds what
-/// was submitted.
-pub fn unsignable_integer(v: &Value, path: &str) -> Option<String> {
+/// was submitted. (The path is built only for the one found.)
+pub fn unsignable_integer(v: &Value) -> Option<String> {
     match v {
         Value::Number(n) => {
-            let big = n
-                .as_u64()
-                .map(|u| u > MAX_SIGNABLE_INTEGER)
-                .or(n.as_i64().map(|i| i.unsigned_abs() > MAX_SIGNABLE_INTEGER));
-            big.unwrap_or(false).then(|| path.to_string())
+            let big = match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => u > MAX_SIGNABLE_INTEGER,
+                (None, Some(i)) => i.unsigned_abs() > MAX_SIGNABLE_INTEGER,
+                _ => false,
+            };
+            big.then(String::new)
         }
         Value::Object(map) => {
             map.iter().filter(|(name, _)| !FREE_FORM.contains(&name.as_str())).find_map(|(name, m)| {
-                unsignable_integer(m, &if path.is_empty() { name.clone() } else { format!("{path}.{name}") })
+                unsignable_integer(m).map(|rest| if rest.is_empty() { name.clone() } else { format!("{name}.{rest}") })
             })
         }
-        Value::Array(items) => {
-            items.iter().enumerate().find_map(|(i, m)| unsignable_integer(m, &format!("{path}[{i}]")))
-        }
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, m)| {
+            unsignable_integer(m).map(|rest| format!("[{i}]{}", if rest.is_empty() { "" } else { "." }) + &rest)
+        }),
         _ => None,
     }
 }

@@ -141,14 +141,6 @@ macro_rules! routes {
 }
 
 routes! {
-    // Operational routes (outside /v1: not part of the protocol).
-    Runtime GET "/health/live" => "health-live" (healthLive), liveness;
-    Runtime GET "/health/ready" => "health-ready" (healthReady), readiness;
-    // The reference server's health paths (Spring Boot actuator), for tooling made for it.
-    Runtime GET "/actuator/health" => "health-ready" (actuatorHealth), actuator_readiness;
-    Runtime GET "/actuator/health/liveness" => "health-live" (actuatorLiveness), actuator_liveness;
-    Runtime GET "/actuator/health/readiness" => "health-ready" (actuatorReadiness), actuator_readiness;
-    Runtime GET "/version" => "health-live" (getVersion), version;
     Runtime GET "/v1/reservations" => "list-reservations" (listReservations), list::list;
     Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
     Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds), action_kinds::list;
@@ -210,6 +202,15 @@ routes! {
     Admin DELETE "/v1/webhooks/{subscription_id}" => "delete-tenant-webhook" (deleteTenantWebhook), webhooks::tenant_delete;
     Admin POST "/v1/webhooks/{subscription_id}/test" => "test-tenant-webhook" (testTenantWebhook), webhooks::tenant_test;
     Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries" (listTenantWebhookDeliveries), webhooks::tenant_deliveries;
+    // Operational routes (outside /v1: not part of the protocol; last, so the protocol's
+    // requests are matched without passing them).
+    Runtime GET "/health/live" => "health-live" (healthLive), liveness;
+    Runtime GET "/health/ready" => "health-ready" (healthReady), readiness;
+    // The reference server's health paths (Spring Boot actuator), for tooling made for it.
+    Runtime GET "/actuator/health" => "health-ready" (actuatorHealth), actuator_readiness;
+    Runtime GET "/actuator/health/liveness" => "health-live" (actuatorLiveness), actuator_liveness;
+    Runtime GET "/actuator/health/readiness" => "health-ready" (actuatorReadiness), actuator_readiness;
+    Runtime GET "/version" => "health-live" (getVersion), version;
 }
 
 /// The routes a Lambda function serves, by function (binary) name: one, or an endpoint and its

@@ -41,7 +41,7 @@ async fn parse<T: serde::de::DeserializeOwned + Validate>(
 ) -> ApiResult<(T, Value)> {
     let parsed = parse_body::<T>(&req.body)?;
     check_idempotency_header(req, parsed.0.idempotency_key())?;
-    if let (Some(path), Some(tenant)) = (crate::model::unsignable_integer(&parsed.1, ""), &ctx.tenant) {
+    if let (Some(path), Some(tenant)) = (crate::model::unsignable_integer(&parsed.1), &ctx.tenant) {
         if evidence::enabled_for(app, tenant).await? {
             return Err(ApiError::invalid(format!(
                 "{path} is beyond 2^53 ({}); signed receipts are on for this tenant and cannot hold it exactly",
