@@ -335,3 +335,35 @@ async fn timestamps_are_formatted_alike_in_rust_and_lua() {
     let expected: Vec<String> = ms.iter().map(|m| cycles_shared::domain::format_rfc3339_ms(*m)).collect();
     assert_eq!(got, expected);
 }
+
+/// Caps come back from the scripts as the policy stored them: well formed they are the answer's
+/// caps; malformed (a corrupt record) the answer is a fault (500), never an ALLOW_WITH_CAPS with
+/// its caps silently left out.
+#[tokio::test]
+async fn malformed_caps_in_the_store_are_a_fault_not_dropped() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let body = json!({"tenant_id": t.id, "name": "caps", "scope_pattern": format!("tenant:{}", t.id),
+        "caps": {"max_tokens": 50}});
+    let p = h.admin("POST", "/v1/admin/policies", Some(&body)).await.assert_created().clone();
+    let decide = || {
+        let body = json!({"idempotency_key": unique("d"), "subject": {"tenant": t.id},
+            "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 5}});
+        let h = &h;
+        let key = t.key.clone();
+        async move { h.post(&key, "/v1/decide", &body).await }
+    };
+    let ok = decide().await;
+    assert_eq!(
+        (ok.assert_ok()["decision"].as_str(), ok.body["caps"]["max_tokens"].as_i64()),
+        (Some("ALLOW_WITH_CAPS"), Some(50))
+    );
+    // corrupt the stored rule's caps
+    let rules = TenantKeys::new(&t.id).policy_rules();
+    let id = p["policy_id"].as_str().unwrap();
+    let row: String = h.store.conn().hget(&rules, id).await.unwrap();
+    let mut rule: Value = serde_json::from_str(&row).unwrap();
+    rule["caps"] = json!("{\"max_tokens\": ");
+    let _: () = h.store.conn().hset(&rules, id, rule.to_string()).await.unwrap();
+    decide().await.assert_error(500, "INTERNAL_ERROR");
+}

@@ -81,6 +81,16 @@ fn int(s: &str) -> ApiResult<i64> {
     s.parse().map_err(|_| ApiError::fault(format!("malformed amount {s:?} in the budget store")))
 }
 
+/// The caps a script answered (a policy's or a budget's, as stored): none, or well formed. A
+/// malformed one is a fault (logged, 500), never silently dropped from an ALLOW_WITH_CAPS.
+fn stored_caps<T: serde::de::DeserializeOwned>(caps: Option<&str>) -> ApiResult<Option<T>> {
+    caps.filter(|c| !c.is_empty())
+        .map(|c| {
+            serde_json::from_str(c).map_err(|e| ApiError::fault(format!("malformed caps {c:?} in the store: {e}")))
+        })
+        .transpose()
+}
+
 /// `subject.tenant`, when given, must be the key's tenant (exact match): else 403.
 fn check_subject_tenant(subject: &Subject, caller: &TenantKey) -> ApiResult<()> {
     match &subject.tenant {
@@ -241,7 +251,7 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         expires_at_ms: Some(expires_at_ms),
         remaining_ttl_ms: Some(remaining_ttl(&reply.status, reply.now_ms, expires_at_ms)),
         scope_path: scopes.last().cloned(),
-        caps: hold.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
+        caps: stored_caps(hold.caps.as_deref())?,
         reason_code: None,
         balances: Some(balances(&budgeted, unit, &hold.balances)?),
         reservation_id: Some(hold.reservation_id),
@@ -312,7 +322,7 @@ fn evaluation_of(
         replayed,
         decision,
         reason_code: e.reason_code,
-        caps: e.caps.as_deref().and_then(|c| serde_json::from_str(c).ok()),
+        caps: stored_caps(e.caps.as_deref())?,
         balances: if decision == Decision::Deny { Vec::new() } else { balances(&budgeted, unit, &e.balances)? },
         deny_detail: if show { e.deny_detail } else { None },
         observed,
