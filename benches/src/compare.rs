@@ -98,12 +98,17 @@ fn workspace() -> PathBuf {
 
 /// `cycles-local` of revision `rev`, built from its own sources in its own target directory
 /// (both kept under `target/baseline/<sha>`, so a second run reuses them).
-pub fn build_baseline(rev: &str) -> PathBuf {
+/// The commit a revision names (panics on one this repository does not have).
+pub fn resolve(rev: &str) -> String {
     let out = std::process::Command::new("git").args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")]).output();
-    let sha = match out {
+    match out {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
         _ => panic!("{rev} is not a revision of this repository"),
-    };
+    }
+}
+
+pub fn build_baseline(rev: &str) -> PathBuf {
+    let sha = resolve(rev);
     let dir = workspace().join("target/baseline").join(&sha[..12]);
     let src = dir.join("src");
     let binary = dir.join("target/release/cycles-local");

@@ -165,6 +165,86 @@ async fn reset_stats(h: &Harness) {
 /// False when an operation is over its budget or a request failed. With `of`, counts the build
 /// of that revision instead and only prints (its rows beside today's budget).
 pub async fn costs(update: bool, of: Option<&str>) -> bool {
+    let (measured, failed) = measure(of).await;
+    report(&measured, failed, update, of.is_some())
+}
+
+/// Records the counts of revision `rev` as release `name` under `benches/history/` and draws the
+/// chart of every recorded release (`benches/history/costs.svg`).
+pub async fn record_history(name: &str, rev: &str) -> bool {
+    let (measured, failed) = measure(Some(rev)).await;
+    let sha = super::compare::resolve(rev);
+    let out = json!({"release": name, "revision": sha, "calls_per_operation": CALLS, "operations": measured});
+    let dir = history_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.json")), serde_json::to_string_pretty(&out).unwrap() + "\n").unwrap();
+    draw_history();
+    failed == 0
+}
+
+fn history_dir() -> std::path::PathBuf {
+    budget_file().parent().unwrap().join("history")
+}
+
+/// `benches/history/costs.svg`: Redis and gateway instructions per request of each operation,
+/// one bar per recorded release (oldest first), drawn from the JSON files beside it.
+pub fn draw_history() {
+    let mut releases: Vec<Value> = std::fs::read_dir(history_dir())
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    releases.sort_by_key(|r| r["release"].as_str().unwrap_or_default().to_string());
+    let colors = ["#9aa5b1", "#5b8def", "#1f9d55", "#d97706", "#b91c1c"];
+    let (row, bar, left, scale) = (22.0 * releases.len() as f64 + 14.0, 20.0, 190.0, 1_000_000.0 / 560.0);
+    let height = 60.0 + row * OPERATIONS.len() as f64;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"860\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <text x=\"10\" y=\"20\" font-size=\"14\">Instructions per request: Redis (solid) and gateway (light), by release \
+         (cycles-bench --costs; generated)</text>\n"
+    );
+    for (i, r) in releases.iter().enumerate() {
+        let x = 10.0 + 140.0 * i as f64;
+        svg += &format!(
+            "<rect x=\"{x}\" y=\"30\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"40\">{}</text>\n",
+            colors[i % colors.len()],
+            x + 16.0,
+            r["release"].as_str().unwrap_or("?")
+        );
+    }
+    for (k, op) in OPERATIONS.iter().enumerate() {
+        let y0 = 54.0 + row * k as f64;
+        svg += &format!("<text x=\"10\" y=\"{}\">{op}</text>\n", y0 + 14.0);
+        for (i, r) in releases.iter().enumerate() {
+            let m = &r["operations"][op];
+            let (redis, gateway) = (m["redis_instructions"].as_f64(), m["gateway_instructions"].as_f64());
+            let (Some(redis), Some(gateway)) = (redis, gateway) else { continue };
+            let y = y0 + 22.0 * i as f64;
+            let color = colors[i % colors.len()];
+            let (w1, w2) = (redis / scale, gateway / scale);
+            svg += &format!(
+                "<rect x=\"{left}\" y=\"{y}\" width=\"{w1:.1}\" height=\"{bar}\" fill=\"{color}\"/>\
+                 <rect x=\"{:.1}\" y=\"{y}\" width=\"{w2:.1}\" height=\"{bar}\" fill=\"{color}\" fill-opacity=\"0.35\"/>\
+                 <text x=\"{:.1}\" y=\"{}\">{:.0}k + {:.0}k</text>\n",
+                left + w1,
+                left + w1 + w2 + 6.0,
+                y + 14.0,
+                redis / 1000.0,
+                gateway / 1000.0
+            );
+        }
+    }
+    svg += "</svg>\n";
+    std::fs::write(history_dir().join("costs.svg"), svg).unwrap();
+}
+
+/// Counts every operation of the working tree's build, or of revision `of`: per operation the
+/// instructions per request of Redis and of the gateway and Redis commands per request, and how
+/// many measured requests failed.
+async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     let binary = match of {
         Some(rev) => super::compare::build_baseline(rev),
         None => super::compare::build_current(),
@@ -268,7 +348,11 @@ pub async fn costs(update: bool, of: Option<&str>) -> bool {
     }
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
+    (measured, failed)
+}
 
+/// Prints the counts beside the budget; checks them (or, with `update`, writes the budget).
+fn report(measured: &BTreeMap<String, Value>, failed: usize, update: bool, other_build: bool) -> bool {
     let budget: BTreeMap<String, Value> = std::fs::read_to_string(budget_file())
         .ok()
         .and_then(|s| serde_json::from_str::<Value>(&s).ok())
@@ -277,7 +361,7 @@ pub async fn costs(update: bool, of: Option<&str>) -> bool {
     println!("| operation | Redis instructions | budget | gateway instructions | budget | Redis commands | budget |");
     println!("|---|---|---|---|---|---|---|");
     let mut over = Vec::new();
-    for (op, m) in &measured {
+    for (op, m) in measured {
         let b = budget.get(op);
         let mut cell = |field: &str| -> String {
             let now = m[field].as_f64().unwrap_or(0.0);
@@ -303,7 +387,7 @@ pub async fn costs(update: bool, of: Option<&str>) -> bool {
     if failed > 0 {
         eprintln!("{failed} measured requests failed");
     }
-    if of.is_some() {
+    if other_build {
         return failed == 0;
     }
     if update {

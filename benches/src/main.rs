@@ -8,6 +8,9 @@
 //!   cargo run --release -p cycles-benches -- --baseline REV [--block N] [--rounds N] [--json FILE]
 //!       (this tree beside revision REV: p50 and CPU per request of each process, new/base)
 //!   cargo run --release -p cycles-benches -- --costs [--update-costs] | --costs-of REV
+//!   cargo run --release -p cycles-benches -- --history NAME REV
+//!       (a release's counts as benches/history/NAME.json, and the chart of all of them,
+//!       benches/history/costs.svg)
 //!       (instructions and Redis commands per operation, held against benches/costs.json;
 //!       of another revision's build, printed beside the budget)
 //!
@@ -42,6 +45,8 @@ struct Opts {
     costs: bool,
     update_costs: bool,
     costs_of: Option<String>,
+    /// `--history NAME REV`: record a release's counts and redraw the chart.
+    history: Option<(String, String)>,
 }
 
 fn opts() -> Opts {
@@ -59,6 +64,7 @@ fn opts() -> Opts {
         costs: false,
         update_costs: false,
         costs_of: None,
+        history: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -83,6 +89,7 @@ fn opts() -> Opts {
                 o.costs = true;
                 o.update_costs = true
             }
+            "--history" => o.history = it.next().zip(it.next()),
             "--bench" => {} // passed by `cargo bench`
             other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
         }
@@ -582,6 +589,9 @@ async fn main() -> ExitCode {
     if let Some(rev) = &o.baseline {
         let c = compare::CompareOpts { rev: rev.clone(), block: o.block, rounds: o.rounds, json: o.json.clone() };
         return if compare::compare(&c).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+    if let Some((name, rev)) = &o.history {
+        return if costs::record_history(name, rev).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
     if o.costs {
         return if costs::costs(o.update_costs, o.costs_of.as_deref()).await {

@@ -341,7 +341,7 @@ pub struct Script {
 
 impl Script {
     /// The Lua that names the keys and arguments (`keys`/`args` are the call's arrays).
-    fn prologue(&self, keys: &str, args: &str) -> String {
+    pub(crate) fn prologue(&self, keys: &str, args: &str) -> String {
         fn table(names: &[&str], from: &str) -> String {
             let fields: Vec<String> = names
                 .iter()
