@@ -70,3 +70,22 @@ fn every_function_deploys_the_shared_binary() {
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/src/bin/cycles-lambda.rs")).exists()
     );
 }
+
+/// The created store outlives the stack: deleting the stack or replacing the cache keeps it, and
+/// it takes a daily snapshot kept for a configurable number of days (issue 28, item 4).
+#[test]
+fn the_created_store_is_retained_and_snapshotted() {
+    let t = template();
+    let cache = t.split("\n  Cache:\n").nth(1).expect("the Cache resource");
+    let cache: String = cache.lines().take_while(|l| l.is_empty() || l.starts_with("    ")).collect::<Vec<_>>().join("\n");
+    for line in [
+        "Type: AWS::ElastiCache::ServerlessCache",
+        "DeletionPolicy: Retain",
+        "UpdateReplacePolicy: Retain",
+        "SnapshotRetentionLimit: !Ref SnapshotRetentionDays",
+        "DailySnapshotTime: !Ref DailySnapshotTime",
+    ] {
+        assert!(cache.contains(line), "the cache resource lacks {line}:\n{cache}");
+    }
+    assert!(t.contains("  SnapshotRetentionDays:\n    Type: Number\n    Default: 7"), "7 days by default");
+}
