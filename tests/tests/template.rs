@@ -77,7 +77,8 @@ fn every_function_deploys_the_shared_binary() {
 fn the_created_store_is_retained_and_snapshotted() {
     let t = template();
     let cache = t.split("\n  Cache:\n").nth(1).expect("the Cache resource");
-    let cache: String = cache.lines().take_while(|l| l.is_empty() || l.starts_with("    ")).collect::<Vec<_>>().join("\n");
+    let cache: String =
+        cache.lines().take_while(|l| l.is_empty() || l.starts_with("    ")).collect::<Vec<_>>().join("\n");
     for line in [
         "Type: AWS::ElastiCache::ServerlessCache",
         "DeletionPolicy: Retain",
