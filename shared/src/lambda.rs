@@ -37,7 +37,11 @@ pub async fn run(function: &str) -> Result<(), lambda_http::Error> {
     let app = Arc::new(App::from_env().await?);
     lambda_http::run(service_fn(move |event: Request| {
         let app = app.clone();
-        let route = routes.iter().copied().find(|r| path_params(r, &event).is_some()).unwrap_or(first);
+        // a function with aliases picks the route its path names (one route: nothing to pick)
+        let route = match routes.len() {
+            1 => first,
+            _ => routes.iter().copied().find(|r| path_params(r, &event).is_some()).unwrap_or(first),
+        };
         async move { Ok::<_, std::convert::Infallible>(handle_event(&app, route, event).await) }
     }))
     .await

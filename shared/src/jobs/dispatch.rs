@@ -115,7 +115,8 @@ impl Dispatcher {
 
     /// Claims up to `room` due deliveries across the owners and starts a task sending each.
     /// Fair across owners: each round starts at the next owner, and one owner gets at most
-    /// `per_tenant` sends in flight (across dispatchers; the claim script keeps the count).
+    /// `per_tenant` sends in flight (across dispatchers: the claim script keeps the count and
+    /// claims no more).
     async fn claim_and_spawn(
         self: &Arc<Self>,
         tenants: &[String],
@@ -128,7 +129,7 @@ impl Dispatcher {
             if room == 0 {
                 break;
             }
-            for claimed in self.claim(owner, room.min(self.config.per_tenant)).await? {
+            for claimed in self.claim(owner, room).await? {
                 room -= 1;
                 let this = self.clone();
                 sends.spawn(async move { this.deliver(claimed).await });
