@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::domain::action_kinds::{parse_custom_kinds, CustomKind};
 use crate::egress;
+use crate::store::{Durability, Store};
 
 /// Default pepper for local development only; deployments must set `CYCLES_KEY_PEPPER`.
 pub const DEV_PEPPER: &str = "cycles-local-development-pepper";
@@ -61,6 +62,10 @@ pub struct Config {
     pub deny_detail_always: bool,
     /// Signed decision receipts (CyclesEvidence).
     pub evidence: EvidenceConfig,
+    /// How far a write must travel before its answer goes out (`CYCLES_DURABILITY`: `none`,
+    /// `replica` or `fsync`; `CYCLES_DURABILITY_REPLICAS`, 1; `CYCLES_DURABILITY_TIMEOUT_MS`,
+    /// 1,000), or why the setting does not parse (the start stops with it).
+    pub durability: Result<Durability, String>,
 }
 
 /// Which tenants get CyclesEvidence (`CYCLES_EVIDENCE`).
@@ -349,12 +354,26 @@ impl Config {
                 .unwrap_or(1.0),
             deny_detail_always: env("CYCLES_DENY_DETAIL").is_some_and(|v| v == "always"),
             evidence: EvidenceConfig::from_env(),
+            durability: durability_from(
+                env("CYCLES_DURABILITY").as_deref(),
+                env("CYCLES_DURABILITY_REPLICAS").as_deref(),
+                env_ms("CYCLES_DURABILITY_TIMEOUT_MS", 1_000),
+            ),
         }
+    }
+
+    /// The store of this configuration: connected to `redis_url` (each reply awaited up to
+    /// `redis_timeout` beyond the durability wait) with the configured durability.
+    pub async fn open_store(&self) -> redis::RedisResult<Store> {
+        let durability = self.durability.clone().unwrap_or(Durability::Primary);
+        let store = Store::connect(&self.redis_url, self.redis_timeout + durability.wait()).await?;
+        store.durable(durability).await
     }
 
     /// Settings that must be right before serving: a wrong one stops the start with its reason.
     pub fn validate(&self) -> Result<(), String> {
         self.custom_action_kinds.as_ref().map_err(Clone::clone)?;
+        self.durability.as_ref().map_err(Clone::clone)?;
         if let Some(p) = &self.evidence.problem {
             return Err(p.clone());
         }
@@ -382,6 +401,25 @@ impl Config {
             v4 => v4,
         };
         self.admin_allowed_cidrs.iter().filter_map(|c| egress::Cidr::parse(c)).any(|c| c.contains(ip))
+    }
+}
+
+/// `CYCLES_DURABILITY` and its companions: `none` (the default), `replica` or `fsync`, waiting
+/// for `replicas` (at least 1) up to `timeout` (at least 1 ms).
+pub fn durability_from(level: Option<&str>, replicas: Option<&str>, timeout: Duration) -> Result<Durability, String> {
+    let replicas = match replicas.map(|r| r.trim().parse::<u32>()) {
+        None => 1,
+        Some(Ok(n)) if n >= 1 => n,
+        Some(_) => return Err("CYCLES_DURABILITY_REPLICAS must be a whole number of at least 1".to_string()),
+    };
+    if timeout.is_zero() {
+        return Err("CYCLES_DURABILITY_TIMEOUT_MS must be at least 1 (0 would wait forever)".to_string());
+    }
+    match level.map(str::trim).unwrap_or("none") {
+        "" | "none" => Ok(Durability::Primary),
+        "replica" => Ok(Durability::Replica { replicas, timeout }),
+        "fsync" => Ok(Durability::Fsync { replicas, timeout }),
+        other => Err(format!("CYCLES_DURABILITY {other:?} is not one of none, replica, fsync")),
     }
 }
 

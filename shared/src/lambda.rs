@@ -54,7 +54,7 @@ pub async fn run_maintenance() -> Result<(), lambda_http::Error> {
     crate::init_tracing(true);
     crate::metrics::enable();
     let config = crate::config::Config::load(None).await?;
-    let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
+    let store = config.open_store().await?;
     let (store, config) = (Arc::new(store), Arc::new(config));
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let (store, config) = (store.clone(), config.clone());
@@ -88,7 +88,7 @@ pub async fn run_delivery() -> Result<(), lambda_http::Error> {
     crate::init_tracing(true);
     crate::metrics::enable();
     let config = crate::config::Config::load(None).await?;
-    let store = crate::store::Store::connect(&config.redis_url, config.redis_timeout).await?;
+    let store = config.open_store().await?;
     let dispatcher = Arc::new(crate::jobs::dispatch::Dispatcher::new(store, config.webhooks.clone()));
     lambda_runtime::run(lambda_runtime::service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let dispatcher = dispatcher.clone();

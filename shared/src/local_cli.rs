@@ -9,7 +9,6 @@ use crate::config::Config;
 use crate::local::{self, EmbeddedRedis};
 use crate::model::Unit;
 use crate::provision::{self, NewApiKey, NewBudget, NewTenant};
-use crate::store::Store;
 
 const USAGE: &str = "cycles-local: the Cycles runtime and operator APIs on two local ports
 
@@ -131,8 +130,7 @@ async fn run(args: Args) -> Result<(), String> {
         );
     }
     config.validate()?;
-    let store =
-        Store::connect(&url, config.redis_timeout).await.map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let store = config.open_store().await.map_err(|e| format!("cannot connect to {url}: {e}"))?;
     let app = Arc::new(App::new(store, config));
     let listener = local::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let admin_addr = SocketAddr::new(args.host, args.admin_port);

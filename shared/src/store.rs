@@ -50,12 +50,79 @@ impl ConnectionLike for Conn {
     }
 }
 
+impl Conn {
+    /// Sends `pipe` in one round trip to the node that serves `key` (a standalone server is
+    /// that node): the commands run one after the other on one connection. Each reply is
+    /// returned as is, a server error included.
+    async fn pipeline_at(&mut self, pipe: &Pipeline, key: &str) -> redis::RedisResult<Vec<Value>> {
+        use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipe, 0, pipe.len()).await,
+            Conn::Cluster(c) => {
+                let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), node).await
+            }
+        }
+    }
+}
+
+/// How far a state-changing script's writes must have travelled before its answer goes out
+/// (`CYCLES_DURABILITY`). Redis acknowledges a write once its primary has it in memory, and
+/// replicates afterwards: a failover can lose the last acknowledged writes unless the answer
+/// waits for replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// The primary has it (`none`): what Redis acknowledges.
+    Primary,
+    /// `replicas` replicas have it too (`replica`: WAIT after the script, in the same round
+    /// trip and on the same connection).
+    Replica { replicas: u32, timeout: Duration },
+    /// As `Replica`, and the primary's append-only file has it on disk (`fsync`: WAITAOF 1,
+    /// Redis 7.2+; a server without WAITAOF is waited on with WAIT, and the start says so).
+    Fsync { replicas: u32, timeout: Duration },
+}
+
+impl Durability {
+    /// The longest a write's answer may wait for its copies.
+    pub fn wait(&self) -> Duration {
+        match self {
+            Durability::Primary => Duration::ZERO,
+            Durability::Replica { timeout, .. } | Durability::Fsync { timeout, .. } => *timeout,
+        }
+    }
+
+    /// The command that waits for the copies, and how to read how many there are.
+    fn command(&self) -> Option<(Cmd, u32)> {
+        match *self {
+            Durability::Primary => None,
+            Durability::Replica { replicas, timeout } => {
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(replicas).arg(timeout.as_millis() as u64);
+                Some((wait, replicas))
+            }
+            Durability::Fsync { replicas, timeout } => {
+                let mut wait = redis::cmd("WAITAOF");
+                wait.arg(1).arg(replicas).arg(timeout.as_millis() as u64);
+                Some((wait, replicas))
+            }
+        }
+    }
+}
+
+/// The answer to a write whose copies did not all arrive in time: it may or may not have
+/// taken effect, and a retry with the same idempotency key settles which (it replays the
+/// stored answer and waits again, so nothing is charged twice).
+pub const NOT_DURABLE: &str =
+    "The write was not confirmed by the store's replicas in time, so its outcome is unknown; \
+                               retry with the same idempotency_key (a retry replays it if it took effect)";
+
 #[derive(Clone)]
 pub struct Store {
     conn: Conn,
     cluster: bool,
     /// Whether scripts are called as Redis Functions now, or by EVALSHA until a retry time.
     functions: Arc<Functions>,
+    durability: Durability,
 }
 
 /// When FCALL is tried again after the library could not be loaded or called. A server that
@@ -139,7 +206,32 @@ impl Store {
             let client = redis::Client::open(seeds[0])?;
             Conn::Single(client.get_connection_manager_with_config(config).await?)
         };
-        Ok(Store { conn, cluster, functions: Arc::new(Functions::new()) })
+        Ok(Store { conn, cluster, functions: Arc::new(Functions::new()), durability: Durability::Primary })
+    }
+
+    /// This store, its state-changing scripts answering only once their writes have the copies
+    /// `durability` asks for. A store without WAIT cannot give `replica` (the start stops
+    /// saying so); `fsync` on one without WAITAOF (before Redis 7.2) waits for the replicas
+    /// alone, and the log says so.
+    pub async fn durable(mut self, durability: Durability) -> redis::RedisResult<Store> {
+        self.durability = durability;
+        if let Durability::Fsync { replicas, timeout } = durability {
+            if !self.knows("WAITAOF").await? {
+                tracing::warn!("CYCLES_DURABILITY=fsync: this Redis has no WAITAOF; answers wait for replicas only");
+                self.durability = Durability::Replica { replicas, timeout };
+            }
+        }
+        if self.durability != Durability::Primary && !self.knows("WAIT").await? {
+            let why = "CYCLES_DURABILITY needs the WAIT command, which this store does not offer";
+            return Err(redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, why)));
+        }
+        Ok(self)
+    }
+
+    /// Whether the server has `command`.
+    async fn knows(&self, command: &str) -> redis::RedisResult<bool> {
+        let info: Value = redis::cmd("COMMAND").arg("INFO").arg(command).query_async(&mut self.conn()).await?;
+        Ok(matches!(info, Value::Array(ref v) if v.first().is_some_and(|c| *c != Value::Nil)))
     }
 
     async fn reports_cluster(url: &str, timeout: Duration) -> redis::RedisResult<bool> {
@@ -161,10 +253,21 @@ impl Store {
         self.conn.clone()
     }
 
-    /// Runs one typed script call (one round trip when warm) and decodes its reply.
+    /// Runs one typed script call (one round trip when warm) and decodes its reply. A script
+    /// that may write answers only once the durability wait confirms its copies: 503 with
+    /// `NOT_DURABLE` when they fall short.
     pub async fn run<C: Call>(&self, call: C) -> ApiResult<Reply<C::Reply>> {
         let (keys, args) = call.into_parts();
-        let raw = self.call(C::library(), &C::SCRIPT, &keys, &args).await?;
+        let wait = if C::SCRIPT.read_only { None } else { self.durability.command() };
+        let (raw, copies) = self.call(C::library(), &C::SCRIPT, &keys, &args, wait.as_ref()).await?;
+        if let (Some((_, wanted)), Some(copies)) = (&wait, copies) {
+            if copies < *wanted {
+                let mut e = ApiError::internal(NOT_DURABLE);
+                e.status = Some(503);
+                e.cause = Some(format!("{} of {wanted} replicas confirmed the write of {}", copies, C::SCRIPT.name));
+                return Err(e);
+            }
+        }
         Reply::decode(C::SCRIPT.name, raw)
     }
 
@@ -172,24 +275,38 @@ impl Store {
     /// kinds of refusal apart (`write_refusal`).
     pub async fn probe<C: Call>(&self, call: C) -> redis::RedisResult<()> {
         let (keys, args) = call.into_parts();
-        self.call(C::library(), &C::SCRIPT, &keys, &args).await.map(|_| ())
+        self.call(C::library(), &C::SCRIPT, &keys, &args, None).await.map(|_| ())
     }
 
     /// Runs one script and hands back its raw reply: FCALL of its function in `library`
-    /// (loading the library where it is missing), else EVALSHA.
+    /// (loading the library where it is missing), else EVALSHA. With `wait` (a durability wait
+    /// and the copies it asks for), the wait follows the script on the node and connection
+    /// that ran it, and the copies it confirmed come back beside the reply.
     async fn call(
         &self,
         library: &Library,
         script: &Script,
         keys: &[String],
         args: &[String],
-    ) -> redis::RedisResult<Vec<String>> {
+        wait: Option<&(Cmd, u32)>,
+    ) -> redis::RedisResult<(Vec<String>, Option<u32>)> {
+        let node = keys.first().map(String::as_str).unwrap_or_default();
         if self.functions.usable() {
             let mut fcall = redis::cmd("FCALL");
             fcall.arg(library.function(script)).arg(keys.len()).arg(keys).arg(args);
             let call = |mut conn: Conn| {
                 let fcall = &fcall;
-                async move { fcall.query_async::<Vec<String>>(&mut conn).await }
+                async move {
+                    match wait {
+                        None => Ok((fcall.query_async::<Vec<String>>(&mut conn).await?, None)),
+                        Some((wait, _)) => {
+                            let mut pipe = redis::pipe();
+                            pipe.add_command(fcall.clone()).add_command(wait.clone());
+                            let replies = conn.pipeline_at(&pipe, node).await?;
+                            waited(replies)
+                        }
+                    }
+                }
             };
             match self.patiently(call).await {
                 Err(e) if function_missing(&e) && self.load_library(library).await => {
@@ -214,7 +331,13 @@ impl Store {
             inv.arg(a);
         }
         let inv = &inv;
-        self.patiently(|mut conn| async move { inv.invoke_async::<Vec<String>>(&mut conn).await }).await
+        let answer = self.patiently(|mut conn| async move { inv.invoke_async::<Vec<String>>(&mut conn).await }).await?;
+        let Some((wait, _)) = wait else { return Ok((answer, None)) };
+        // (servers without Functions: the wait is a round trip of its own, on the same node)
+        let mut pipe = redis::pipe();
+        pipe.add_command(wait.clone());
+        let reply = self.conn().pipeline_at(&pipe, node).await?.pop().ok_or_else(malformed_wait)?;
+        Ok((answer, Some(copies_of(reply)?)))
     }
 
     /// Loads a library (on every master of a cluster). False when it is not there afterwards;
@@ -238,10 +361,10 @@ impl Store {
     /// refused then (TRYAGAIN while its keys are split across two nodes, or a redirect the
     /// client ran out of retries for). Refused means not run, so it is retried until the move
     /// is over, within a bound.
-    async fn patiently<F, Fut>(&self, call: F) -> redis::RedisResult<Vec<String>>
+    async fn patiently<F, Fut, T>(&self, call: F) -> redis::RedisResult<T>
     where
         F: Fn(Conn) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<Vec<String>>>,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let patience = Instant::now() + Duration::from_secs(3);
         let mut wait = Duration::from_millis(10);
@@ -255,6 +378,38 @@ impl Store {
             }
         }
     }
+}
+
+/// A script's reply and the copies its durability wait confirmed, from the replies of the
+/// pipeline [script, wait].
+fn waited(replies: Vec<Value>) -> redis::RedisResult<(Vec<String>, Option<u32>)> {
+    let [answer, copies]: [Value; 2] = replies.try_into().map_err(|_| malformed_wait())?;
+    let answer = redis::from_redis_value::<Vec<String>>(answer.extract_error()?).map_err(redis::RedisError::from)?;
+    Ok((answer, Some(copies_of(copies)?)))
+}
+
+/// The copies a durability wait confirmed: WAIT answers the replicas that have the write,
+/// WAITAOF the local fsyncs and the replicas' (a primary that did not fsync confirms nothing).
+fn copies_of(reply: Value) -> redis::RedisResult<u32> {
+    let n = match reply.extract_error()? {
+        Value::Int(n) => n,
+        Value::Array(v) => match v.as_slice() {
+            [Value::Int(local), Value::Int(n)] => {
+                if *local >= 1 {
+                    *n
+                } else {
+                    0
+                }
+            }
+            _ => return Err(malformed_wait()),
+        },
+        _ => return Err(malformed_wait()),
+    };
+    Ok(n.max(0) as u32)
+}
+
+fn malformed_wait() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "malformed durability wait reply"))
 }
 
 /// The answer to FCALL of a function the server does not have (never loaded, or flushed).

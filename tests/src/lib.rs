@@ -298,16 +298,15 @@ impl Harness {
         // is tested on its own (tests/tests/alerts.rs, from source addresses of its own)
         config.auth_failure_limit = 0;
         configure(&mut config);
-        let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
+        let store = config.open_store().await.expect("connect to test redis");
         let webhooks = config.webhooks.clone();
         let ((base, admin_base), stop_gateway) = if isolated {
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let (bases_tx, bases) = tokio::sync::oneshot::channel();
-            let url = url.clone();
             std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
                 runtime.block_on(async move {
-                    let store = Store::connect(&url, config.redis_timeout).await.expect("connect to test redis");
+                    let store = config.open_store().await.expect("connect to test redis");
                     let (bases, serving) = gateway(Arc::new(App::new(store, config))).await;
                     let _ = bases_tx.send(bases);
                     tokio::select! { _ = serving => {}, _ = stopped => {} }

@@ -76,9 +76,7 @@ fn every_function_deploys_the_shared_binary() {
 #[test]
 fn the_created_store_is_retained_and_snapshotted() {
     let t = template();
-    let cache = t.split("\n  Cache:\n").nth(1).expect("the Cache resource");
-    let cache: String =
-        cache.lines().take_while(|l| l.is_empty() || l.starts_with("    ")).collect::<Vec<_>>().join("\n");
+    let cache = resource(&t, "Cache");
     for line in [
         "Type: AWS::ElastiCache::ServerlessCache",
         "DeletionPolicy: Retain",
@@ -88,5 +86,38 @@ fn the_created_store_is_retained_and_snapshotted() {
     ] {
         assert!(cache.contains(line), "the cache resource lacks {line}:\n{cache}");
     }
+    let memorydb = resource(&t, "MemoryDb");
+    for line in [
+        "Type: AWS::MemoryDB::Cluster",
+        "Condition: CreateMemoryDb",
+        "DeletionPolicy: Retain",
+        "UpdateReplacePolicy: Retain",
+        "TLSEnabled: true",
+        "SnapshotRetentionLimit: !Ref SnapshotRetentionDays",
+        "SnapshotWindow: !Ref MemoryDbSnapshotWindow",
+    ] {
+        assert!(memorydb.contains(line), "the MemoryDB resource lacks {line}:\n{memorydb}");
+    }
     assert!(t.contains("  SnapshotRetentionDays:\n    Type: Number\n    Default: 7"), "7 days by default");
+}
+
+/// The template passes its durability setting to every function (issue 28, item 1).
+#[test]
+fn the_durability_setting_reaches_every_function() {
+    let t = template();
+    for var in [
+        "CYCLES_DURABILITY: !Ref Durability",
+        "CYCLES_DURABILITY_REPLICAS: !Ref DurabilityReplicas",
+        "CYCLES_DURABILITY_TIMEOUT_MS: !Ref DurabilityTimeoutMs",
+    ] {
+        let globals = t.split("\nGlobals:\n").nth(1).and_then(|g| g.split("\nResources:\n").next()).unwrap();
+        assert!(globals.contains(var), "the functions' environment lacks {var}");
+    }
+    assert!(t.contains("AllowedValues: [none, replica, fsync]"));
+}
+
+/// The text of the resource `name` (its indented block).
+fn resource(t: &str, name: &str) -> String {
+    let block = t.split(&format!("\n  {name}:\n")).nth(1).unwrap_or_else(|| panic!("the {name} resource"));
+    block.lines().take_while(|l| l.is_empty() || l.starts_with("    ")).collect::<Vec<_>>().join("\n")
 }

@@ -60,7 +60,7 @@ impl App {
     /// Connects to Redis as configured by the environment (the Lambda init path).
     pub async fn from_env() -> Result<App, Box<dyn std::error::Error + Send + Sync>> {
         let config = Config::load(None).await?;
-        let store = Store::connect(&config.redis_url, config.redis_timeout).await?;
+        let store = config.open_store().await?;
         Ok(App::new(store, config))
     }
 }
