@@ -76,8 +76,9 @@ impl Counted {
         self.control(&["-z"]);
     }
 
-    /// Instructions since the last `start` or `take`; counting goes on from zero.
-    async fn take(&mut self) -> u64 {
+    /// Instructions since the last `start` or `take`; counting goes on from zero. With `keep`,
+    /// the profile of the window is kept at that path (for `callgrind_annotate`).
+    async fn take(&mut self, keep: Option<PathBuf>) -> u64 {
         self.dumps += 1;
         let label = format!("{}-{}", self.name, self.dumps);
         self.control(&["-d", &label]);
@@ -87,7 +88,10 @@ impl Counted {
                 let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 if text.contains(&trigger) {
                     if let Some(total) = text.lines().find_map(|l| l.strip_prefix("totals: ")) {
-                        let _ = std::fs::remove_file(entry.path());
+                        let _ = match &keep {
+                            Some(to) => std::fs::rename(entry.path(), to),
+                            None => std::fs::remove_file(entry.path()),
+                        };
                         self.control(&["-z"]);
                         return total.trim().parse().expect("callgrind totals");
                     }
@@ -311,39 +315,53 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     // (a build before action quotas has no such row)
     let quotas = h.admin("POST", "/v1/admin/policies", Some(&body)).await.status == 201;
     assert!(quotas || of.is_some(), "quota policy");
+    // CYCLES_COSTS_ONLY=reserve,commit counts those operations only (a quicker loop while
+    // taking one apart; never a budget check)
+    // and CYCLES_COSTS_CALLS=N (a multiple of 50) averages over more calls
+    let only = std::env::var("CYCLES_COSTS_ONLY").ok();
+    let calls = std::env::var("CYCLES_COSTS_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(CALLS);
+    let wanted = |op: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w == op));
+    let holds = ["commit", "release", "extend", "get reservation"].iter().filter(|op| wanted(op)).count();
     let mut held = Vec::new();
-    for i in 0..3 * (CALLS + WARMUP) + 1 {
+    for i in 0..holds * (calls + WARMUP) + 1 {
         let r = h.post(&t.key, "/v1/reservations", &reserve_body(&t, &format!("held-{i}"))).await;
         held.push(r.body["reservation_id"].as_str().expect("reserve").to_string());
     }
 
     let mut measured: BTreeMap<String, Value> = BTreeMap::new();
     let mut failed = 0;
+    // CYCLES_COSTS_PROFILES=DIR keeps each window's profiles there, to take an operation apart:
+    // `callgrind_annotate --inclusive=yes DIR/reserve.redis`
+    let profiles = std::env::var_os("CYCLES_COSTS_PROFILES").map(PathBuf::from);
+    if let Some(d) = &profiles {
+        std::fs::create_dir_all(d).unwrap();
+    }
     redis.start();
     gateway.start();
     for (k, op) in OPERATIONS.iter().enumerate() {
-        if *op == "reserve (2 quota rules)" && !quotas {
+        if (*op == "reserve (2 quota rules)" && !quotas) || !wanted(op) {
             continue;
         }
         for i in 0..WARMUP {
             call(&h, &t, &q, &mut held, op, 1_000_000 * (k + 1) + i).await;
         }
         reset_stats(&h).await;
-        redis.take().await;
-        gateway.take().await;
-        for i in 0..CALLS {
+        redis.take(None).await;
+        gateway.take(None).await;
+        for i in 0..calls {
             if !call(&h, &t, &q, &mut held, op, 1_000_000 * (k + 1) + WARMUP + i).await {
                 failed += 1;
             }
         }
-        let redis_ir = redis.take().await;
-        let gateway_ir = gateway.take().await;
+        let keep = |process: &str| profiles.as_ref().map(|d| d.join(format!("{}.{process}", op.replace(' ', "-"))));
+        let redis_ir = redis.take(keep("redis")).await;
+        let gateway_ir = gateway.take(keep("gateway")).await;
         let cmds = commands(&h).await;
-        let per = |n: u64| (n as f64 / CALLS as f64).round() as u64;
+        let per = |n: u64| (n as f64 / calls as f64).round() as u64;
         measured.insert(
             op.to_string(),
             json!({"redis_instructions": per(redis_ir), "gateway_instructions": per(gateway_ir),
-                "redis_commands": cmds as f64 / CALLS as f64}),
+                "redis_commands": cmds as f64 / calls as f64}),
         );
     }
     drop(h);
