@@ -12,6 +12,7 @@
 //! - `model` (wire types), `store` (Redis, the script library), `config`;
 //! - leaves: `json`, `error`, `egress`.
 
+pub mod admin_cli;
 pub mod api;
 pub mod config;
 pub mod domain;

@@ -36,12 +36,28 @@ fn the_readme_is_one_page_and_its_two_commands_exist() {
     for path in ["scripts/test", "functions/src/bin/cycles-local.rs"] {
         assert!(std::path::Path::new(&format!("{root}/{path}")).exists(), "{path}");
     }
-    // every page the README sends a reader to exists
+    // every page the README sends a reader to exists, and the section where a link names one
     for link in README.split("](").skip(1).filter_map(|s| s.split(')').next()) {
         if !link.starts_with("http") {
-            assert!(std::path::Path::new(&format!("{root}/{link}")).exists(), "README links to {link}");
+            let (page, section) = link.split_once('#').unwrap_or((link, ""));
+            let text = std::fs::read_to_string(format!("{root}/{page}"));
+            assert!(text.is_ok(), "README links to {link}");
+            let slugs: Vec<String> = text.unwrap().lines().filter(|l| l.starts_with('#')).map(slug).collect();
+            assert!(
+                section.is_empty() || slugs.iter().any(|s| s == section),
+                "README links to {link}: no such section"
+            );
         }
     }
+}
+
+/// A heading's anchor as GitHub spells it: lower case, spaces as `-`, punctuation dropped.
+fn slug(heading: &str) -> String {
+    let text = heading.trim_start_matches('#').trim().to_lowercase();
+    text.chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
 }
 
 #[tokio::test]

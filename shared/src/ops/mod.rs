@@ -20,6 +20,7 @@ pub mod records;
 pub mod reservations;
 pub mod settings;
 pub mod tenants;
+pub mod transfer;
 pub mod webhooks;
 
 use std::sync::LazyLock;
@@ -122,6 +123,8 @@ const SCRIPTS: &[Script] = &[
     policies::WritePolicy::SCRIPT,
     quotas::ListCounters::SCRIPT,
     quotas::ResetCounter::SCRIPT,
+    transfer::ReadTenant::SCRIPT,
+    transfer::WriteTenant::SCRIPT,
 ];
 
 /// The header of the library: the rules, messages, key schema and record layouts the Rust side
