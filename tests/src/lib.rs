@@ -264,6 +264,11 @@ impl Harness {
         Self::start_with(url, embedded, false, |_| {}).await
     }
 
+    /// A server (configured by `configure`) on the Redis at `url`, which the caller runs.
+    pub async fn start_on_configured(url: String, configure: impl FnOnce(&mut Config)) -> Harness {
+        Self::start_with(url, None, false, configure).await
+    }
+
     /// A server on a Redis of its own (configured by `configure`).
     pub async fn start_with_redis(redis: EmbeddedRedis, configure: impl FnOnce(&mut Config)) -> Harness {
         Self::start_with(redis.url(), Some(redis), false, configure).await

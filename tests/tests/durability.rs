@@ -3,26 +3,30 @@
 //! killed, the replica promoted and a server pointed at it. With `replica` every reservation
 //! answered 200 is still there and the ledger holds exactly what was acknowledged (the writes
 //! the wait could not confirm answered 503, and their retries with the same idempotency key
-//! settle them once); with `none` the same failover loses acknowledged reservations.
-//! The servers here are this test's own (a primary and its replica), whatever REDIS_URL says.
+//! settle them once); with `none` the same failover loses acknowledged reservations. Both on a
+//! standalone primary and on a Redis Cluster with a replica per master (`CLUSTER FAILOVER
+//! TAKEOVER` on the replica of the killed master). The servers here are this test's own,
+//! whatever REDIS_URL says.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cycles_shared::config::durability_from;
+use cycles_shared::keys::TenantKeys;
 use cycles_shared::local::EmbeddedRedis;
 use cycles_tests::{json, unique, Harness, Tenant};
 
 const CLIENTS: usize = 6;
+const ALLOCATED: i64 = 1_000_000_000;
 
 /// What the clients were told: the reservations answered 200 (id, idempotency key) and the
-/// idempotency keys of requests whose outcome is unknown (503, or no answer).
+/// idempotency keys of requests whose outcome is unknown (503).
 #[derive(Default)]
 struct Told {
     acknowledged: Vec<(String, String)>,
     unknown: Vec<String>,
-    not_durable: usize,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -30,12 +34,17 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill {sig} {pid}");
 }
 
-async fn replication_up(replica: &EmbeddedRedis) {
-    let client = redis::Client::open(replica.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap()
+}
+
+async fn info(url: &str, section: &str) -> String {
+    redis::cmd("INFO").arg(section).query_async(&mut conn(url).await).await.unwrap()
+}
+
+async fn replication_up(replica_url: &str) {
     for _ in 0..200 {
-        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
-        if info.contains("master_link_status:up") {
+        if info(replica_url, "replication").await.contains("master_link_status:up") {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -43,49 +52,57 @@ async fn replication_up(replica: &EmbeddedRedis) {
     panic!("the replica never synchronised");
 }
 
-/// The failover with `CYCLES_DURABILITY=level`: what the clients were told, and a server on
-/// the promoted replica with the tenant they reserved for.
-async fn failover(level: &str) -> (Told, Harness, Tenant) {
-    let primary = EmbeddedRedis::start(&[]).await.expect("redis-server");
-    let port = primary.port.to_string();
-    let replica = EmbeddedRedis::start(&["--replicaof", "127.0.0.1", &port]).await.expect("replica");
-    replication_up(&replica).await;
-    let primary_pid = primary.pid().unwrap();
-    let durability = durability_from(Some(level), None, Duration::from_millis(300));
-    let h = Arc::new(Harness::start_with_redis(primary, move |c| c.durability = durability).await);
-    let t = h.funded(1_000_000_000).await;
-    // the set-up is on the replica before anything fails
-    let copies: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query_async(&mut h.store.conn()).await.unwrap();
-    assert_eq!(copies, 1);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for c in 0..CLIENTS {
-        let (h, t, stop) = (h.clone(), t.clone(), stop.clone());
-        clients.push(tokio::spawn(async move {
-            let mut told = Told::default();
-            // metadata makes each write's replication large enough that two seconds of them
-            // cannot all wait in the sockets' buffers of a paused replica
-            let metadata = json!({"note": "x".repeat(4_000)});
-            while !stop.load(Ordering::Relaxed) {
-                let key = unique(&format!("fo{c}"));
-                let r = h.reserve(&t, 1, json!({"idempotency_key": key, "metadata": metadata})).await;
-                match r.status {
-                    200 => told.acknowledged.push((r.body["reservation_id"].as_str().unwrap().to_string(), key)),
-                    503 => {
-                        assert_eq!(r.body["error"], "INTERNAL_ERROR", "{}", r.body);
-                        assert!(r.body["message"].as_str().unwrap().contains("outcome is unknown"), "{}", r.body);
-                        told.not_durable += 1;
-                        told.unknown.push(key);
-                    }
-                    other => panic!("reserve answered {other}: {}", r.body),
-                }
-            }
-            told
-        }));
+/// Waits until the replica has everything its primary has written so far.
+async fn caught_up(primary_url: &str, replica_url: &str) {
+    let offset = |text: String, field: &str| -> i64 {
+        text.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse().ok()).unwrap_or(-1)
+    };
+    let target = offset(info(primary_url, "replication").await, "master_repl_offset:");
+    for _ in 0..200 {
+        if offset(info(replica_url, "replication").await, "slave_repl_offset:") >= target {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    panic!("the replica never caught up");
+}
+
+/// Six clients reserving 1 token each (with 4 KB of metadata, so two seconds of writes cannot
+/// all wait in the sockets' buffers of a paused replica) until `stop`; what each was told.
+fn start_clients(h: &Arc<Harness>, t: &Tenant, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<Told>> {
+    (0..CLIENTS)
+        .map(|c| {
+            let (h, t, stop) = (h.clone(), t.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut told = Told::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let key = unique(&format!("fo{c}"));
+                    let r = h.reserve(&t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await;
+                    match r.status {
+                        200 => told.acknowledged.push((r.body["reservation_id"].as_str().unwrap().to_string(), key)),
+                        503 => {
+                            assert_eq!(r.body["error"], "INTERNAL_ERROR", "{}", r.body);
+                            assert!(r.body["message"].as_str().unwrap().contains("outcome is unknown"), "{}", r.body);
+                            told.unknown.push(key);
+                        }
+                        other => panic!("reserve answered {other}: {}", r.body),
+                    }
+                }
+                told
+            })
+        })
+        .collect()
+}
+
+fn metadata() -> serde_json::Value {
+    json!({"note": "x".repeat(4_000)})
+}
+
+/// Runs the clients, pauses the replica `replica_pid` after 0.4 s for 2 s, stops the clients.
+async fn reserve_through_a_lagging_replica(h: &Arc<Harness>, t: &Tenant, replica_pid: u32) -> Told {
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = start_clients(h, t, &stop);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let replica_pid = replica.pid().unwrap();
     signal(replica_pid, "-STOP");
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
@@ -94,15 +111,8 @@ async fn failover(level: &str) -> (Told, Harness, Tenant) {
         let one = c.await.unwrap();
         told.acknowledged.extend(one.acknowledged);
         told.unknown.extend(one.unknown);
-        told.not_durable += one.not_durable;
     }
-    eprintln!("{level}: {} acknowledged, {} unknown", told.acknowledged.len(), told.unknown.len());
-    signal(primary_pid, "-KILL");
-    signal(replica_pid, "-CONT");
-    let mut conn = redis::Client::open(replica.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut conn).await.unwrap();
-    drop(h);
-    (told, Harness::start_with_redis(replica, |_| {}).await, t)
+    told
 }
 
 /// How many acknowledged reservations the promoted store no longer has.
@@ -119,56 +129,199 @@ async fn lost(h: &Harness, t: &Tenant, told: &Told) -> usize {
     lost
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_replica_durability_a_failover_loses_no_acknowledged_reservation() {
-    let (told, h, t) = failover("replica").await;
+/// With `replica`: nothing acknowledged is lost, some writes answered 503 (the paused replica
+/// confirmed nothing), each such unknown outcome is settled by its retry with the same key (a
+/// replay where the write survived, the reservation made where it did not, never twice), and
+/// the ledger holds exactly what was acknowledged.
+async fn nothing_acknowledged_was_lost(h: &Harness, t: &Tenant, told: &Told) {
     assert!(told.acknowledged.len() > 50, "the clients were answered {} times", told.acknowledged.len());
-    // the paused replica confirmed nothing: those writes answered 503, never 200
-    assert!(told.not_durable > 0, "no write waited for the paused replica");
-    assert_eq!(lost(&h, &t, &told).await, 0, "acknowledged reservations lost in the failover");
-
-    // every unknown outcome is settled by its retry with the same idempotency key: it replays
-    // the reservation where the write survived and makes it where it did not, never twice
+    assert!(!told.unknown.is_empty(), "no write waited for the paused replica");
+    assert_eq!(lost(h, t, told).await, 0, "acknowledged reservations lost in the failover");
     let mut settled = told.acknowledged.len();
     for key in &told.unknown {
-        let r = h.reserve(&t, 1, json!({"idempotency_key": key, "metadata": {"note": "x".repeat(4_000)}})).await;
+        let r = h.reserve(t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await;
         assert_eq!(r.status, 200, "{}", r.body);
         settled += 1;
-        let again = h.reserve(&t, 1, json!({"idempotency_key": key, "metadata": {"note": "x".repeat(4_000)}})).await;
+        let again = h.reserve(t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await;
         assert_eq!(again.body["reservation_id"], r.body["reservation_id"], "a retry made a second reservation");
     }
-    let ledger = h.root(&t).await;
+    let ledger = h.root(t).await;
     assert_eq!(ledger.reserved, settled as i64, "the ledger holds exactly what was acknowledged");
-    assert_eq!(ledger.remaining, 1_000_000_000 - settled as i64);
+    assert_eq!(ledger.remaining, ALLOCATED - settled as i64);
+}
+
+/// With `none`: acknowledged reservations are gone, and the ledger agrees with the store it
+/// survived in, not with what the clients were told.
+async fn acknowledged_reservations_were_lost(h: &Harness, t: &Tenant, told: &Told) {
+    assert!(told.unknown.is_empty(), "nothing waits without durability");
+    let lost = lost(h, t, told).await;
+    eprintln!("none: {lost} of {} acknowledged reservations lost", told.acknowledged.len());
+    assert!(lost > 0, "no acknowledged reservation was lost: the failover test shows nothing");
+    assert_eq!(h.root(t).await.reserved, (told.acknowledged.len() - lost) as i64);
+}
+
+/// The failover on a standalone primary with `CYCLES_DURABILITY=level`: what the clients were
+/// told, and a server on the promoted replica with the tenant they reserved for.
+async fn standalone_failover(level: &str) -> (Told, Harness, Tenant) {
+    let primary = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let port = primary.port.to_string();
+    let replica = EmbeddedRedis::start(&["--replicaof", "127.0.0.1", &port]).await.expect("replica");
+    replication_up(&replica.url()).await;
+    let (primary_pid, primary_url) = (primary.pid().unwrap(), primary.url());
+    let durability = durability_from(Some(level), None, Duration::from_millis(300));
+    let h = Arc::new(Harness::start_with_redis(primary, move |c| c.durability = durability).await);
+    let t = h.funded(ALLOCATED).await;
+    caught_up(&primary_url, &replica.url()).await;
+
+    let told = reserve_through_a_lagging_replica(&h, &t, replica.pid().unwrap()).await;
+    signal(primary_pid, "-KILL");
+    signal(replica.pid().unwrap(), "-CONT");
+    let _: () =
+        redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut conn(&replica.url()).await).await.unwrap();
+    drop(h);
+    (told, Harness::start_with_redis(replica, |_| {}).await, t)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_replica_durability_a_failover_loses_no_acknowledged_reservation() {
+    let (told, h, t) = standalone_failover("replica").await;
+    nothing_acknowledged_was_lost(&h, &t, &told).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_durability_the_same_failover_loses_acknowledged_reservations() {
-    let (told, h, t) = failover("none").await;
-    assert_eq!(told.not_durable, 0, "nothing waits without durability");
-    let lost = lost(&h, &t, &told).await;
-    eprintln!("none: {lost} acknowledged reservations lost");
-    assert!(
-        lost > 0,
-        "no acknowledged reservation was lost of {}: the failover test shows nothing",
-        told.acknowledged.len()
-    );
-    // and the ledger agrees with the store it survived in, not with what the clients were told
-    let ledger = h.root(&t).await;
-    assert_eq!(ledger.reserved, (told.acknowledged.len() - lost) as i64);
+    let (told, h, t) = standalone_failover("none").await;
+    acknowledged_reservations_were_lost(&h, &t, &told).await;
 }
 
-#[test]
-fn durability_settings_parse_or_stop_the_start() {
-    use cycles_shared::store::Durability;
-    let ms = Duration::from_millis(250);
-    assert_eq!(durability_from(None, None, ms), Ok(Durability::Primary));
-    assert_eq!(durability_from(Some("none"), None, ms), Ok(Durability::Primary));
-    assert_eq!(durability_from(Some("replica"), None, ms), Ok(Durability::Replica { replicas: 1, timeout: ms }));
-    assert_eq!(durability_from(Some("fsync"), Some("2"), ms), Ok(Durability::Fsync { replicas: 2, timeout: ms }));
-    assert!(durability_from(Some("replicas"), None, ms).unwrap_err().contains("none, replica, fsync"));
-    assert!(durability_from(Some("replica"), Some("0"), ms).unwrap_err().contains("at least 1"));
-    assert!(durability_from(Some("replica"), None, Duration::ZERO).unwrap_err().contains("wait forever"));
+/// A Redis Cluster of three masters with a replica each (`scripts/redis-cluster`), stopped
+/// when dropped.
+struct Cluster {
+    dir: PathBuf,
+    ports: Vec<u16>,
+}
+
+impl Cluster {
+    fn script() -> String {
+        format!("{}/../scripts/redis-cluster", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// Started, and settled: every node knows three replicas and each replica is in sync.
+    async fn start() -> Cluster {
+        let dir = std::env::temp_dir().join(unique("cycles-failover-cluster"));
+        let out = std::process::Command::new(Self::script()).arg("start").arg(&dir).arg("1").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let urls = String::from_utf8(out.stdout).unwrap();
+        let ports = urls.trim().split(',').map(|u| u.rsplit(':').next().unwrap().parse().unwrap()).collect();
+        let cluster = Cluster { dir, ports };
+        for port in &cluster.ports {
+            let url = format!("redis://127.0.0.1:{port}");
+            let mut settled = false;
+            for _ in 0..200 {
+                let nodes: String =
+                    redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn(&url).await).await.unwrap();
+                let replication = info(&url, "replication").await;
+                settled = nodes.matches("slave").count() == 3
+                    && (replication.contains("role:master") || replication.contains("master_link_status:up"));
+                if settled {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(settled, "node {port} never settled");
+        }
+        cluster
+    }
+
+    fn pid(&self, port: u16) -> u32 {
+        std::fs::read_to_string(self.dir.join(format!("{port}.pid"))).unwrap().trim().parse().unwrap()
+    }
+
+    fn urls(&self) -> String {
+        self.urls_except(0)
+    }
+
+    fn urls_except(&self, port: u16) -> String {
+        let urls: Vec<String> =
+            self.ports.iter().filter(|p| **p != port).map(|p| format!("redis://127.0.0.1:{p}")).collect();
+        urls.join(",")
+    }
+
+    /// The master serving `slot` and its replica, as (port, node id) pairs.
+    async fn master_and_replica(&self, slot: u16) -> ((u16, String), (u16, String)) {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn(&format!("redis://127.0.0.1:{}", self.ports[0])).await)
+            .await
+            .unwrap();
+        let rows: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+        let port = |row: &Vec<&str>| row[1].split(['@', ':']).nth(1).unwrap().parse::<u16>().unwrap();
+        let serves = |row: &Vec<&str>| {
+            row[8..].iter().any(|range| {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+            })
+        };
+        let master = rows.iter().find(|r| r[2].contains("master") && serves(r)).expect("a master for the slot");
+        let replica = rows.iter().find(|r| r[2].contains("slave") && r[3] == master[0]).expect("its replica");
+        ((port(master), master[0].to_string()), (port(replica), replica[0].to_string()))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(Self::script()).arg("stop").arg(&self.dir).output();
+    }
+}
+
+/// The failover on a Redis Cluster: the replica of the tenant's master paused, the master
+/// killed, the replica taking over (`CLUSTER FAILOVER TAKEOVER`), a server on the survivors.
+async fn cluster_failover(level: &str) -> (Told, Harness, Tenant, Cluster) {
+    let cluster = Cluster::start().await;
+    let seeds = cluster.urls();
+    let durability = durability_from(Some(level), None, Duration::from_millis(300));
+    let h = Arc::new(Harness::start_on_configured(seeds, move |c| c.durability = durability).await);
+    let t = h.funded(ALLOCATED).await;
+    let slot = TenantKeys::new(&t.id).slot();
+    let ((master, _), (replica, replica_id)) = cluster.master_and_replica(slot).await;
+    let (master_url, replica_url) = (format!("redis://127.0.0.1:{master}"), format!("redis://127.0.0.1:{replica}"));
+    replication_up(&replica_url).await;
+    caught_up(&master_url, &replica_url).await;
+
+    let told = reserve_through_a_lagging_replica(&h, &t, cluster.pid(replica)).await;
+    signal(cluster.pid(master), "-KILL");
+    signal(cluster.pid(replica), "-CONT");
+    let _: () =
+        redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER").query_async(&mut conn(&replica_url).await).await.unwrap();
+    // every surviving node knows the replica serves the slot now
+    for port in cluster.ports.iter().filter(|p| **p != master) {
+        let url = format!("redis://127.0.0.1:{port}");
+        let mut known = false;
+        for _ in 0..200 {
+            let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn(&url).await).await.unwrap();
+            known = nodes.lines().any(|l| l.starts_with(&replica_id) && l.contains("master"));
+            if known {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(known, "node {port} never learned of the takeover");
+    }
+    drop(h);
+    let survivors = Harness::start_on_configured(cluster.urls_except(master), |_| {}).await;
+    (told, survivors, t, cluster)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_with_replica_durability_a_failover_loses_no_acknowledged_reservation() {
+    let (told, h, t, _cluster) = cluster_failover("replica").await;
+    nothing_acknowledged_was_lost(&h, &t, &told).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_without_durability_the_same_failover_loses_acknowledged_reservations() {
+    let (told, h, t, _cluster) = cluster_failover("none").await;
+    acknowledged_reservations_were_lost(&h, &t, &told).await;
 }
 
 /// A write the replicas do not confirm answers 503 (outcome unknown) although it took effect
@@ -199,10 +352,23 @@ async fn fsync_on_a_server_without_waitaof_waits_for_replicas() {
     let primary = EmbeddedRedis::start(&[]).await.expect("redis-server");
     let port = primary.port.to_string();
     let replica = EmbeddedRedis::start(&["--replicaof", "127.0.0.1", &port]).await.expect("replica");
-    replication_up(&replica).await;
+    replication_up(&replica.url()).await;
     let durability = durability_from(Some("fsync"), None, Duration::from_millis(1_000));
     let h = Harness::start_with_redis(primary, move |c| c.durability = durability).await;
     let t = h.funded(1_000).await;
     h.reserve_ok(&t, 10, json!({})).await;
     assert_eq!(h.root(&t).await.reserved, 10);
+}
+
+#[test]
+fn durability_settings_parse_or_stop_the_start() {
+    use cycles_shared::store::Durability;
+    let ms = Duration::from_millis(250);
+    assert_eq!(durability_from(None, None, ms), Ok(Durability::Primary));
+    assert_eq!(durability_from(Some("none"), None, ms), Ok(Durability::Primary));
+    assert_eq!(durability_from(Some("replica"), None, ms), Ok(Durability::Replica { replicas: 1, timeout: ms }));
+    assert_eq!(durability_from(Some("fsync"), Some("2"), ms), Ok(Durability::Fsync { replicas: 2, timeout: ms }));
+    assert!(durability_from(Some("replicas"), None, ms).unwrap_err().contains("none, replica, fsync"));
+    assert!(durability_from(Some("replica"), Some("0"), ms).unwrap_err().contains("at least 1"));
+    assert!(durability_from(Some("replica"), None, Duration::ZERO).unwrap_err().contains("wait forever"));
 }
