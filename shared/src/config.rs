@@ -66,6 +66,9 @@ pub struct Config {
     /// `replica` or `fsync`; `CYCLES_DURABILITY_REPLICAS`, 1; `CYCLES_DURABILITY_TIMEOUT_MS`,
     /// 1,000), or why the setting does not parse (the start stops with it).
     pub durability: Result<Durability, String>,
+    /// Whether the operator plane's successful reads are audited too (`CYCLES_AUDIT_READS=on`;
+    /// off by default: the audit log holds changes, refusals and failures).
+    pub audit_reads: bool,
 }
 
 /// Which tenants get CyclesEvidence (`CYCLES_EVIDENCE`).
@@ -359,6 +362,7 @@ impl Config {
                 env("CYCLES_DURABILITY_REPLICAS").as_deref(),
                 env_ms("CYCLES_DURABILITY_TIMEOUT_MS", 1_000),
             ),
+            audit_reads: env("CYCLES_AUDIT_READS").is_some_and(|v| v == "on"),
         }
     }
 

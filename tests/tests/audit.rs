@@ -1,6 +1,7 @@
-//! listAuditLogs: every operator-plane request leaves one entry (a change's written by its own
-//! script, everything else by the dispatcher), with the spec's fields, sentinel owners, every
-//! filter and sort, cursors, entries from before the audit stream, and retention.
+//! listAuditLogs: every operator-plane change, refusal and failure leaves one entry (a change's
+//! written by its own script, everything else by the dispatcher), and with
+//! `CYCLES_AUDIT_READS=on` every successful read too; with the spec's fields, sentinel owners,
+//! every filter and sort, cursors, entries from before the audit stream, and retention.
 
 use cycles_shared::keys::TenantKeys;
 use cycles_tests::*;
@@ -16,9 +17,14 @@ fn ops(entries: &[Value]) -> Vec<String> {
     entries.iter().map(|e| e["operation"].as_str().unwrap().to_string()).collect()
 }
 
+/// A server that audits reads too (`CYCLES_AUDIT_READS=on`).
+async fn auditing_reads() -> Harness {
+    Harness::start_configured(|c| c.audit_reads = true).await
+}
+
 #[tokio::test]
 async fn every_operator_request_leaves_one_entry_with_the_spec_fields() {
-    let h = Harness::start().await;
+    let h = auditing_reads().await;
     let t = h.funded(1000).await;
     // a change: its entry comes from the script that made it
     let fund = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 5}});
@@ -82,7 +88,7 @@ async fn every_operator_request_leaves_one_entry_with_the_spec_fields() {
 
 #[tokio::test]
 async fn filters_sorts_and_cursors() {
-    let h = Harness::start().await;
+    let h = auditing_reads().await;
     let t = h.funded(1000).await;
     for i in 0..3 {
         h.admin("GET", &format!("/v1/admin/tenants/{}", t.id), None).await.assert_ok();
@@ -171,4 +177,28 @@ async fn entries_from_before_the_audit_stream_are_listed_and_age_out() {
     let len: usize = h.store.conn().llen(keys.legacy_audit_log()).await.unwrap();
     assert_eq!(len, 0);
     assert!(!logs(&h, &format!("tenant_id={}", t.id)).await.is_empty(), "recent entries stay");
+}
+
+/// By default the audit log holds what an auditor looks for: changes, refusals and failures,
+/// not the console's polling (successful reads).
+#[tokio::test]
+async fn successful_reads_are_audited_only_when_asked() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let q = format!("tenant_id={}", t.id);
+    let before = logs(&h, &q).await.len();
+    h.admin("GET", &format!("/v1/admin/tenants/{}", t.id), None).await.assert_ok();
+    h.admin("GET", &format!("/v1/admin/budgets?tenant_id={}", t.id), None).await.assert_ok();
+    assert_eq!(logs(&h, &q).await.len(), before, "a successful read was audited");
+    // a refused read and a change are
+    let r = h.admin("GET", &format!("/v1/admin/budgets/lookup?scope=tenant:{}/app:none&unit=TOKENS", t.id), None).await;
+    r.assert_error(404, "BUDGET_NOT_FOUND");
+    let body = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": 5}, "idempotency_key": "f-1"});
+    let path = format!("/v1/admin/budgets/fund?scope=tenant:{}&unit=TOKENS&tenant_id={}", t.id, t.id);
+    h.admin("POST", &path, Some(&body)).await.assert_ok();
+    assert_eq!(ops(&logs(&h, &q).await)[..2], ["fundBudget", "lookupBudget"]);
+    // the same reads with CYCLES_AUDIT_READS=on are
+    let reading = Harness::start_beside(&h, |c| c.audit_reads = true).await;
+    reading.admin("GET", &format!("/v1/admin/tenants/{}", t.id), None).await.assert_ok();
+    assert_eq!(ops(&logs(&h, &q).await)[0], "getTenant");
 }

@@ -402,8 +402,10 @@ pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let replayed = outcome.as_ref().is_ok_and(|a| a.replayed);
     let store_down = outcome.as_ref().is_err_and(|e| e.message == crate::error::STORE_UNAVAILABLE);
     let in_script = ctx.audit_in_script.load(std::sync::atomic::Ordering::Relaxed);
-    let audit =
-        (route.plane == Plane::Admin && !(outcome.is_ok() && in_script)).then(|| audit_entry(&ctx, &req, &outcome));
+    // changes, refusals and failures always; successful reads only with CYCLES_AUDIT_READS=on
+    let read = route.method == Method::GET && outcome.is_ok();
+    let audit = (route.plane == Plane::Admin && !(outcome.is_ok() && in_script) && (!read || app.config.audit_reads))
+        .then(|| audit_entry(&ctx, &req, &outcome));
     let changed = route.plane == Plane::Admin && route.method != Method::GET && outcome.is_ok();
     let res = respond(&ctx, outcome);
     if changed {
