@@ -21,12 +21,65 @@ use cycles_tests::{json, unique, Harness, Tenant};
 const CLIENTS: usize = 6;
 const ALLOCATED: i64 = 1_000_000_000;
 
-/// What the clients were told: the reservations answered 200 (id, idempotency key) and the
-/// idempotency keys of requests whose outcome is unknown (503).
+/// What the clients were told: the reservations answered 200 (id, idempotency key), the
+/// commits and the fundings answered 200, and the requests whose outcome is unknown (503), to
+/// retry with the same idempotency key.
 #[derive(Default)]
 struct Told {
     acknowledged: Vec<(String, String)>,
-    unknown: Vec<String>,
+    committed: Vec<String>,
+    funded: usize,
+    unknown: Vec<Unknown>,
+}
+
+/// A request answered 503, as its retry sends it again.
+enum Unknown {
+    Reserve(String),
+    Commit { reservation: String, key: String },
+    Fund(String),
+}
+
+const FUNDING: i64 = 10;
+
+impl Told {
+    fn add(&mut self, other: Told) {
+        self.acknowledged.extend(other.acknowledged);
+        self.committed.extend(other.committed);
+        self.funded += other.funded;
+        self.unknown.extend(other.unknown);
+    }
+}
+
+/// 200, or (503) an unknown outcome whose answer says to retry with the same key.
+fn answered(r: &cycles_tests::Resp) -> bool {
+    match r.status {
+        200 => true,
+        503 => {
+            assert_eq!(r.body["error"], "INTERNAL_ERROR", "{}", r.body);
+            assert!(r.body["message"].as_str().unwrap().contains("outcome is unknown"), "{}", r.body);
+            false
+        }
+        other => panic!("answered {other}: {}", r.body),
+    }
+}
+
+async fn reserve(h: &Harness, t: &Tenant, key: &str) -> cycles_tests::Resp {
+    h.reserve(t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await
+}
+
+async fn commit(h: &Harness, t: &Tenant, reservation: &str, key: &str) -> cycles_tests::Resp {
+    let body = json!({"idempotency_key": key, "actual": {"unit": "TOKENS", "amount": 1}});
+    h.post(&t.key, &format!("/v1/reservations/{reservation}/commit"), &body).await
+}
+
+async fn fund(h: &Harness, t: &Tenant, key: &str) -> cycles_tests::Resp {
+    let body = json!({"operation": "CREDIT", "amount": {"unit": "TOKENS", "amount": FUNDING}, "idempotency_key": key});
+    h.admin(
+        "POST",
+        &format!("/v1/admin/budgets/fund?scope=tenant:{}&unit=TOKENS&tenant_id={}", t.id, t.id),
+        Some(&body),
+    )
+    .await
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -67,25 +120,41 @@ async fn caught_up(primary_url: &str, replica_url: &str) {
     panic!("the replica never caught up");
 }
 
-/// Six clients reserving 1 token each (with 4 KB of metadata, so two seconds of writes cannot
-/// all wait in the sockets' buffers of a paused replica) until `stop`; what each was told.
+/// Six clients until `stop`: each reserves 1 token (with 4 KB of metadata, so two seconds of
+/// writes cannot all wait in the sockets' buffers of a paused replica) and commits every third
+/// reservation it was answered; the first also funds the budget after every fifth reserve.
 fn start_clients(h: &Arc<Harness>, t: &Tenant, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<Told>> {
     (0..CLIENTS)
         .map(|c| {
             let (h, t, stop) = (h.clone(), t.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut told = Told::default();
+                let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
+                    n += 1;
                     let key = unique(&format!("fo{c}"));
-                    let r = h.reserve(&t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await;
-                    match r.status {
-                        200 => told.acknowledged.push((r.body["reservation_id"].as_str().unwrap().to_string(), key)),
-                        503 => {
-                            assert_eq!(r.body["error"], "INTERNAL_ERROR", "{}", r.body);
-                            assert!(r.body["message"].as_str().unwrap().contains("outcome is unknown"), "{}", r.body);
-                            told.unknown.push(key);
+                    let r = reserve(&h, &t, &key).await;
+                    if !answered(&r) {
+                        told.unknown.push(Unknown::Reserve(key));
+                        continue;
+                    }
+                    let id = r.body["reservation_id"].as_str().unwrap().to_string();
+                    if n % 3 == 0 {
+                        let key = unique("co");
+                        if answered(&commit(&h, &t, &id, &key).await) {
+                            told.committed.push(id.clone());
+                        } else {
+                            told.unknown.push(Unknown::Commit { reservation: id.clone(), key });
                         }
-                        other => panic!("reserve answered {other}: {}", r.body),
+                    }
+                    told.acknowledged.push((id, key));
+                    if c == 0 && n % 5 == 0 {
+                        let key = unique("fu");
+                        if answered(&fund(&h, &t, &key).await) {
+                            told.funded += 1;
+                        } else {
+                            told.unknown.push(Unknown::Fund(key));
+                        }
                     }
                 }
                 told
@@ -108,20 +177,19 @@ async fn reserve_through_a_lagging_replica(h: &Arc<Harness>, t: &Tenant, replica
     stop.store(true, Ordering::Relaxed);
     let mut told = Told::default();
     for c in clients {
-        let one = c.await.unwrap();
-        told.acknowledged.extend(one.acknowledged);
-        told.unknown.extend(one.unknown);
+        told.add(c.await.unwrap());
     }
     told
 }
 
-/// How many acknowledged reservations the promoted store no longer has.
+/// How many acknowledged reservations and commits the promoted store no longer has.
 async fn lost(h: &Harness, t: &Tenant, told: &Told) -> usize {
     let mut lost = 0;
     for (rid, _) in &told.acknowledged {
         let r = h.get(&t.key, &format!("/v1/reservations/{rid}")).await;
         match r.status {
-            200 => assert_eq!(r.body["status"], "ACTIVE"),
+            200 if told.committed.contains(rid) && r.body["status"] != "COMMITTED" => lost += 1,
+            200 => {}
             404 => lost += 1,
             other => panic!("GET answered {other}: {}", r.body),
         }
@@ -131,33 +199,49 @@ async fn lost(h: &Harness, t: &Tenant, told: &Told) -> usize {
 
 /// With `replica`: nothing acknowledged is lost, some writes answered 503 (the paused replica
 /// confirmed nothing), each such unknown outcome is settled by its retry with the same key (a
-/// replay where the write survived, the reservation made where it did not, never twice), and
-/// the ledger holds exactly what was acknowledged.
-async fn nothing_acknowledged_was_lost(h: &Harness, t: &Tenant, told: &Told) {
+/// replay where the write survived, the write made where it did not, never twice), and the
+/// ledger holds exactly what was acknowledged: every held reservation, commit and funding.
+async fn nothing_acknowledged_was_lost(h: &Harness, t: &Tenant, mut told: Told) {
     assert!(told.acknowledged.len() > 50, "the clients were answered {} times", told.acknowledged.len());
     assert!(!told.unknown.is_empty(), "no write waited for the paused replica");
-    assert_eq!(lost(h, t, told).await, 0, "acknowledged reservations lost in the failover");
-    let mut settled = told.acknowledged.len();
-    for key in &told.unknown {
-        let r = h.reserve(t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        settled += 1;
-        let again = h.reserve(t, 1, json!({"idempotency_key": key, "metadata": metadata()})).await;
-        assert_eq!(again.body["reservation_id"], r.body["reservation_id"], "a retry made a second reservation");
+    assert!(!told.committed.is_empty() && told.funded > 0, "commits and fundings were acknowledged too");
+    assert_eq!(lost(h, t, &told).await, 0, "acknowledged writes lost in the failover");
+    for unknown in std::mem::take(&mut told.unknown) {
+        match unknown {
+            Unknown::Reserve(key) => {
+                let r = reserve(h, t, &key).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                let again = reserve(h, t, &key).await;
+                assert_eq!(again.body["reservation_id"], r.body["reservation_id"], "a retry reserved twice");
+                told.acknowledged.push((r.body["reservation_id"].as_str().unwrap().to_string(), key));
+            }
+            Unknown::Commit { reservation, key } => {
+                assert_eq!(commit(h, t, &reservation, &key).await.status, 200);
+                assert_eq!(commit(h, t, &reservation, &key).await.status, 200, "a retried commit replays");
+                told.committed.push(reservation);
+            }
+            Unknown::Fund(key) => {
+                assert_eq!(fund(h, t, &key).await.status, 200);
+                assert_eq!(fund(h, t, &key).await.status, 200, "a retried funding replays");
+                told.funded += 1;
+            }
+        }
     }
+    let (held, spent) = (told.acknowledged.len() - told.committed.len(), told.committed.len());
     let ledger = h.root(t).await;
-    assert_eq!(ledger.reserved, settled as i64, "the ledger holds exactly what was acknowledged");
-    assert_eq!(ledger.remaining, ALLOCATED - settled as i64);
+    assert_eq!(
+        (ledger.allocated, ledger.reserved, ledger.spent),
+        (ALLOCATED + FUNDING * told.funded as i64, held as i64, spent as i64),
+        "the ledger holds exactly what was acknowledged"
+    );
 }
 
-/// With `none`: acknowledged reservations are gone, and the ledger agrees with the store it
-/// survived in, not with what the clients were told.
+/// With `none`: acknowledged writes are gone.
 async fn acknowledged_reservations_were_lost(h: &Harness, t: &Tenant, told: &Told) {
     assert!(told.unknown.is_empty(), "nothing waits without durability");
     let lost = lost(h, t, told).await;
     eprintln!("none: {lost} of {} acknowledged reservations lost", told.acknowledged.len());
     assert!(lost > 0, "no acknowledged reservation was lost: the failover test shows nothing");
-    assert_eq!(h.root(t).await.reserved, (told.acknowledged.len() - lost) as i64);
 }
 
 /// The failover on a standalone primary with `CYCLES_DURABILITY=level`: what the clients were
@@ -185,7 +269,7 @@ async fn standalone_failover(level: &str) -> (Told, Harness, Tenant) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_replica_durability_a_failover_loses_no_acknowledged_reservation() {
     let (told, h, t) = standalone_failover("replica").await;
-    nothing_acknowledged_was_lost(&h, &t, &told).await;
+    nothing_acknowledged_was_lost(&h, &t, told).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -315,7 +399,7 @@ async fn cluster_failover(level: &str) -> (Told, Harness, Tenant, Cluster) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_with_replica_durability_a_failover_loses_no_acknowledged_reservation() {
     let (told, h, t, _cluster) = cluster_failover("replica").await;
-    nothing_acknowledged_was_lost(&h, &t, &told).await;
+    nothing_acknowledged_was_lost(&h, &t, told).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
