@@ -260,15 +260,22 @@ impl Store {
         let (keys, args) = call.into_parts();
         let wait = if C::SCRIPT.read_only { None } else { self.durability.command() };
         let (raw, copies) = self.call(C::library(), &C::SCRIPT, &keys, &args, wait.as_ref()).await?;
-        if let (Some((_, wanted)), Some(copies)) = (&wait, copies) {
-            if copies < *wanted {
-                let mut e = ApiError::internal(NOT_DURABLE);
-                e.status = Some(503);
-                e.cause = Some(format!("{} of {wanted} replicas confirmed the write of {}", copies, C::SCRIPT.name));
-                return Err(e);
-            }
-        }
+        confirmed(wait.as_ref(), copies, C::SCRIPT.name)?;
         Reply::decode(C::SCRIPT.name, raw)
+    }
+
+    /// Runs one state-changing command outside the scripts (the owner of a new id, a registry
+    /// entry) with the durability wait a script's write gets: one round trip to the node of
+    /// `key`, 503 when the replicas do not confirm it.
+    pub async fn write<T: redis::FromRedisValue>(&self, cmd: Cmd, key: &str) -> ApiResult<T> {
+        let Some(wait) = self.durability.command() else { return Ok(cmd.query_async(&mut self.conn()).await?) };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).add_command(wait.0.clone());
+        let mut replies = self.conn().pipeline_at(&pipe, key).await?;
+        let copies = copies_of(replies.pop().ok_or_else(malformed_wait)?)?;
+        let answer = replies.pop().ok_or_else(malformed_wait)?.extract_error()?;
+        confirmed(Some(&wait), Some(copies), "write")?;
+        Ok(redis::from_redis_value(answer).map_err(redis::RedisError::from)?)
     }
 
     /// Runs a call for its effect alone and keeps the store's own error, for a probe that tells
@@ -378,6 +385,19 @@ impl Store {
             }
         }
     }
+}
+
+/// 503 (`NOT_DURABLE`) when a durability wait confirmed fewer copies than it asked for.
+fn confirmed(wait: Option<&(Cmd, u32)>, copies: Option<u32>, what: &str) -> ApiResult<()> {
+    if let (Some((_, wanted)), Some(copies)) = (wait, copies) {
+        if copies < *wanted {
+            let mut e = ApiError::internal(NOT_DURABLE);
+            e.status = Some(503);
+            e.cause = Some(format!("{copies} of {wanted} replicas confirmed the {what}"));
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// A script's reply and the copies its durability wait confirmed, from the replies of the

@@ -424,6 +424,10 @@ async fn an_unconfirmed_write_answers_503_and_its_retry_never_charges_twice() {
     }
     let ledger = h.root(&t).await;
     assert_eq!((ledger.reserved, ledger.remaining), (7, 993), "held once across three attempts");
+    // so do the writes outside the scripts (an id's owner, the tenant registry, audit entries)
+    let probe = cycles_tests::unique("cy:durability-probe");
+    let set = redis::cmd("SET").arg(&probe).arg("1").to_owned();
+    assert_eq!(h.store.write::<()>(set, &probe).await.unwrap_err().status(), 503);
     // reads do not wait
     let listed = h.get(&t.key, "/v1/reservations").await;
     assert_eq!(listed.status, 200, "{}", listed.body);
@@ -442,6 +446,8 @@ async fn fsync_on_a_server_without_waitaof_waits_for_replicas() {
     let t = h.funded(1_000).await;
     h.reserve_ok(&t, 10, json!({})).await;
     assert_eq!(h.root(&t).await.reserved, 10);
+    let probe = cycles_tests::unique("cy:durability-probe");
+    h.store.write::<()>(redis::cmd("SET").arg(&probe).arg("1").to_owned(), &probe).await.expect("confirmed");
 }
 
 #[test]

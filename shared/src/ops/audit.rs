@@ -105,7 +105,8 @@ pub async fn append(store: &Store, owner: &str, mut record: AuditRecord) -> ApiR
     if owner == ADMIN_OWNER || owner == UNAUTH_OWNER {
         cmd.arg("MAXLEN").arg("~").arg(SENTINEL_CAP);
     }
-    let _: String = cmd.arg("*").arg("entry").arg(record.to_json()).query_async(&mut store.conn()).await?;
+    cmd.arg("*").arg("entry").arg(record.to_json());
+    let _: String = store.write(cmd, &key).await?;
     Ok(())
 }
 

@@ -118,7 +118,8 @@ pub async fn owner(store: &Store, key_id: &str) -> ApiResult<Option<String>> {
 /// Publishes a key id's owner: written after the key's record, so a key becomes usable only
 /// once its record exists.
 pub async fn publish_owner(store: &Store, key_id: &str, tenant: &str) -> ApiResult<()> {
-    Ok(store.conn().set(keys::key_lookup(key_id), tenant).await?)
+    let key = keys::key_lookup(key_id);
+    store.write(redis::cmd("SET").arg(&key).arg(tenant).to_owned(), &key).await
 }
 
 /// Every API key of a tenant.

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{script, Nothing};
@@ -85,9 +84,8 @@ pub fn record_ttl(retention: Duration) -> Duration {
 /// the sweep looks at.
 pub async fn register_tenant(store: &Store, tenant: &str) -> ApiResult<()> {
     let slot = TenantKeys::new(tenant).slot();
-    let _: () = store.conn().sadd(TENANT_REGISTRY, tenant).await?;
-    let _: () = store.conn().sadd(SWEEP_SLOTS, slot).await?;
-    Ok(())
+    let _: () = store.write(redis::cmd("SADD").arg(TENANT_REGISTRY).arg(tenant).to_owned(), TENANT_REGISTRY).await?;
+    store.write(redis::cmd("SADD").arg(SWEEP_SLOTS).arg(slot).to_owned(), SWEEP_SLOTS).await
 }
 
 /// Expires the given reservations of one tenant where they are overdue (one script, one slot;

@@ -298,7 +298,8 @@ pub async fn owner(store: &Store, id: &str) -> ApiResult<Option<String>> {
 /// Publishes a new policy id's owner (before its record is written: an id whose record never
 /// got written reads as not found).
 pub async fn publish_owner(store: &Store, id: &str, tenant: &str) -> ApiResult<()> {
-    Ok(store.conn().set(keys::policy_lookup(id), tenant).await?)
+    let key = keys::policy_lookup(id);
+    store.write(redis::cmd("SET").arg(&key).arg(tenant).to_owned(), &key).await
 }
 
 fn decode(raw: &str) -> ApiResult<Policy> {

@@ -165,7 +165,8 @@ pub async fn update(
     let keys = TenantKeys::new(tenant_id);
     if closing {
         // The durable close intent comes first, so an interrupted cascade is always re-driven.
-        let _: () = store.conn().zadd(CLOSING, tenant_id, now_ms()).await?;
+        let _: () =
+            store.write(redis::cmd("ZADD").arg(CLOSING).arg(now_ms()).arg(tenant_id).to_owned(), CLOSING).await?;
     }
     let call = UpdateTenant {
         tenant: keys.tenant(),

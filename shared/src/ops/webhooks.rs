@@ -173,7 +173,8 @@ pub async fn owner(store: &Store, id: &str) -> ApiResult<Option<String>> {
 /// Publishes a subscription id's owner (before its record is written: an id whose record
 /// never got written reads as not found).
 pub async fn publish_owner(store: &Store, id: &str, owner: &str) -> ApiResult<()> {
-    Ok(store.conn().set(keys::webhook_lookup(id), owner).await?)
+    let key = keys::webhook_lookup(id);
+    store.write(redis::cmd("SET").arg(&key).arg(owner).to_owned(), &key).await
 }
 
 /// One subscription of an owner, `None` when absent.
