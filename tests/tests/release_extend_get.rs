@@ -50,7 +50,9 @@ async fn release_window_includes_grace() {
 async fn extend_moves_expiry_relative_to_the_current_one() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
-    let r = h.reserve(&t, 10, json!({"subject": {"tenant": t.id, "agent": "a", "dimensions": {"team": "x"}}})).await;
+    let request =
+        json!({"idempotency_key": "ext-1", "subject": {"tenant": t.id, "agent": "a", "dimensions": {"team": "x"}}});
+    let r = h.reserve(&t, 10, request.clone()).await;
     let created = r.assert_ok().clone();
     let rid = created["reservation_id"].as_str().unwrap();
     let before = h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok().clone();
@@ -71,6 +73,26 @@ async fn extend_moves_expiry_relative_to_the_current_one() {
     // Dimensions are echoed unchanged.
     assert_eq!(after["subject"]["dimensions"], json!({"team": "x"}));
     assert_eq!(h.root(&t).await.reserved, 10);
+
+    // The stored record changes in three fields only: the expiry, the extension count, and (set
+    // by the first extend, kept by the next) the expiry the reserve answered.
+    let key = cycles_shared::keys::TenantKeys::new(&t.id).reservation(rid.split('.').nth(1).unwrap());
+    let stored = || async { redis::cmd("GET").arg(&key).query_async::<String>(&mut h.store.conn()).await.unwrap() };
+    let mut once = record_fields(&stored().await);
+    h.extend(&t, rid, 1000).await.assert_ok();
+    let mut twice = record_fields(&stored().await);
+    let first = created["expires_at_ms"].as_i64().unwrap().to_string();
+    assert_eq!(twice.remove("expires"), Some((expires + 1000).to_string()));
+    assert_eq!(twice.remove("ext").as_deref(), Some("2"));
+    assert_eq!(twice.remove("first_expires"), Some(first.clone()));
+    assert_eq!(once.remove("first_expires"), Some(first));
+    once.remove("expires");
+    once.remove("ext");
+    assert_eq!(once, twice, "an extend changed another field of the record");
+    // and the reserve's replay still answers the expiry it was given
+    let replay = h.reserve(&t, 10, request).await;
+    assert_eq!(replay.body["reservation_id"], rid);
+    assert_eq!(replay.body["expires_at_ms"], created["expires_at_ms"]);
 }
 
 #[tokio::test]
