@@ -743,4 +743,25 @@ mod tests {
         assert_eq!(e.status(), 500);
         assert!(Reply::<serde_json::Value>::decode("x", parts(&[])).is_err());
     }
+
+    /// WAIT answers the replicas that have the write; WAITAOF (Redis 7.2+) the local fsyncs and
+    /// the replicas' fsyncs: without the local one nothing counts as confirmed.
+    #[test]
+    fn durability_waits_read_their_confirmations() {
+        use redis::Value::{Array, Int, Nil};
+        assert_eq!(copies_of(Int(2)).unwrap(), 2);
+        assert_eq!(copies_of(Int(0)).unwrap(), 0);
+        assert_eq!(copies_of(Array(vec![Int(1), Int(2)])).unwrap(), 2);
+        assert_eq!(copies_of(Array(vec![Int(0), Int(2)])).unwrap(), 0);
+        assert!(copies_of(Array(vec![Int(1)])).is_err());
+        assert!(copies_of(Nil).is_err());
+        let waits =
+            |d: Durability| d.command().map(|(c, n)| (String::from_utf8_lossy(&c.get_packed_command()).to_string(), n));
+        assert!(waits(Durability::Primary).is_none());
+        let ms = Duration::from_millis(250);
+        let (wait, n) = waits(Durability::Replica { replicas: 2, timeout: ms }).unwrap();
+        assert_eq!((wait.contains("WAIT\r\n$1\r\n2\r\n$3\r\n250"), n), (true, 2));
+        let (wait, n) = waits(Durability::Fsync { replicas: 1, timeout: ms }).unwrap();
+        assert_eq!((wait.contains("WAITAOF\r\n$1\r\n1\r\n$1\r\n1\r\n$3\r\n250"), n), (true, 1));
+    }
 }
