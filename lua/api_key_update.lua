@@ -1,5 +1,7 @@
--- updateApiKey / revokeApiKey, with its events and audit row. `A.mode`: 'update' (`A.change` is
--- a patch, a JSON object of strings) or 'revoke' (`A.change` is the reason). A revocation is
+-- updateApiKey / revokeApiKey / rotateApiKey, with its events and audit row. `A.mode`: 'update'
+-- (`A.change` is a patch, a JSON object of strings), 'revoke' (`A.change` is the reason) or
+-- 'rotate' (`A.change`: {digest, prefix, grace_ms}: the new secret's digest and prefix; the
+-- current secret keeps working `grace_ms` more, a secret from an earlier rotation stops now). A revocation is
 -- effective on the very next request: every operation's script reads the key record. The
 -- answer is the key's record.
 local now, now_s = now_ms()
@@ -22,6 +24,14 @@ if A.mode == 'revoke' then
 end
 
 if k[3] and tonumber(k[3]) <= now then return err('KEY_EXPIRED', MSG.API_KEY_EXPIRED) end
+if A.mode == 'rotate' then
+  local r = cjson.decode(A.change)
+  local current = redis.call('HGET', K.api_key, 'digest')
+  redis.call('HSET', K.api_key, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
+    'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
+  audit(K.audit_log, ctx, 'api_key.rotate', 'api_key', key_id, now, {grace_period_ms = r.grace_ms})
+  return ok(record_json(K.api_key), 'ACTIVE', now_s)
+end
 local patch = cjson.decode(A.change)
 local access_changed = (patch.permissions and patch.permissions ~= (k[5] or '')) or
   (patch.scope_filter and patch.scope_filter ~= (k[6] or ''))

@@ -3,7 +3,9 @@
 -- does not match answers INVALID alike; the other reasons are told only to a matching secret.
 local now, now_s = now_ms()
 local f = redis.call('HMGET', K.api_key, 'digest', 'status', 'expires_at_ms', 'permissions', 'scope_filter')
-if not f[1] or f[1] ~= A.digest then return ok({valid = false, reason = 'INVALID'}, '', now_s) end
+if not f[1] or (f[1] ~= A.digest and not rotated_from(K.api_key, A.digest, now)) then
+  return ok({valid = false, reason = 'INVALID'}, '', now_s)
+end
 local reason = nil
 if f[2] ~= 'ACTIVE' then
   reason = f[2] or 'INVALID'

@@ -2,6 +2,13 @@
 -- and scope paths.
 -- needs: reply
 
+-- A rotated key's previous secret, until the end of the grace period its rotation gave it (read
+-- only when the presented secret is not the current one).
+local function rotated_from(key_record, digest, now)
+  local p = redis.call('HMGET', key_record, 'previous_digest', 'previous_until_ms')
+  return p[1] == digest and now < (tonumber(p[2]) or 0)
+end
+
 -- API-key check inside the operation's own script: digest, status, expiry, permission.
 -- Every failure yields the same 401 message; the reason travels separately for logs. On
 -- success the second value is the key's raw scope_filter (nil when it has none), for
@@ -11,7 +18,7 @@ local function authorize(key_record, digest, accepted, now)
   local f = redis.call('HMGET', key_record, 'digest', 'status', 'expires_at_ms', 'permissions', 'scope_filter')
   local reason = nil
   if not f[1] then reason = 'KEY_NOT_FOUND'
-  elseif f[1] ~= digest then reason = 'INVALID_KEY'
+  elseif f[1] ~= digest and not rotated_from(key_record, digest, now) then reason = 'INVALID_KEY'
   elseif f[2] == 'EXPIRED' then reason = 'KEY_EXPIRED'
   elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end

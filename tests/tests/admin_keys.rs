@@ -292,3 +292,80 @@ async fn validate_reports_usable_keys_and_why_others_are_not() {
     r.assert_error(401, "UNAUTHORIZED");
     h.admin("POST", "/v1/auth/validate", Some(&json!({}))).await.assert_error(400, "INVALID_REQUEST");
 }
+
+/// rotateApiKey (an extension): a new secret for the same key id, shown once; the previous one
+/// keeps working for the grace period the caller chose (24 h by default) and then stops, on the
+/// runtime plane and in validation alike; a second rotation ends the first one's grace at once.
+#[tokio::test]
+async fn a_rotated_key_keeps_its_previous_secret_for_the_grace_period_only() {
+    let h = Harness::start().await;
+    let t = h.funded(1_000).await;
+    let works = |secret: String| {
+        let (h, t) = (&h, &t);
+        async move { h.get(&secret, &format!("/v1/balances?tenant={}", t.id)).await.status == 200 }
+    };
+    let valid = |secret: String| {
+        let h = &h;
+        async move {
+            let r = h.admin("POST", "/v1/auth/validate", Some(&json!({"key_secret": secret}))).await;
+            r.body["valid"] == true
+        }
+    };
+    let rotate = |grace: Option<i64>| {
+        let (h, id) = (&h, t.key_id.clone());
+        async move {
+            let body = grace.map(|g| json!({"grace_period_ms": g}));
+            h.admin("POST", &format!("/v1/admin/api-keys/{id}/rotate"), body.as_ref()).await
+        }
+    };
+
+    let r = rotate(None).await;
+    assert_eq!(r.status, 200, "{}", r.raw);
+    let first = r.body["key_secret"].as_str().unwrap().to_string();
+    assert_eq!(r.body["key_id"], t.key_id.as_str());
+    assert!(first.starts_with(&format!("cyc_live_{}_", t.key_id)) && first != t.key);
+    assert_eq!(r.body["key_prefix"].as_str().unwrap(), &first[..14]);
+    let until = r.body["previous_key_valid_until"].as_str().unwrap();
+    let day = cycles_shared::domain::now_ms() + 86_400_000;
+    let until_ms = cycles_shared::domain::parse_rfc3339_ms(until).unwrap();
+    assert!((day - 5_000..=day).contains(&until_ms), "{until}: 24 h by default");
+    assert!(works(t.key.clone()).await && works(first.clone()).await, "both secrets work during the grace");
+    assert!(valid(t.key.clone()).await && valid(first.clone()).await);
+
+    // a second rotation: the first rotation's previous secret (the original) stops at once
+    let second = rotate(Some(1_500)).await.assert_ok()["key_secret"].as_str().unwrap().to_string();
+    assert!(!works(t.key.clone()).await, "the original secret outlived a second rotation");
+    assert!(works(first.clone()).await && works(second.clone()).await);
+    tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+    assert!(!works(first.clone()).await && !valid(first.clone()).await, "the grace period ended");
+    assert!(works(second.clone()).await && valid(second.clone()).await);
+    // grace 0: the previous secret stops now; reserves go on with the new one
+    let third = rotate(Some(0)).await.assert_ok()["key_secret"].as_str().unwrap().to_string();
+    assert!(!works(second).await);
+    let body = json!({"idempotency_key": "after-rotation", "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 5}});
+    h.post(&third, "/v1/reservations", &body).await.assert_ok();
+
+    // the secret is never stored, and the rotation is audited
+    let stored: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(cycles_shared::keys::TenantKeys::new(&t.id).api_key(&t.key_id))
+        .query_async(&mut h.store.conn())
+        .await
+        .unwrap();
+    assert!(stored.values().all(|v| !v.contains(&third[14..])), "a secret was stored");
+    let logs = h.admin("GET", &format!("/v1/admin/audit/logs?tenant_id={}&operation=rotateApiKey", t.id), None).await;
+    assert_eq!(logs.assert_ok()["logs"].as_array().unwrap().len(), 3);
+
+    // refusals: a grace out of range or an unknown field (400), an unknown key (404), a revoked
+    // key (409), and a tenant key (401)
+    rotate(Some(-1)).await.assert_error(400, "INVALID_REQUEST");
+    rotate(Some(31 * 86_400_000)).await.assert_error(400, "INVALID_REQUEST");
+    let path = format!("/v1/admin/api-keys/{}/rotate", t.key_id);
+    h.admin("POST", &path, Some(&json!({"grace": 5}))).await.assert_error(400, "INVALID_REQUEST");
+    h.admin("POST", "/v1/admin/api-keys/aaaaaaaaaaaaaaaa/rotate", None).await.assert_error(404, "NOT_FOUND");
+    let tenant_key = h.send_to(&h.admin_base, "POST", &path, &[("x-cycles-api-key", &third)], None).await;
+    assert_eq!(tenant_key.status, 401);
+    h.admin("DELETE", &format!("/v1/admin/api-keys/{}", t.key_id), None).await.assert_ok();
+    rotate(None).await.assert_error(409, "KEY_REVOKED");
+    assert!(!works(third).await);
+}

@@ -15,6 +15,7 @@ use crate::keys::TenantKeys;
 use crate::model::parse_json;
 use crate::ops;
 use crate::ops::auth::{ApiKey, CreateApiKey, UpdateApiKey};
+use crate::ops::records::RecordAnswer;
 use crate::store::Store;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -117,6 +118,13 @@ pub fn api_key_json(k: &ApiKey) -> Value {
     out
 }
 
+/// A new secret for key `key_id`: `cyc_live_<key id>_<32 random bytes, base64url>`.
+fn fresh_secret(key_id: &str) -> String {
+    let mut random = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut random);
+    format!("cyc_live_{key_id}_{}", URL_SAFE_NO_PAD.encode(random))
+}
+
 /// Creates a key (shared by the HTTP handler and `--seed-demo`).
 pub async fn create_api_key(
     store: &Store,
@@ -138,13 +146,11 @@ pub async fn create_api_key(
         },
     };
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let (key_id, secret) = {
+    let key_id: String = {
         let mut rng = rand::thread_rng();
-        let key_id: String = (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
-        let mut random = [0u8; 32];
-        rng.fill_bytes(&mut random);
-        (key_id.clone(), format!("cyc_live_{key_id}_{}", URL_SAFE_NO_PAD.encode(random)))
+        (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect()
     };
+    let secret = fresh_secret(&key_id);
     let mut fields = json!({
         "key_id": key_id,
         "tenant_id": r.tenant_id,
@@ -203,7 +209,8 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     ))
 }
 
-async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<Answer> {
+/// The API key record after `mode` (update, revoke, rotate) changed it.
+async fn changed(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<RecordAnswer> {
     let tenant =
         ops::auth::owner(&app.store, key_id).await?.ok_or_else(|| ApiError::not_found(messages::API_KEY_NOT_FOUND))?;
     ctx.tenant = Some(tenant.clone());
@@ -217,7 +224,53 @@ async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String)
         mode: mode.to_string(),
         change: arg,
     };
-    Ok(Answer::json(200, &api_key_json(&ApiKey::decoded(app.store.run(call).await?.value)?)))
+    Ok(app.store.run(call).await?.value)
+}
+
+async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<Answer> {
+    let record = changed(app, ctx, key_id, mode, arg).await?;
+    Ok(Answer::json(200, &api_key_json(&ApiKey::decoded(record)?)))
+}
+
+/// How long a rotated key's previous secret keeps working unless the request says otherwise,
+/// and the longest it may.
+const ROTATION_GRACE_MS: i64 = 86_400_000;
+const MAX_ROTATION_GRACE_MS: i64 = 30 * 86_400_000;
+
+/// rotateApiKey (an extension): a new secret for the same key id, answered once; the previous
+/// secret keeps working `grace_period_ms` (24 h by default, 0 to 30 days) and then stops.
+pub async fn rotate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, req).await?;
+    let body: Value = if req.body.trim_ascii().is_empty() { json!({}) } else { parse_json::<Value>(&req.body)?.0 };
+    let Value::Object(body) = body else { return Err(ApiError::invalid("The body must be a JSON object")) };
+    if let Some(unknown) = body.keys().find(|k| *k != "grace_period_ms") {
+        return Err(ApiError::invalid(format!("Unknown field {unknown}")));
+    }
+    let grace = match body.get("grace_period_ms") {
+        None => ROTATION_GRACE_MS,
+        Some(v) => v.as_i64().filter(|g| (0..=MAX_ROTATION_GRACE_MS).contains(g)).ok_or_else(|| {
+            ApiError::invalid(format!("grace_period_ms must be a whole number from 0 to {MAX_ROTATION_GRACE_MS}"))
+        })?,
+    };
+    let key_id = req.param("key_id");
+    let secret = fresh_secret(key_id);
+    let change =
+        json!({"digest": key_digest(&app.config.key_pepper, &secret), "prefix": &secret[..14], "grace_ms": grace});
+    let record = changed(app, ctx, key_id, "rotate", change.to_string()).await?;
+    let until = record.0.get("previous_until_ms").and_then(|v| v.parse::<i64>().ok()).unwrap_or_default();
+    let k = api_key_json(&ApiKey::decoded(record)?);
+    Ok(Answer::json(
+        200,
+        &json!({
+            "key_id": key_id,
+            "key_secret": secret,
+            "key_prefix": k["key_prefix"],
+            "tenant_id": k["tenant_id"],
+            "permissions": k["permissions"],
+            "expires_at": k["expires_at"],
+            "previous_key_valid_until": format_rfc3339_ms(until),
+        }),
+    ))
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {

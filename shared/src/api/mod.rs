@@ -163,6 +163,7 @@ routes! {
     Admin GET "/v1/admin/api-keys" => "list-api-keys" (listApiKeys), api_keys::list;
     Admin PATCH "/v1/admin/api-keys/{key_id}" => "update-api-key" (updateApiKey), api_keys::update;
     Admin DELETE "/v1/admin/api-keys/{key_id}" => "revoke-api-key" (revokeApiKey), api_keys::revoke;
+    Admin POST "/v1/admin/api-keys/{key_id}/rotate" => "rotate-api-key" (rotateApiKey), api_keys::rotate;
     Admin POST "/v1/admin/budgets" => "create-budget" (createBudget), budgets::create;
     Admin GET "/v1/admin/budgets" => "list-budgets" (listBudgets), budgets::list;
     Admin GET "/v1/admin/budgets/lookup" => "lookup-budget" (lookupBudget), budgets::lookup;
