@@ -1,8 +1,7 @@
--- Writes an exported tenant's keys: `K.keys` holds first the tenant's `A.existing` keys here,
--- then one key per record of `A.records` (JSON {"type", "ttl_ms", "value"} as `tenant_export`
--- read them). Refused when the tenant exists, unless `A.replace` is '1': then its existing
--- keys are deleted first. Every record is checked before the first write, so a bad one writes
--- nothing.
+-- Writes an exported tenant's keys: `K.keys` one per record of `A.records` (JSON {"type",
+-- "ttl_ms", "value"} as `tenant_export` read them). Refused when the tenant exists, unless
+-- `A.replace` is '1': then every key of the tenant here (`keys_of_tenant`) goes first. Every
+-- record is checked before the first write, so a bad one writes nothing.
 if A.replace ~= '1' and redis.call('EXISTS', K.tenant) == 1 then
   return err('DUPLICATE_RESOURCE', 'Tenant already exists here; import with replace to overwrite it')
 end
@@ -35,12 +34,13 @@ for i, raw in ipairs(A.records) do
   end
   records[i] = r
 end
-local existing = tonumber(A.existing)
-for i = 1, existing do redis.call('DEL', K.keys[i]) end
+if A.replace == '1' then
+  for _, key in ipairs(keys_of_tenant(A.prefix, A.slot)) do redis.call('DEL', key) end
+end
 
 local written = 0
 for i, r in ipairs(records) do
-  local key = K.keys[existing + i]
+  local key = K.keys[i]
   if type(r.value) ~= 'table' or #r.value > 0 then
     redis.call('DEL', key)
     WRITERS[r.type](key, r.value)

@@ -48,3 +48,26 @@ local function owner_guard(tenant_key, missing)
   if t.status == 'CLOSED' then return nil, err('TENANT_CLOSED', MSG.TENANT_CLOSED) end
   return t, nil
 end
+
+-- Every key of a tenant (`prefix`, e.g. "cy:{acme}:"), listed inside the script that uses them
+-- so the list and the reads are one point in time: on a cluster (`slot` given) the slot's own
+-- keys, other tenants sharing the slot left out; on a standalone server the whole keyspace is
+-- walked (the script blocks the server for as long). Sorted.
+local function keys_of_tenant(prefix, slot)
+  local found = {}
+  if slot ~= '' then
+    local n = redis.call('CLUSTER', 'COUNTKEYSINSLOT', tonumber(slot))
+    for _, key in ipairs(redis.call('CLUSTER', 'GETKEYSINSLOT', tonumber(slot), math.max(n, 1))) do
+      if string.sub(key, 1, #prefix) == prefix then found[#found + 1] = key end
+    end
+  else
+    local cursor = '0'
+    repeat
+      local page = redis.call('SCAN', cursor, 'MATCH', prefix .. '*', 'COUNT', 1000)
+      cursor = page[1]
+      for _, key in ipairs(page[2]) do found[#found + 1] = key end
+    until cursor == '0'
+  end
+  table.sort(found)
+  return found
+end

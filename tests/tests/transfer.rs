@@ -140,3 +140,44 @@ async fn a_malformed_or_cut_export_writes_nothing() {
     assert!(keys.iter().all(|k| !k.contains(&t.id)), "a refused import wrote {keys:?}");
     assert_eq!(transfer::export(&h.store, "no-such-tenant", now_ms()).await.unwrap_err().code.as_str(), "NOT_FOUND");
 }
+
+/// The keys are listed and read by one script: an export taken while a client keeps reserving
+/// is one point in time (its ledger holds exactly the holds of its ACTIVE records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_under_load_is_one_point_in_time() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let h = std::sync::Arc::new(Harness::start().await);
+    let t = h.funded(1_000_000).await;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (h, t, stop) = (h.clone(), t.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                h.reserve_ok(&t, 1, json!({})).await;
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut holds_seen = Vec::new();
+    for _ in 0..6 {
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        let lines = transfer::export(&h.store, &t.id, now_ms()).await.expect("export under load");
+        let active = lines[1..]
+            .iter()
+            .filter(|l| l["key"].as_str().unwrap().starts_with(":r:"))
+            .filter(|l| l["value"].as_str().unwrap().starts_with("2\u{1f}A\u{1f}"))
+            .count();
+        let ledger = lines[1..].iter().find(|l| l["key"].as_str().unwrap().starts_with(":b:")).expect("the ledger");
+        let fields = ledger["value"].as_array().unwrap();
+        let view = fields.iter().position(|f| f == "v").map(|i| fields[i + 1].as_str().unwrap()).expect("its view");
+        let reserved: usize = view.split('\u{1f}').nth(5).unwrap().parse().unwrap();
+        assert_eq!(reserved, active, "the ledger and the records were read at different points");
+        holds_seen.push(active);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made = writer.await.unwrap();
+    assert!(holds_seen.windows(2).any(|w| w[0] < w[1]), "the exports saw no writes happening: {holds_seen:?}");
+    assert!(made > 10, "the writer made {made} reservations");
+}

@@ -1,41 +1,38 @@
 //! Export and import of one tenant: every key of its slot (its record, API keys as digests,
 //! budgets, reservations open and finished with their idempotency records, policies, webhook
-//! subscriptions and deliveries, counters, events and audit log) as JSON lines read at one
-//! point, and their restore into another deployment with the global entries that point at them
+//! subscriptions and deliveries, counters, events and audit log) as JSON lines, listed and read
+//! by one script (one point in time), and their restore into another deployment with the global entries that point at them
 //! (the tenant registry, the sweep's slot and due index, the owners of key, subscription and
 //! policy ids). Signed receipts live outside the tenant's slot and are not carried.
-
-use std::collections::BTreeSet;
 
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 
 use super::audit::AuditRecord;
 use super::script;
-use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::error::{ApiError, ApiResult};
 use crate::keys::{self, TenantKeys};
-use crate::store::{Conn, Store};
+use crate::store::Store;
 
 /// The first line of an export names its format, so an import refuses anything else.
 pub const FORMAT: &str = "cycles-tenant-export";
 pub const FORMAT_VERSION: u64 = 1;
-/// How often an export reads again when the tenant's keys changed while it read.
-const ATTEMPTS: usize = 5;
 
 script! {
-    /// Reads the listed keys of one tenant at one point (`lua/tenant_export.lua`).
+    /// Reads every key of one tenant at one point (`lua/tenant_export.lua`): `prefix` is the
+    /// tenant's key prefix, `slot` its slot on a cluster ('' on a standalone server).
     pub struct ReadTenant = tenant_export read_only -> Vec<Value> {
-        keys: [tenant; records],
-        args: [],
+        keys: [tenant],
+        args: [prefix, slot],
     }
 }
 
 script! {
-    /// Writes an exported tenant's keys (`lua/tenant_import.lua`): `keys` holds first the
-    /// `existing` keys to delete (with `replace`), then one key per record.
+    /// Writes an exported tenant's keys (`lua/tenant_import.lua`), one key per record; with
+    /// `replace`, the tenant's keys here (found by `prefix` and `slot`) go first.
     pub struct WriteTenant = tenant_import -> Written {
         keys: [tenant; keys],
-        args: [replace, existing; records],
+        args: [replace, prefix, slot; records],
     }
 }
 
@@ -44,85 +41,29 @@ pub struct Written {
     pub written: u64,
 }
 
-/// Every key of `tenant`'s slot that belongs to it, sorted: SCAN on a standalone server, the
-/// slot's own key listing on a cluster (other tenants that share the slot filtered out).
-pub async fn tenant_keys(store: &Store, tenant: &str) -> ApiResult<Vec<String>> {
-    let tk = TenantKeys::new(tenant);
-    let prefix = format!("{}:", tk.prefix());
-    let mut found = BTreeSet::new();
-    match store.conn() {
-        Conn::Cluster(mut c) => {
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-            let node = || {
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(tk.slot(), SlotAddr::Master)))
-            };
-            let mut count = redis::cmd("CLUSTER");
-            count.arg("COUNTKEYSINSLOT").arg(tk.slot());
-            let n: i64 =
-                redis::from_redis_value(c.route_command(count, node()).await?).map_err(redis::RedisError::from)?;
-            let mut list = redis::cmd("CLUSTER");
-            list.arg("GETKEYSINSLOT").arg(tk.slot()).arg(n.max(1));
-            let all: Vec<String> =
-                redis::from_redis_value(c.route_command(list, node()).await?).map_err(redis::RedisError::from)?;
-            found.extend(all.into_iter().filter(|k| k.starts_with(&prefix)));
-        }
-        mut conn => {
-            let mut cursor = 0u64;
-            loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(format!("{prefix}*"))
-                    .arg("COUNT")
-                    .arg(1_000)
-                    .query_async(&mut conn)
-                    .await?;
-                found.extend(batch);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-    }
-    Ok(found.into_iter().collect())
+/// The prefix of every key of `tenant` and (on a cluster) its slot, as the scripts take them.
+fn where_keys_are(store: &Store, tk: &TenantKeys) -> (String, String) {
+    let slot = if store.is_cluster() { tk.slot().to_string() } else { String::new() };
+    (format!("{}:", tk.prefix()), slot)
 }
 
 /// The export of `tenant`: a header line, then one line per key
-/// (`{"key": <suffix after the tenant's prefix>, "type", "ttl_ms", "value"}`), all read by one
-/// script. When keys appeared while it read, it reads again (a tenant that keeps changing after
-/// `ATTEMPTS` reads is refused: suspend it, or export off-peak).
+/// (`{"key": <suffix after the tenant's prefix>, "type", "ttl_ms", "value"}`), all listed and
+/// read by one script, so at one point in time.
 pub async fn export(store: &Store, tenant: &str, now_ms: i64) -> ApiResult<Vec<Value>> {
     let tk = TenantKeys::new(tenant);
-    for _ in 0..ATTEMPTS {
-        let listed = tenant_keys(store, tenant).await?;
-        if !listed.contains(&tk.tenant()) {
-            return Err(ApiError::not_found(format!("Tenant not found: {tenant}")));
-        }
-        let read = store.run(ReadTenant { tenant: tk.tenant(), records: listed.clone() }).await?.value;
-        let after: BTreeSet<String> = tenant_keys(store, tenant).await?.into_iter().collect();
-        if !after.is_subset(&listed.iter().cloned().collect()) {
-            continue;
-        }
-        let mut lines = vec![json!({"format": FORMAT, "version": FORMAT_VERSION, "tenant": tenant,
-            "exported_at_ms": now_ms})];
-        for (key, entry) in listed.iter().zip(read) {
-            let (kind, ttl, value) = (&entry[0], entry[1].as_i64().unwrap_or(-1), &entry[2]);
-            if kind == "none" {
-                continue;
-            }
-            let suffix = &key[tk.prefix().len()..];
-            lines.push(json!({"key": suffix, "type": kind, "ttl_ms": (ttl > 0).then_some(ttl),
-                "value": shaped(kind.as_str().unwrap_or_default(), value)}));
-        }
-        lines[0]["records"] = json!(lines.len() - 1);
-        audited(store, tenant, "exportTenant", json!({"records": lines.len() - 1})).await?;
-        return Ok(lines);
+    let (prefix, slot) = where_keys_are(store, &tk);
+    let read = store.run(ReadTenant { tenant: tk.tenant(), prefix, slot }).await?.value;
+    let mut lines = vec![json!({"format": FORMAT, "version": FORMAT_VERSION, "tenant": tenant,
+        "exported_at_ms": now_ms, "records": read.len()})];
+    for entry in &read {
+        let (key, kind, ttl, value) = (entry[0].as_str().unwrap_or_default(), &entry[1], entry[2].as_i64(), &entry[3]);
+        let suffix = key.strip_prefix(tk.prefix()).ok_or_else(|| ApiError::fault(format!("export read {key}")))?;
+        lines.push(json!({"key": suffix, "type": kind, "ttl_ms": ttl.filter(|t| *t > 0),
+            "value": shaped(kind.as_str().unwrap_or_default(), value)}));
     }
-    Err(ApiError::new(
-        ErrorCode::CountMismatch,
-        format!("Tenant {tenant} kept changing during {ATTEMPTS} reads; suspend it (or export off-peak) and retry"),
-    ))
+    audited(store, tenant, "exportTenant", json!({"records": read.len()})).await?;
+    Ok(lines)
 }
 
 /// A value as the export keeps it: strings as they are, a hash as its field-value list, a
@@ -166,17 +107,12 @@ pub async fn import(store: &Store, lines: &[Value], replace: bool) -> ApiResult<
     if header["records"].as_u64() != Some(keys.len() as u64) {
         return Err(ApiError::invalid("The export is cut short: fewer records than its header says"));
     }
-    let existing = if replace { tenant_keys(store, tenant).await? } else { Vec::new() };
-    let call = WriteTenant {
-        tenant: tk.tenant(),
-        replace: if replace { "1" } else { "" }.to_string(),
-        existing: existing.len().to_string(),
-        keys: existing.into_iter().chain(keys).collect(),
-        records,
-    };
+    let (prefix, slot) = where_keys_are(store, &tk);
+    let replace = if replace { "1" } else { "" }.to_string();
+    let call = WriteTenant { tenant: tk.tenant(), keys, replace: replace.clone(), prefix, slot, records };
     let written = store.run(call).await?.value.written;
     publish(store, tenant).await?;
-    let details = json!({"records": written, "replace": replace, "exported_at_ms": header["exported_at_ms"]});
+    let details = json!({"records": written, "replace": replace == "1", "exported_at_ms": header["exported_at_ms"]});
     audited(store, tenant, "importTenant", details).await?;
     Ok(Imported { tenant: tenant.to_string(), records: written })
 }
