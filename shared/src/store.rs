@@ -51,18 +51,31 @@ impl ConnectionLike for Conn {
 }
 
 impl Conn {
-    /// Sends `pipe` in one round trip to the node that serves `key` (a standalone server is
-    /// that node): the commands run one after the other on one connection. Each reply is
-    /// returned as is, a server error included.
-    async fn pipeline_at(&mut self, pipe: &Pipeline, key: &str) -> redis::RedisResult<Vec<Value>> {
+    /// Runs `cmd` (a write; none when only waiting) and then the durability wait `wait` in one
+    /// round trip on the node that serves `key` (a standalone server is that node), so the wait
+    /// covers the write: the command's reply and the copies the wait confirmed.
+    async fn then_wait<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: Option<&Cmd>,
+        wait: &Cmd,
+        key: &str,
+    ) -> redis::RedisResult<(T, u32)> {
         use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipe, 0, pipe.len()).await,
+        let mut pipe = redis::pipe();
+        if let Some(cmd) = cmd {
+            pipe.add_command(cmd.clone());
+        }
+        pipe.add_command(wait.clone());
+        let mut replies = match self {
+            Conn::Single(c) => c.req_packed_commands(&pipe, 0, pipe.len()).await?,
             Conn::Cluster(c) => {
                 let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-                c.route_pipeline(pipe.clone(), 0, pipe.len(), node).await
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), node).await?
             }
-        }
+        };
+        let copies = copies_of(replies.pop().ok_or_else(malformed_wait)?)?;
+        let answer = replies.pop().unwrap_or(Value::Nil).extract_error()?;
+        Ok((redis::from_redis_value(answer).map_err(redis::RedisError::from)?, copies))
     }
 }
 
@@ -112,9 +125,8 @@ impl Durability {
 /// The answer to a write whose copies did not all arrive in time: it may or may not have
 /// taken effect, and a retry with the same idempotency key settles which (it replays the
 /// stored answer and waits again, so nothing is charged twice).
-pub const NOT_DURABLE: &str =
-    "The write was not confirmed by the store's replicas in time, so its outcome is unknown; \
-                               retry with the same idempotency_key (a retry replays it if it took effect)";
+pub const NOT_DURABLE: &str = "The write was not confirmed by the store's replicas in time, so its outcome is \
+    unknown; retry with the same idempotency_key (a retry replays it if it took effect)";
 
 #[derive(Clone)]
 pub struct Store {
@@ -269,13 +281,9 @@ impl Store {
     /// `key`, 503 when the replicas do not confirm it.
     pub async fn write<T: redis::FromRedisValue>(&self, cmd: Cmd, key: &str) -> ApiResult<T> {
         let Some(wait) = self.durability.command() else { return Ok(cmd.query_async(&mut self.conn()).await?) };
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd).add_command(wait.0.clone());
-        let mut replies = self.conn().pipeline_at(&pipe, key).await?;
-        let copies = copies_of(replies.pop().ok_or_else(malformed_wait)?)?;
-        let answer = replies.pop().ok_or_else(malformed_wait)?.extract_error()?;
+        let (answer, copies) = self.conn().then_wait(Some(&cmd), &wait.0, key).await?;
         confirmed(Some(&wait), Some(copies), "write")?;
-        Ok(redis::from_redis_value(answer).map_err(redis::RedisError::from)?)
+        Ok(answer)
     }
 
     /// Runs a call for its effect alone and keeps the store's own error, for a probe that tells
@@ -307,10 +315,8 @@ impl Store {
                     match wait {
                         None => Ok((fcall.query_async::<Vec<String>>(&mut conn).await?, None)),
                         Some((wait, _)) => {
-                            let mut pipe = redis::pipe();
-                            pipe.add_command(fcall.clone()).add_command(wait.clone());
-                            let replies = conn.pipeline_at(&pipe, node).await?;
-                            waited(replies)
+                            let (answer, copies) = conn.then_wait(Some(fcall), wait, node).await?;
+                            Ok((answer, Some(copies)))
                         }
                     }
                 }
@@ -341,10 +347,8 @@ impl Store {
         let answer = self.patiently(|mut conn| async move { inv.invoke_async::<Vec<String>>(&mut conn).await }).await?;
         let Some((wait, _)) = wait else { return Ok((answer, None)) };
         // (servers without Functions: the wait is a round trip of its own, on the same node)
-        let mut pipe = redis::pipe();
-        pipe.add_command(wait.clone());
-        let reply = self.conn().pipeline_at(&pipe, node).await?.pop().ok_or_else(malformed_wait)?;
-        Ok((answer, Some(copies_of(reply)?)))
+        let ((), copies) = self.conn().then_wait(None, wait, node).await?;
+        Ok((answer, Some(copies)))
     }
 
     /// Loads a library (on every master of a cluster). False when it is not there afterwards;
@@ -398,14 +402,6 @@ fn confirmed(wait: Option<&(Cmd, u32)>, copies: Option<u32>, what: &str) -> ApiR
         }
     }
     Ok(())
-}
-
-/// A script's reply and the copies its durability wait confirmed, from the replies of the
-/// pipeline [script, wait].
-fn waited(replies: Vec<Value>) -> redis::RedisResult<(Vec<String>, Option<u32>)> {
-    let [answer, copies]: [Value; 2] = replies.try_into().map_err(|_| malformed_wait())?;
-    let answer = redis::from_redis_value::<Vec<String>>(answer.extract_error()?).map_err(redis::RedisError::from)?;
-    Ok((answer, Some(copies_of(copies)?)))
 }
 
 /// The copies a durability wait confirmed: WAIT answers the replicas that have the write,
