@@ -1,9 +1,10 @@
 //! Export and import of one tenant: every key of its slot (its record, API keys as digests,
 //! budgets, reservations open and finished with their idempotency records, policies, webhook
 //! subscriptions and deliveries, counters, events and audit log) as JSON lines, listed and read
-//! by one script (one point in time), and their restore into another deployment with the global entries that point at them
-//! (the tenant registry, the sweep's slot and due index, the owners of key, subscription and
-//! policy ids). Signed receipts live outside the tenant's slot and are not carried.
+//! by one script (one point in time), and their restore into another deployment with the
+//! global entries that point at them (the tenant registry, the sweep's slot and due index, the
+//! owners of key, subscription and policy ids). Signed receipts live outside the tenant's slot
+//! and are not carried.
 
 use redis::AsyncCommands;
 use serde_json::{json, Value};
@@ -136,12 +137,9 @@ async fn publish(store: &Store, tenant: &str) -> ApiResult<()> {
     }
     let first_due: Vec<(String, f64)> = conn.zrange_withscores(tk.expiry_index(), 0, 0).await?;
     if let Some((_, due)) = first_due.first() {
-        let _: () = redis::cmd("ZADD")
-            .arg(keys::due_index(tk.slot()))
-            .arg("LT")
-            .arg(*due as i64)
-            .arg(tenant)
-            .query_async(&mut conn)
+        let due_index = keys::due_index(tk.slot());
+        let _: () = store
+            .write(redis::cmd("ZADD").arg(&due_index).arg("LT").arg(*due as i64).arg(tenant).to_owned(), &due_index)
             .await?;
     }
     super::overview::mark_stale(store).await
