@@ -11,10 +11,9 @@ use super::auth::key_digest;
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, messages, now_ms, parse_rfc3339_ms, rules, DEFAULT_PERMISSIONS};
 use crate::error::{ApiError, ApiResult};
-use crate::keys::TenantKeys;
 use crate::model::parse_json;
 use crate::ops;
-use crate::ops::auth::{ApiKey, CreateApiKey, UpdateApiKey};
+use crate::ops::auth::ApiKey;
 use crate::ops::records::RecordAnswer;
 use crate::store::Store;
 
@@ -169,17 +168,7 @@ pub async fn create_api_key(
     if let Some(m) = &r.metadata {
         fields["metadata"] = json!(Value::Object(m.clone()).to_string());
     }
-    let keys = TenantKeys::new(&r.tenant_id);
-    let call = CreateApiKey {
-        tenant: keys.tenant(),
-        api_key: keys.api_key(&key_id),
-        api_key_index: keys.api_key_index(),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        context: context.to_string(),
-        fields: fields.to_string(),
-    };
-    let key = ApiKey::decoded(store.run(call).await?.value)?;
+    let key = ApiKey::decoded(ops::auth::create(store, &r.tenant_id, &key_id, context, fields.to_string()).await?)?;
     ops::auth::publish_owner(store, &key_id, &r.tenant_id).await?;
     Ok(CreatedKey { key_id, secret, key })
 }
@@ -214,17 +203,8 @@ async fn changed(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String
     let tenant =
         ops::auth::owner(&app.store, key_id).await?.ok_or_else(|| ApiError::not_found(messages::API_KEY_NOT_FOUND))?;
     ctx.tenant = Some(tenant.clone());
-    let keys = TenantKeys::new(&tenant);
-    let call = UpdateApiKey {
-        tenant: keys.tenant(),
-        api_key: keys.api_key(key_id),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        context: script_context(ctx, &Caller::Admin, false, None),
-        mode: mode.to_string(),
-        change: arg,
-    };
-    Ok(app.store.run(call).await?.value)
+    let context = script_context(ctx, &Caller::Admin, false, None);
+    ops::auth::change(&app.store, &tenant, key_id, &context, mode, arg).await
 }
 
 async fn mutate(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<Answer> {
@@ -357,13 +337,7 @@ pub async fn validate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<A
     let invalid = || Answer::json(200, &json!({"valid": false, "tenant_id": "", "reason": "INVALID"}));
     let Some(key_id) = super::auth::key_id_of(&r.key_secret) else { return Ok(invalid()) };
     let Some(tenant) = ops::auth::owner(&app.store, key_id).await? else { return Ok(invalid()) };
-    let keys = TenantKeys::new(&tenant);
-    let call = ops::auth::Validate {
-        api_key: keys.api_key(key_id),
-        tenant: keys.tenant(),
-        digest: key_digest(&app.config.key_pepper, &r.key_secret),
-    };
-    let v = app.store.run(call).await?.value;
+    let v = ops::auth::validate(&app.store, &tenant, key_id, key_digest(&app.config.key_pepper, &r.key_secret)).await?;
     if v.reason.as_deref() == Some("INVALID") {
         return Ok(invalid());
     }

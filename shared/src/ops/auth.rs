@@ -138,6 +138,57 @@ script! {
     }
 }
 
+/// Whether `digest` (of a presented key `key_id` of `tenant`) is usable now, and for what.
+pub async fn validate(store: &Store, tenant: &str, key_id: &str, digest: String) -> ApiResult<Validation> {
+    let keys = TenantKeys::new(tenant);
+    Ok(store.run(Validate { api_key: keys.api_key(key_id), tenant: keys.tenant(), digest }).await?.value)
+}
+
+/// Creates key `key_id` of `tenant` from its record `fields` (JSON, the digest included; never
+/// the secret), with its event and audit row: the stored record.
+pub async fn create(
+    store: &Store,
+    tenant: &str,
+    key_id: &str,
+    context: &str,
+    fields: String,
+) -> ApiResult<RecordAnswer> {
+    let keys = TenantKeys::new(tenant);
+    let call = CreateApiKey {
+        tenant: keys.tenant(),
+        api_key: keys.api_key(key_id),
+        api_key_index: keys.api_key_index(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: context.to_string(),
+        fields,
+    };
+    Ok(store.run(call).await?.value)
+}
+
+/// Updates, revokes or rotates key `key_id` of `tenant` (`mode` and `change` as
+/// `UpdateApiKey` takes them): the stored record afterwards.
+pub async fn change(
+    store: &Store,
+    tenant: &str,
+    key_id: &str,
+    context: &str,
+    mode: &str,
+    change: String,
+) -> ApiResult<RecordAnswer> {
+    let keys = TenantKeys::new(tenant);
+    let call = UpdateApiKey {
+        tenant: keys.tenant(),
+        api_key: keys.api_key(key_id),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context: context.to_string(),
+        mode: mode.to_string(),
+        change,
+    };
+    Ok(store.run(call).await?.value)
+}
+
 /// What `Validate` found.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Validation {
