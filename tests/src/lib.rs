@@ -277,7 +277,7 @@ impl Harness {
     /// A second server (configured by `configure`) on the Redis of `other`, as a redeploy
     /// with new settings would run.
     pub async fn start_beside(other: &Harness, configure: impl FnOnce(&mut Config)) -> Harness {
-        Self::start_with(other.redis_url.clone(), None, false, configure).await
+        Self::start_on_configured(other.redis_url.clone(), configure).await
     }
 
     async fn start_with(

@@ -34,6 +34,13 @@ pub struct ApiKeyCreateRequest {
     pub metadata: Option<Map<String, Value>>,
 }
 
+/// rotateApiKey's body (optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiKeyRotateRequest {
+    grace_period_ms: Option<i64>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApiKeyUpdateRequest {
@@ -221,17 +228,15 @@ const MAX_ROTATION_GRACE_MS: i64 = 30 * 86_400_000;
 /// secret keeps working `grace_period_ms` (24 h by default, 0 to 30 days) and then stops.
 pub async fn rotate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, req).await?;
-    let body: Value = if req.body.trim_ascii().is_empty() { json!({}) } else { parse_json::<Value>(&req.body)?.0 };
-    let Value::Object(body) = body else { return Err(ApiError::invalid("The body must be a JSON object")) };
-    if let Some(unknown) = body.keys().find(|k| *k != "grace_period_ms") {
-        return Err(ApiError::invalid(format!("Unknown field {unknown}")));
-    }
-    let grace = match body.get("grace_period_ms") {
-        None => ROTATION_GRACE_MS,
-        Some(v) => v.as_i64().filter(|g| (0..=MAX_ROTATION_GRACE_MS).contains(g)).ok_or_else(|| {
-            ApiError::invalid(format!("grace_period_ms must be a whole number from 0 to {MAX_ROTATION_GRACE_MS}"))
-        })?,
+    let r = if req.body.trim_ascii().is_empty() {
+        ApiKeyRotateRequest::default()
+    } else {
+        parse_json::<ApiKeyRotateRequest>(&req.body)?.0
     };
+    let grace = r.grace_period_ms.unwrap_or(ROTATION_GRACE_MS);
+    if !(0..=MAX_ROTATION_GRACE_MS).contains(&grace) {
+        return Err(ApiError::invalid(format!("grace_period_ms must be from 0 to {MAX_ROTATION_GRACE_MS}")));
+    }
     let key_id = req.param("key_id");
     let secret = fresh_secret(key_id);
     let change =
