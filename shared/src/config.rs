@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::domain::action_kinds::{parse_custom_kinds, CustomKind};
+use crate::domain::roles::Role;
 use crate::egress;
 use crate::store::{Durability, Store};
 
@@ -69,6 +70,17 @@ pub struct Config {
     /// Whether the operator plane's successful reads are audited too (`CYCLES_AUDIT_READS=on`;
     /// off by default: the audit log holds changes, refusals and failures).
     pub audit_reads: bool,
+    /// How long a container trusts an operator key it checked (`CYCLES_AUTH_CACHE_MS`, 5,000;
+    /// 0: every request checks): the bound on a revocation, role change or end of a rotation's
+    /// grace reaching every container.
+    pub auth_cache: Duration,
+    /// Whether `ADMIN_API_KEY` is honoured (as the bootstrap owner): `CYCLES_BOOTSTRAP_ADMIN_KEY`
+    /// = `on` (default) | `off`, switched off once owner keys exist.
+    pub bootstrap_admin_key: bool,
+    /// IAM principals (SigV4 through API Gateway) allowed on the operator plane and their roles
+    /// (`CYCLES_IAM_ROLES`: `<principal ARN>=<role>` comma-separated, an ARN may end in `*`), or
+    /// why the table does not parse (the start stops with it).
+    pub iam_roles: Result<Vec<(String, Role)>, String>,
 }
 
 /// Which tenants get CyclesEvidence (`CYCLES_EVIDENCE`).
@@ -274,6 +286,20 @@ fn env_ms(name: &str, default_ms: u64) -> Duration {
     Duration::from_millis(env(name).and_then(|v| v.parse().ok()).unwrap_or(default_ms))
 }
 
+/// `CYCLES_IAM_ROLES`: `<principal ARN>=<role>` entries, comma-separated (empty: none).
+fn parse_iam_roles(text: &str) -> Result<Vec<(String, Role)>, String> {
+    let entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
+    entries
+        .map(|entry| {
+            let (arn, role) = entry.rsplit_once('=').unwrap_or((entry, ""));
+            match Role::parse(role.trim()) {
+                Some(role) if arn.trim().starts_with("arn:") => Ok((arn.trim().to_string(), role)),
+                _ => Err(format!("CYCLES_IAM_ROLES entry {entry:?} is not <principal ARN>=<viewer|operator|owner>")),
+            }
+        })
+        .collect()
+}
+
 /// Secrets that may come from AWS Secrets Manager: (environment variable, variable naming the
 /// secret's id or ARN). The secret's string value replaces the variable.
 pub const SECRET_SOURCES: [(&str, &str); 5] = [
@@ -363,6 +389,9 @@ impl Config {
                 env_ms("CYCLES_DURABILITY_TIMEOUT_MS", 1_000),
             ),
             audit_reads: env("CYCLES_AUDIT_READS").is_some_and(|v| v == "on"),
+            auth_cache: env_ms("CYCLES_AUTH_CACHE_MS", 5_000),
+            bootstrap_admin_key: env("CYCLES_BOOTSTRAP_ADMIN_KEY").is_none_or(|v| v != "off"),
+            iam_roles: parse_iam_roles(env("CYCLES_IAM_ROLES").as_deref().unwrap_or_default()),
         }
     }
 
@@ -378,6 +407,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.custom_action_kinds.as_ref().map_err(Clone::clone)?;
         self.durability.as_ref().map_err(Clone::clone)?;
+        self.iam_roles.as_ref().map_err(Clone::clone)?;
         if let Some(p) = &self.evidence.problem {
             return Err(p.clone());
         }
@@ -386,6 +416,13 @@ impl Config {
             Some(bad) => Err(format!("CYCLES_ADMIN_ALLOWED_CIDRS entry {bad:?} is not a CIDR range")),
             None => Ok(()),
         }
+    }
+
+    /// The role of an IAM principal (the first matching entry of `CYCLES_IAM_ROLES`), `None`
+    /// when the table does not name it.
+    pub fn iam_role(&self, principal: &str) -> Option<Role> {
+        let table = self.iam_roles.as_deref().unwrap_or(&[]);
+        table.iter().find(|(arn, _)| crate::domain::roles::glob_matches(arn, principal)).map(|(_, role)| *role)
     }
 
     /// The declared custom action kinds (none when the declarations did not load).

@@ -201,6 +201,11 @@ tenant_keys! {
     api_key(key_id) => [":key:" key_id];
     /// Set of the tenant's API key ids (listing and the close cascade).
     api_key_index() => [":keys"];
+    /// An operator key (`X-Admin-API-Key`), under the `__admin__` owner only (`ops::operators`),
+    /// beside the audit stream its changes write.
+    operator_key(key_id) => [":opkey:" key_id];
+    /// Set of the operator key ids (`__admin__` only).
+    operator_key_index() => [":opkeys"];
     /// A webhook subscription owned by this tenant (or by `__system__`).
     webhook(id) => [":wh:" id];
     /// The lock of a replay of events to one subscription.

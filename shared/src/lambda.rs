@@ -23,6 +23,7 @@ pub async fn run_named() -> Result<(), lambda_http::Error> {
     match function.as_str() {
         "maintenance" => run_maintenance().await,
         "deliver-webhooks" => run_delivery().await,
+        "admin-plane" => run_plane(api::Plane::Admin).await,
         route => run(route).await,
     }
 }
@@ -42,6 +43,22 @@ pub async fn run(function: &str) -> Result<(), lambda_http::Error> {
             1 => first,
             _ => routes.iter().copied().find(|r| path_params(r, &event).is_some()).unwrap_or(first),
         };
+        async move { Ok::<_, std::convert::Infallible>(handle_event(&app, route, event).await) }
+    }))
+    .await
+}
+
+/// One function serving every route of a plane, each request by the route its method and path
+/// name (`CYCLES_FUNCTION=admin-plane`: the operator plane's IAM entrance, `AdminIam=on`).
+pub async fn run_plane(plane: api::Plane) -> Result<(), lambda_http::Error> {
+    crate::init_tracing(true);
+    crate::metrics::enable();
+    let app = Arc::new(App::from_env().await?);
+    // a path no route matches is answered 404 through any route of the plane
+    let fallback = api::ROUTES.iter().find(|r| r.plane == plane).expect("every plane has routes");
+    lambda_http::run(service_fn(move |event: Request| {
+        let app = app.clone();
+        let route = api::route(plane, event.method(), event.raw_http_path()).map_or(fallback, |(r, _)| r);
         async move { Ok::<_, std::convert::Infallible>(handle_event(&app, route, event).await) }
     }))
     .await
@@ -134,12 +151,21 @@ pub fn path_params(route: &Route, event: &Request) -> Option<Params> {
         .or_else(|| match_template(template, event.uri().path(), false))
 }
 
+/// The caller's address and, when API Gateway verified a SigV4 signature (an `AWS_IAM` route),
+/// its IAM principal: both from the request context API Gateway wrote, never from a header.
+fn caller_of(event: &Request) -> (Option<String>, Option<String>) {
+    match event.request_context_ref() {
+        Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => (
+            c.http.source_ip.clone(),
+            c.authorizer.as_ref().and_then(|a| a.iam.as_ref()).and_then(|iam| iam.user_arn.clone()),
+        ),
+        _ => (None, None),
+    }
+}
+
 pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<Body> {
     let params = path_params(route, &event);
-    let source_ip = match event.request_context_ref() {
-        Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => c.http.source_ip.clone(),
-        _ => None,
-    };
+    let (source_ip, iam_principal) = caller_of(&event);
     let (parts, body) = event.into_parts();
     let req = ApiRequest {
         method: parts.method,
@@ -154,6 +180,7 @@ pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<
         },
         params: Params::new(),
         source_ip,
+        iam_principal,
     };
     let origins = &app.config.cors_origins;
     let origin = api::cors::origin_of(&req);
@@ -173,4 +200,29 @@ pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<
         builder = builder.header(name, value);
     }
     builder.body(Body::Text(String::from_utf8(res.body).unwrap_or_default())).expect("valid response parts")
+}
+
+#[cfg(test)]
+mod caller_tests {
+    use super::*;
+
+    fn event(authorizer: &str, headers: &str) -> Request {
+        let json = format!(
+            r#"{{"version":"2.0","routeKey":"$default","rawPath":"/v1/admin/tenants","rawQueryString":"",
+            "headers":{{{headers}}},"requestContext":{{"routeKey":"$default","accountId":"1","stage":"$default",
+            "requestId":"r","apiId":"a","domainName":"a.example","domainPrefix":"a","time":"t","timeEpoch":0,
+            {authorizer}"http":{{"method":"GET","path":"/v1/admin/tenants","protocol":"HTTP/1.1",
+            "sourceIp":"203.0.113.9","userAgent":"u"}}}},"isBase64Encoded":false}}"#
+        );
+        lambda_http::request::from_str(&json).expect("an API Gateway v2 event")
+    }
+
+    #[test]
+    fn the_iam_principal_comes_from_the_verified_request_context_only() {
+        let signed = event(r#""authorizer":{"iam":{"userArn":"arn:aws:iam::1:user/Ops"}},"#, "");
+        assert_eq!(caller_of(&signed), (Some("203.0.113.9".to_string()), Some("arn:aws:iam::1:user/Ops".to_string())));
+        // a header claiming a principal is only a header
+        let unsigned = event("", r#""x-amzn-iam-principal":"arn:aws:iam::1:user/Ops""#);
+        assert_eq!(caller_of(&unsigned), (Some("203.0.113.9".to_string()), None));
+    }
 }

@@ -59,6 +59,7 @@ async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>, peer: Option<
         body: Bytes::new(),
         params: Default::default(),
         source_ip: peer.map(|p| p.ip().to_string()),
+        iam_principal: None,
     };
     match body {
         Ok(b) => api_req.body = b,

@@ -468,6 +468,24 @@ impl Harness {
         self.send_to(&self.admin_base, method, path, &[("x-admin-api-key", &self.admin_key)], body.as_deref()).await
     }
 
+    /// A request to the operator plane with an operator key (or any `X-Admin-API-Key` value).
+    pub async fn admin_with(&self, operator_key: &str, method: &str, path: &str, body: Option<&Value>) -> Resp {
+        let body = body.map(Value::to_string);
+        self.send_to(&self.admin_base, method, path, &[("x-admin-api-key", operator_key)], body.as_deref()).await
+    }
+
+    /// Creates an operator key of `role` (limited to `tenant_pattern` when given) with the
+    /// bootstrap key: (key id, secret).
+    pub async fn operator_key(&self, role: &str, tenant_pattern: Option<&str>) -> (String, String) {
+        let mut body = json!({"name": format!("{role} {}", unique("op")), "role": role});
+        if let Some(p) = tenant_pattern {
+            body["tenant_pattern"] = json!(p);
+        }
+        let r = self.admin("POST", "/v1/admin/operator-keys", Some(&body)).await;
+        let b = r.assert_created();
+        (b["key_id"].as_str().unwrap().to_string(), b["key_secret"].as_str().unwrap().to_string())
+    }
+
     /// A request to the operator plane with a tenant key.
     pub async fn admin_as(&self, key: &str, method: &str, path: &str, body: Option<&Value>) -> Resp {
         let body = body.map(Value::to_string);

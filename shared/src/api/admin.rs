@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 pub use super::auth::{Caller, Grant, TenantKey};
 use super::{parse_limit_clamped, parse_query, ApiRequest, App, Ctx};
+pub use crate::domain::roles::Role;
 pub use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
@@ -17,13 +18,14 @@ pub use crate::ops::records::{
     csv_list, field, int_field, json_field, read_records, record_from_json, time_field, Record,
 };
 
-/// Admin-key-only operations: anything else is 401.
-pub async fn require_admin(app: &App, req: &ApiRequest) -> ApiResult<()> {
-    if req.headers.get(super::auth::ADMIN_KEY_HEADER).is_none() {
+/// Operator-only operations (an operator key, the bootstrap key or an IAM principal, with the
+/// route's role): anything else is 401.
+pub async fn require_admin(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<()> {
+    if req.headers.get(super::auth::ADMIN_KEY_HEADER).is_none() && req.iam_principal.is_none() {
         let e = ApiError::unauthorized("This operation requires X-Admin-API-Key");
         return Err(super::auth::rejected(e, "ADMIN_KEY_REQUIRED"));
     }
-    app.authenticate(&req.headers, true).await.map(|_| ())
+    app.authenticate(ctx, req, true).await.map(|_| ())
 }
 
 /// Operations open to both credentials: the admin key wins when present; a tenant key must
@@ -56,12 +58,12 @@ async fn auth(
     permission: Option<Permission>,
     admin: bool,
 ) -> ApiResult<Caller> {
-    let mut key = match app.authenticate(&req.headers, admin).await? {
+    let mut key = match app.authenticate(ctx, req, admin).await? {
         Caller::Admin => return Ok(Caller::Admin),
         Caller::Tenant(k) => k,
     };
     // known before the key check: a refusal (403) is still recorded under the key's tenant
-    ctx.tenant = Some(key.tenant.clone());
+    ctx.act_for(&key.tenant)?;
     ctx.key_id = Some(key.key_id.clone());
     let accepted = permission.map(Permission::accepted).unwrap_or_default();
     let grant = crate::ops::auth::check(&app.store, &key.tenant, &key.key_id, &key.digest, accepted).await.map_err(
@@ -95,9 +97,10 @@ pub fn body_tenant(caller: &Caller, named: Option<&str>) -> ApiResult<String> {
 /// The request context a script writes into events and audit entries. A script handed it
 /// records the change's audit entry itself, so the dispatcher writes none for a success.
 pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_id: Option<&str>) -> String {
+    let operator_key = ctx.operator.as_ref().map(|o| o.key_id.as_str()).unwrap_or_default();
     let (actor, key_id) = match caller {
-        Caller::Admin if on_behalf => ("admin_on_behalf_of", ""),
-        Caller::Admin => ("admin", ""),
+        Caller::Admin if on_behalf => ("admin_on_behalf_of", operator_key),
+        Caller::Admin => ("admin", operator_key),
         Caller::Tenant(k) => ("api_key", k.key_id.as_str()),
     };
     ctx.audit_in_script.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -108,7 +111,8 @@ pub fn script_context(ctx: &Ctx, caller: &Caller, on_behalf: bool, correlation_i
 /// invocation's `correlation_id`) but no audit entry; the invocation has one entry of its own,
 /// written by the dispatcher with every row's outcome (`Ctx::audit_metadata`).
 pub fn bulk_context(ctx: &Ctx, tenant: &str, correlation_id: &str) -> String {
-    let mut v = context_json(ctx, "admin_on_behalf_of", "", tenant, Some(correlation_id));
+    let operator_key = ctx.operator.as_ref().map(|o| o.key_id.as_str()).unwrap_or_default();
+    let mut v = context_json(ctx, "admin_on_behalf_of", operator_key, tenant, Some(correlation_id));
     v["bulk"] = json!(true);
     v.to_string()
 }
@@ -175,30 +179,47 @@ const CAPABILITIES: [(&str, &str, &[&str]); 15] = [
 /// The capability map: a flag is on when the caller is granted it and this deployment serves
 /// the operation behind it.
 fn capability_map(
-    granted: impl Fn(&[&str]) -> bool,
+    granted: impl Fn(&[&str], &str) -> bool,
     served: impl Fn(&str) -> bool,
 ) -> serde_json::Map<String, serde_json::Value> {
     CAPABILITIES
         .iter()
-        .map(|(name, operation, perms)| (name.to_string(), json!(granted(perms) && served(operation))))
+        .map(|(name, operation, perms)| (name.to_string(), json!(granted(perms, operation) && served(operation))))
         .collect()
 }
 
-/// `GET /v1/auth/introspect`: who the credential is and what it may do here.
+/// `GET /v1/auth/introspect`: who the credential is and what it may do here. An operator's flags
+/// follow its role (a page's flag is on when the role reaches the route behind it); its `role`
+/// and `key_id` are extensions.
 pub async fn introspect(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<super::Answer> {
     let caller = dual_auth(app, ctx, req, None).await?;
+    let role_reaches = |operation: &str| {
+        let need = super::ROUTES.iter().find(|r| r.operation == operation).and_then(|r| r.access.role());
+        ctx.operator.as_ref().is_some_and(|o| need.is_some_and(|need| o.role >= need))
+    };
     let caps = capability_map(
-        |perms| match &caller {
-            Caller::Admin => true,
+        |perms, operation| match &caller {
+            Caller::Admin => role_reaches(operation),
             Caller::Tenant(k) => perms.iter().any(|p| k.permissions().iter().any(|h| h == p)),
         },
         |operation| super::ROUTES.iter().any(|r| r.operation == operation),
     );
-    let body = match &caller {
-        Caller::Admin => {
-            json!({"authenticated": true, "auth_type": "admin", "permissions": ["*"], "capabilities": caps})
+    let body = match (&caller, &ctx.operator) {
+        (Caller::Admin, Some(o)) => {
+            let permissions = match o.role {
+                Role::Owner => vec!["*"],
+                Role::Operator => vec!["admin:read", "admin:write"],
+                Role::Viewer => vec!["admin:read"],
+            };
+            let mut b = json!({"authenticated": true, "auth_type": "admin", "permissions": permissions,
+                "capabilities": caps, "role": o.role.as_str(), "key_id": o.key_id});
+            if let Some(p) = &o.tenant_pattern {
+                b["tenant_pattern"] = json!(p);
+            }
+            b
         }
-        Caller::Tenant(k) => {
+        (Caller::Admin, None) => return Err(ApiError::fault("an operator was admitted without its identity")),
+        (Caller::Tenant(k), _) => {
             let mut b = json!({"authenticated": true, "auth_type": "tenant", "permissions": k.permissions(),
                 "capabilities": caps, "tenant_id": k.tenant});
             if !k.scope_filter().is_empty() {
@@ -383,15 +404,15 @@ mod tests {
 
     #[test]
     fn a_capability_is_on_only_where_its_operation_is_served() {
-        let all = capability_map(|_| true, |_| true);
+        let all = capability_map(|_, _| true, |_| true);
         assert_eq!(all.len(), 15);
         assert!(all.values().all(|v| v == true));
-        let without_policies = capability_map(|_| true, |op| op != "listPolicies" && op != "createPolicy");
+        let without_policies = capability_map(|_, _| true, |op| op != "listPolicies" && op != "createPolicy");
         assert_eq!(without_policies["view_policies"], false);
         assert_eq!(without_policies["manage_policies"], false);
         assert_eq!(without_policies["view_budgets"], true);
         // Admin-only flags stay off for a tenant key whatever it holds.
-        let tenant = capability_map(|perms| perms.contains(&"admin:read"), |_| true);
+        let tenant = capability_map(|perms, _| perms.contains(&"admin:read"), |_| true);
         for flag in ["view_overview", "view_audit", "view_tenants", "view_api_keys", "manage_tenants"] {
             assert_eq!(tenant[flag], false, "{flag}");
         }

@@ -34,11 +34,26 @@ pub struct ApiKeyCreateRequest {
     pub metadata: Option<Map<String, Value>>,
 }
 
-/// rotateApiKey's body (optional).
+/// rotateApiKey's (and rotateOperatorKey's) body (optional).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApiKeyRotateRequest {
     grace_period_ms: Option<i64>,
+}
+
+/// The grace period a rotation asks for: the body's `grace_period_ms` (24 h when the body or
+/// the field is absent), 0 to 30 days.
+pub(super) fn rotation_grace(req: &ApiRequest) -> ApiResult<i64> {
+    let r = if req.body.trim_ascii().is_empty() {
+        ApiKeyRotateRequest::default()
+    } else {
+        parse_json::<ApiKeyRotateRequest>(&req.body)?.0
+    };
+    let grace = r.grace_period_ms.unwrap_or(ROTATION_GRACE_MS);
+    if !(0..=MAX_ROTATION_GRACE_MS).contains(&grace) {
+        return Err(ApiError::invalid(format!("grace_period_ms must be from 0 to {MAX_ROTATION_GRACE_MS}")));
+    }
+    Ok(grace)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -85,7 +100,7 @@ fn check_scope_filter(f: &[String]) -> ApiResult<String> {
     Ok(if f.is_empty() { String::new() } else { json!(f).to_string() })
 }
 
-fn check_texts(name: Option<&str>, description: Option<&str>) -> ApiResult<()> {
+pub(super) fn check_texts(name: Option<&str>, description: Option<&str>) -> ApiResult<()> {
     if name.is_some_and(|n| n.trim().is_empty() || n.chars().count() > 256) {
         return Err(ApiError::invalid("name must be 1 to 256 characters"));
     }
@@ -124,11 +139,19 @@ pub fn api_key_json(k: &ApiKey) -> Value {
     out
 }
 
-/// A new secret for key `key_id`: `cyc_live_<key id>_<32 random bytes, base64url>`.
-fn fresh_secret(key_id: &str) -> String {
+/// A new secret for key `key_id`: `<prefix><key id>_<32 random bytes, base64url>` (`cyc_live_`
+/// for tenant keys, `cyo_` for operator keys).
+pub(super) fn fresh_secret(prefix: &str, key_id: &str) -> String {
     let mut random = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut random);
-    format!("cyc_live_{key_id}_{}", URL_SAFE_NO_PAD.encode(random))
+    format!("{prefix}{key_id}_{}", URL_SAFE_NO_PAD.encode(random))
+}
+
+/// A new key id: 16 lower-case letters and digits.
+pub(super) fn fresh_key_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::thread_rng();
+    (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect()
 }
 
 /// Creates a key (shared by the HTTP handler and `--seed-demo`).
@@ -151,12 +174,8 @@ pub async fn create_api_key(
             None => return Err(ApiError::invalid("expires_at must be an RFC 3339 date-time")),
         },
     };
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let key_id: String = {
-        let mut rng = rand::thread_rng();
-        (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect()
-    };
-    let secret = fresh_secret(&key_id);
+    let key_id = fresh_key_id();
+    let secret = fresh_secret("cyc_live_", &key_id);
     let mut fields = json!({
         "key_id": key_id,
         "tenant_id": r.tenant_id,
@@ -181,12 +200,12 @@ pub async fn create_api_key(
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, _) = parse_json::<ApiKeyCreateRequest>(&req.body)?;
     if crate::domain::validate_tenant_id(&r.tenant_id).is_err() {
         return Err(ApiError::new(crate::error::ErrorCode::TenantNotFound, messages::TENANT_NOT_FOUND).with_status(400));
     }
-    ctx.tenant = Some(r.tenant_id.clone());
+    ctx.act_for(&r.tenant_id)?;
     let created =
         create_api_key(&app.store, &app.config.key_pepper, &script_context(ctx, &Caller::Admin, false, None), &r)
             .await?;
@@ -209,7 +228,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 async fn changed(app: &App, ctx: &mut Ctx, key_id: &str, mode: &str, arg: String) -> ApiResult<RecordAnswer> {
     let tenant =
         ops::auth::owner(&app.store, key_id).await?.ok_or_else(|| ApiError::not_found(messages::API_KEY_NOT_FOUND))?;
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let context = script_context(ctx, &Caller::Admin, false, None);
     ops::auth::change(&app.store, &tenant, key_id, &context, mode, arg).await
 }
@@ -227,18 +246,10 @@ const MAX_ROTATION_GRACE_MS: i64 = 30 * 86_400_000;
 /// rotateApiKey (an extension): a new secret for the same key id, answered once; the previous
 /// secret keeps working `grace_period_ms` (24 h by default, 0 to 30 days) and then stops.
 pub async fn rotate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
-    let r = if req.body.trim_ascii().is_empty() {
-        ApiKeyRotateRequest::default()
-    } else {
-        parse_json::<ApiKeyRotateRequest>(&req.body)?.0
-    };
-    let grace = r.grace_period_ms.unwrap_or(ROTATION_GRACE_MS);
-    if !(0..=MAX_ROTATION_GRACE_MS).contains(&grace) {
-        return Err(ApiError::invalid(format!("grace_period_ms must be from 0 to {MAX_ROTATION_GRACE_MS}")));
-    }
+    require_admin(app, ctx, req).await?;
+    let grace = rotation_grace(req)?;
     let key_id = req.param("key_id");
-    let secret = fresh_secret(key_id);
+    let secret = fresh_secret("cyc_live_", key_id);
     let change =
         json!({"digest": key_digest(&app.config.key_pepper, &secret), "prefix": &secret[..14], "grace_ms": grace});
     let record = changed(app, ctx, key_id, "rotate", change.to_string()).await?;
@@ -259,7 +270,7 @@ pub async fn rotate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, _) = parse_json::<ApiKeyUpdateRequest>(&req.body)?;
     check_texts(r.name.as_deref(), r.description.as_deref())?;
     let mut patch = Map::new();
@@ -282,7 +293,7 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 }
 
 pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let q = super::parse_query(&req.query)?;
     let reason = q.get("reason").cloned().unwrap_or_default();
     if reason.chars().count() > 512 {
@@ -292,7 +303,7 @@ pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let q = ListQuery::parse(req, &["created_at", "key_id", "name", "tenant_id", "status", "expires_at"])?;
     if let Some(s) = q.get("status") {
         if !["ACTIVE", "REVOKED", "EXPIRED"].contains(&s) {
@@ -301,7 +312,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     }
     let tenants = match q.get("tenant_id") {
         Some(t) => {
-            ctx.tenant = Some(t.to_string());
+            ctx.act_for(t)?;
             vec![t.to_string()]
         }
         None => ops::tenants::registry(&app.store).await?,
@@ -337,7 +348,7 @@ struct ValidationRequest {
 /// `POST /v1/auth/validate` (validateApiKey, admin key): whether a full key is usable now, and
 /// for what. An unknown key and a wrong secret answer alike (`INVALID`).
 pub async fn validate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, _) = parse_json::<ValidationRequest>(&req.body)?;
     let invalid = || Answer::json(200, &json!({"valid": false, "tenant_id": "", "reason": "INVALID"}));
     let Some(key_id) = super::auth::key_id_of(&r.key_secret) else { return Ok(invalid()) };
@@ -346,7 +357,7 @@ pub async fn validate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<A
     if v.reason.as_deref() == Some("INVALID") {
         return Ok(invalid());
     }
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let mut body = json!({"valid": v.valid, "tenant_id": tenant, "key_id": key_id, "permissions": v.permissions,
         "scope_filter": v.scope_filter});
     if let Some(ms) = v.expires_at_ms.as_deref().and_then(|m| m.parse().ok()) {

@@ -108,8 +108,8 @@ impl AuditFilter {
     }
 }
 
-pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, ctx, req).await?;
     let q = ListQuery::parse(req, &["timestamp", "operation", "resource_type", "tenant_id", "key_id", "status"])?;
     let filter = AuditFilter::parse(&q)?;
     let (from, to) = (q.time("from")?, q.time("to")?);

@@ -8,8 +8,9 @@ use http::HeaderMap;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use super::App;
+use super::{ApiRequest, App};
 use crate::domain::messages;
+use crate::domain::roles::Role;
 use crate::error::{ApiError, ApiResult};
 
 pub const API_KEY_HEADER: &str = "x-cycles-api-key";
@@ -106,22 +107,39 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The key id of an operator key `cyo_<16 chars key id>_<secret>`.
+pub fn operator_key_id_of(key: &str) -> Option<&str> {
+    key_id_of(&format!("cyc_live_{}", key.strip_prefix("cyo_")?)).map(|_| &key[4..4 + KEY_ID_LEN])
+}
+
+/// The key id audit entries and events name for the bootstrap `ADMIN_API_KEY`.
+pub const BOOTSTRAP_KEY_ID: &str = "ADMIN_API_KEY";
+
+/// The operator behind an accepted operator credential: an operator key, the bootstrap
+/// `ADMIN_API_KEY` (an owner), or an IAM principal API Gateway verified (its mapped role).
+#[derive(Debug, Clone)]
+pub struct Operator {
+    /// What audit entries and events name: the operator key id, `ADMIN_API_KEY`, or
+    /// `iam:<principal ARN>`.
+    pub key_id: String,
+    pub role: Role,
+    /// The tenants this operator may act for (`None`: every tenant).
+    pub tenant_pattern: Option<String>,
+}
+
 impl App {
-    /// Authenticates a request. `admin_allowed` marks the routes where `X-Admin-API-Key` is
-    /// honoured (it then takes precedence; elsewhere it is ignored).
-    pub async fn authenticate(&self, headers: &HeaderMap, admin_allowed: bool) -> ApiResult<Caller> {
+    /// Authenticates a request. `admin_allowed` marks the routes where operator credentials are
+    /// honoured (they then take precedence; elsewhere they are ignored); an accepted operator
+    /// must hold the role the route needs and, when limited to some tenants, act for one of
+    /// them (`Ctx::admit`).
+    pub async fn authenticate(&self, ctx: &mut super::Ctx, req: &ApiRequest, admin_allowed: bool) -> ApiResult<Caller> {
         if admin_allowed {
-            if let Some(given) = headers.get(ADMIN_KEY_HEADER) {
-                let Some(expected) = &self.config.admin_api_key else {
-                    return Err(ApiError::internal("Admin API key is not configured on this server"));
-                };
-                return if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
-                    Ok(Caller::Admin)
-                } else {
-                    Err(rejected(ApiError::unauthorized("Invalid admin API key"), "INVALID_ADMIN_KEY"))
-                };
+            if let Some(operator) = self.operator(ctx, req).await? {
+                ctx.admit(operator, req)?;
+                return Ok(Caller::Admin);
             }
         }
+        let headers = &req.headers;
         let key = header(headers, API_KEY_HEADER).ok_or_else(|| rejected(unauthorized(), "MISSING_KEY"))?;
         let key_id = key_id_of(key).ok_or_else(|| rejected(unauthorized(), "INVALID_FORMAT"))?;
         let tenant = self.tenant_of_key(key_id).await?.ok_or_else(|| rejected(unauthorized(), "KEY_NOT_FOUND"))?;
@@ -133,17 +151,76 @@ impl App {
         }))
     }
 
+    /// The operator credential of a request, checked: `X-Admin-API-Key` (an operator key or the
+    /// bootstrap key), else the IAM principal API Gateway verified; `None` when it has neither.
+    async fn operator(&self, ctx: &mut super::Ctx, req: &ApiRequest) -> ApiResult<Option<Operator>> {
+        if let Some(given) = req.headers.get(ADMIN_KEY_HEADER) {
+            let given = given.to_str().unwrap_or_default();
+            if let Some(key_id) = operator_key_id_of(given) {
+                // a refusal is audited (and throttled) under the presented key id
+                ctx.key_id = Some(key_id.to_string());
+                return self.operator_key(key_id, given).await.map(Some);
+            }
+            let bootstrap = self.config.admin_api_key.as_deref().filter(|_| self.config.bootstrap_admin_key);
+            if bootstrap.is_some_and(|expected| bool::from(given.as_bytes().ct_eq(expected.as_bytes()))) {
+                return Ok(Some(Operator {
+                    key_id: BOOTSTRAP_KEY_ID.to_string(),
+                    role: Role::Owner,
+                    tenant_pattern: None,
+                }));
+            }
+            return Err(rejected(ApiError::unauthorized("Invalid admin API key"), "INVALID_ADMIN_KEY"));
+        }
+        let Some(arn) = &req.iam_principal else { return Ok(None) };
+        ctx.key_id = Some(format!("iam:{arn}"));
+        let role = self.config.iam_role(arn).ok_or_else(|| {
+            ApiError::new(
+                crate::error::ErrorCode::InsufficientPermissions,
+                format!("The IAM principal {arn} has no operator role on this deployment (CYCLES_IAM_ROLES)"),
+            )
+        })?;
+        Ok(Some(Operator { key_id: format!("iam:{arn}"), role, tenant_pattern: None }))
+    }
+
+    /// Checks an operator key; a checked key is trusted for `CYCLES_AUTH_CACHE_MS` by this
+    /// container (by the digest of the whole presented key, never the key itself).
+    async fn operator_key(&self, key_id: &str, given: &str) -> ApiResult<Operator> {
+        let digest = key_digest(&self.config.key_pepper, given);
+        let ttl = self.config.auth_cache;
+        if let Some((operator, at)) = self.operator_keys.lock().expect("cache lock").get(&digest) {
+            if at.elapsed() < ttl {
+                return Ok(operator.clone());
+            }
+        }
+        let checked = crate::ops::operators::check(&self.store, key_id, digest.clone()).await?;
+        let role =
+            Role::parse(&checked.role).ok_or_else(|| ApiError::fault("an operator key holds an unknown role"))?;
+        let tenant_pattern = checked.tenant_pattern.filter(|p| !p.is_empty());
+        let operator = Operator { key_id: key_id.to_string(), role, tenant_pattern };
+        if !ttl.is_zero() {
+            let mut cache = self.operator_keys.lock().expect("cache lock");
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(digest, (operator.clone(), std::time::Instant::now()));
+        }
+        Ok(operator)
+    }
+
     /// After a 401: the failure is recorded (`ops::auth::record_failure`: its event, its
     /// tenant's alert count, a lazy key expiry), and once its key id or source address has
     /// failed more than `auth_failure_limit` times this minute, the answer is 429
     /// LIMIT_EXCEEDED with Retry-After instead. A store failure here leaves the 401 as it was.
     pub async fn auth_failed(&self, ctx: &super::Ctx, headers: &HeaderMap, e: ApiError) -> ApiError {
         let presented = header(headers, API_KEY_HEADER).filter(|_| !headers.contains_key(ADMIN_KEY_HEADER));
-        let key_id = presented.and_then(key_id_of);
-        let tenant = match key_id {
+        let tenant_key_id = presented.and_then(key_id_of);
+        let tenant = match tenant_key_id {
             Some(k) => self.tenant_of_key(k).await.ok().flatten(),
             None => None,
         };
+        // an operator key's failures count against its key id too (its events go to the
+        // deployment's own stream, as the bootstrap key's do)
+        let key_id = tenant_key_id.or_else(|| header(headers, ADMIN_KEY_HEADER).and_then(operator_key_id_of));
         let context = serde_json::json!({"request_id": ctx.request_id, "trace_id": ctx.trace.trace_id,
             "actor": "system", "tenant": tenant.clone().unwrap_or_default()});
         let failure = crate::ops::auth::Failure {

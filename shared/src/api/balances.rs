@@ -41,11 +41,11 @@ fn decode_cursor(cursor: &str, filters: &str) -> ApiResult<(String, String)> {
 }
 
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let caller = match app.authenticate(&req.headers, false).await? {
+    let caller = match app.authenticate(ctx, req, false).await? {
         Caller::Tenant(c) => c,
         Caller::Admin => return Err(super::auth::rejected(super::auth::unauthorized(), "API_KEY_REQUIRED")),
     };
-    ctx.tenant = Some(caller.tenant.clone());
+    ctx.act_for(&caller.tenant)?;
     let query = parse_query(&req.query)?;
     let given = |name: &str| query.get(name).filter(|v| !v.is_empty());
     if FILTERS.iter().all(|f| given(f).is_none()) {

@@ -280,7 +280,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     if let Caller::Tenant(k) = &caller {
         k.check_scope(&r.scope.to_ascii_lowercase())?;
     }
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let record = create_budget(&app.store, &script_context(ctx, &caller, true, None), &tenant, &r).await?;
     Ok(Answer::json(201, &ledger_json(&record)))
 }
@@ -313,7 +313,7 @@ pub async fn lookup(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let tenant = scope_tenant(&scope)?;
     if matches!(caller, Caller::Admin) {
-        ctx.tenant = Some(tenant.clone());
+        ctx.act_for(&tenant)?;
     }
     if let Caller::Tenant(k) = &caller {
         k.check_scope(&scope)?;
@@ -414,7 +414,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     let tenants = match (&caller, q.get("tenant_id")) {
         (Caller::Tenant(k), _) => vec![k.tenant.clone()],
         (Caller::Admin, Some(t)) => {
-            ctx.tenant = Some(t.to_string());
+            ctx.act_for(t)?;
             vec![t.to_string()]
         }
         (Caller::Admin, None) => ops::tenants::registry(&app.store).await?,
@@ -479,7 +479,7 @@ pub async fn balances(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<A
 async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: String) -> ApiResult<Answer> {
     let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let tenant = scope_tenant(&scope)?;
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let keys = TenantKeys::new(&tenant);
     let call = UpdateBudget {
         tenant: keys.tenant(),
@@ -496,7 +496,7 @@ async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: Str
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (_, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let (r, _) = parse_json::<BudgetUpdateRequest>(&req.body)?;
     let mut patch = Map::new();
@@ -526,7 +526,7 @@ pub async fn unfreeze(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<A
 }
 
 async fn status_change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let r = if req.body.iter().all(u8::is_ascii_whitespace) {
         StatusChangeRequest::default()
     } else {
@@ -569,7 +569,7 @@ pub async fn fund(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     if scope_tenant(&scope)? != tenant {
         return Err(budget_not_found());
     }
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let spent = match (r.operation, &r.spent) {
         (FundOperation::ResetSpent, Some(s)) => s.amount.to_string(),
         _ => String::new(),

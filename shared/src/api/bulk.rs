@@ -173,7 +173,7 @@ struct TenantBulkRequest {
 /// `POST /v1/admin/tenants/bulk-action` (bulkActionTenants): SUSPEND, REACTIVATE or CLOSE
 /// (with the full cascade) every matching tenant.
 pub async fn tenants(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, raw) = parse_json::<TenantBulkRequest>(&req.body)?;
     check_key(&r.idempotency_key)?;
     r.filter.check()?;
@@ -252,7 +252,7 @@ struct BudgetBulkRequest {
 /// `POST /v1/admin/budgets/bulk-action` (bulkActionBudgets): one funding operation on every
 /// matching ledger of one tenant, with fundBudget's math, event and per-ledger idempotency.
 pub async fn budgets(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, raw) = parse_json::<BudgetBulkRequest>(&req.body)?;
     check_key(&r.idempotency_key)?;
     r.filter.check()?;
@@ -273,7 +273,7 @@ pub async fn budgets(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<An
     {
         return Err(ApiError::new(ErrorCode::TenantNotFound, "Tenant not found"));
     }
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let hash = payload_hash(&raw, &[]);
     let inv = Invocation {
         kind: "budget",
@@ -352,7 +352,7 @@ struct WebhookBulkRequest {
 /// `POST /v1/admin/webhooks/bulk-action` (bulkActionWebhooks): PAUSE, RESUME or DELETE every
 /// matching subscription (tenant-owned and system-wide alike).
 pub async fn webhooks(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, raw) = parse_json::<WebhookBulkRequest>(&req.body)?;
     check_key(&r.idempotency_key)?;
     r.filter.check()?;

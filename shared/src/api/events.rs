@@ -87,12 +87,12 @@ fn page(q: &ListQuery, events: Vec<Value>) -> Answer {
 }
 
 pub async fn admin_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let q = ListQuery::parse(req, &["timestamp", "event_type", "category", "scope", "tenant_id"])?;
     let filter = EventFilter::parse(&q)?;
     let tenants = match q.get("tenant_id") {
         Some(t) => {
-            ctx.tenant = Some(t.to_string());
+            ctx.act_for(t)?;
             vec![t.to_string()]
         }
         None => crate::ops::events::owners(&app.store).await?,
@@ -104,10 +104,15 @@ pub async fn admin_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
     Ok(page(&q, events))
 }
 
-pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn admin_get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, ctx, req).await?;
     match load_event(&app.store, req.param("event_id")).await? {
-        Some(e) => Ok(Answer::json(200, &e)),
+        Some(e) => {
+            if ctx.limited() {
+                ctx.act_for(e["tenant_id"].as_str().unwrap_or_default())?;
+            }
+            Ok(Answer::json(200, &e))
+        }
         None => Err(ApiError::new(ErrorCode::EventNotFound, "Event not found")),
     }
 }

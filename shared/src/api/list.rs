@@ -366,7 +366,7 @@ async fn read_segment(
 }
 
 pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    let principal = app.authenticate(&req.headers, true).await?;
+    let principal = app.authenticate(ctx, req, true).await?;
     let q = parse_query(&req.query)?;
     let given_tenant = q.get("tenant").filter(|t| !t.is_empty());
     let (tenant, auth) = match principal {
@@ -377,7 +377,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             (tenant.clone(), (TenantKeys::new(tenant).tenant(), String::new()))
         }
         Caller::Tenant(c) => {
-            ctx.tenant = Some(c.tenant.clone());
+            ctx.act_for(&c.tenant)?;
             if given_tenant.is_some_and(|t| *t != c.tenant) {
                 return Err(ApiError::forbidden("tenant does not match the tenant of the API key"));
             }

@@ -14,6 +14,7 @@ pub mod cors;
 pub mod events;
 mod evidence;
 mod list;
+pub mod operator_keys;
 pub mod overview;
 pub mod policies;
 mod quotas;
@@ -32,6 +33,7 @@ use http::{HeaderMap, Method};
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::domain::roles::Access;
 use crate::error::{ApiError, ApiResult};
 use crate::ids::{new_request_id, trace_from_headers, Trace};
 use crate::store::Store;
@@ -41,6 +43,9 @@ pub struct App {
     pub store: Store,
     pub config: Config,
     key_tenants: Mutex<HashMap<String, String>>,
+    /// Operator keys this container checked, by the digest of the presented key, and when
+    /// (trusted for `CYCLES_AUTH_CACHE_MS`).
+    operator_keys: Mutex<HashMap<String, (auth::Operator, std::time::Instant)>>,
     alarms: alarms::Alarms,
     /// Each tenant's evidence switch as last read, and when (`evidence::enabled_for`).
     evidence_switches: Mutex<HashMap<String, (Option<bool>, std::time::Instant)>>,
@@ -52,6 +57,7 @@ impl App {
             store,
             config,
             key_tenants: Mutex::new(HashMap::new()),
+            operator_keys: Mutex::new(HashMap::new()),
             alarms: Default::default(),
             evidence_switches: Mutex::new(HashMap::new()),
         }
@@ -77,6 +83,9 @@ pub struct ApiRequest {
     pub params: Params,
     /// The caller's address as the front end saw it (API Gateway's `sourceIp`, the peer).
     pub source_ip: Option<String>,
+    /// The IAM principal (ARN) API Gateway verified when the operator plane is called with IAM
+    /// (SigV4) authorization; never taken from a header.
+    pub iam_principal: Option<String>,
 }
 
 impl ApiRequest {
@@ -116,6 +125,8 @@ pub struct Route {
     pub function: &'static str,
     /// The spec's operationId (the operational routes have their own).
     pub operation: &'static str,
+    /// What an operator credential needs to call it (`domain::roles`).
+    pub access: Access,
     pub handler: Handler,
 }
 
@@ -126,7 +137,7 @@ impl std::fmt::Debug for Route {
 }
 
 macro_rules! routes {
-    ($($plane:ident $method:ident $template:literal => $function:literal ($operation:ident), $handler:path;)*) => {
+    ($($plane:ident $method:ident $template:literal => $function:literal ($operation:ident) [$access:ident], $handler:path;)*) => {
         /// The single source of truth for plane + method + path -> function and handler. Adding an
         /// endpoint is one line here, its handler and the op it calls.
         pub static ROUTES: &[Route] = &[$(Route {
@@ -135,83 +146,90 @@ macro_rules! routes {
             template: $template,
             function: $function,
             operation: stringify!($operation),
+            access: Access::$access,
             handler: |app, ctx, req| Box::pin($handler(app, ctx, req)),
         }),*];
     };
 }
 
 routes! {
-    Runtime GET "/v1/reservations" => "list-reservations" (listReservations), list::list;
-    Runtime GET "/v1/balances" => "get-balances" (getBalances), balances::get;
-    Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds), action_kinds::list;
-    Runtime GET "/v1/action-kinds/{kind}" => "get-action-kind" (getActionKind), action_kinds::get;
-    Runtime GET "/v1/evidence/{evidence_id}" => "get-evidence" (getEvidence), evidence::get;
-    Runtime GET "/v1/.well-known/cycles-jwks.json" => "get-evidence-jwks" (getEvidenceJwks), evidence::jwks;
-    Runtime POST "/v1/decide" => "decide" (decide), reservations::decide;
-    Runtime POST "/v1/events" => "create-event" (createEvent), reservations::create_event;
-    Runtime POST "/v1/reservations" => "create-reservation" (createReservation), reservations::create;
-    Runtime GET "/v1/reservations/{reservation_id}" => "get-reservation" (getReservation), reservations::get;
-    Runtime POST "/v1/reservations/{reservation_id}/commit" => "commit-reservation" (commitReservation), reservations::commit;
-    Runtime POST "/v1/reservations/{reservation_id}/release" => "release-reservation" (releaseReservation), reservations::release;
-    Runtime POST "/v1/reservations/{reservation_id}/extend" => "extend-reservation" (extendReservation), reservations::extend;
-    Admin POST "/v1/admin/tenants" => "create-tenant" (createTenant), tenants::create;
-    Admin GET "/v1/admin/tenants" => "list-tenants" (listTenants), tenants::list;
-    Admin POST "/v1/admin/tenants/bulk-action" => "bulk-action-tenants" (bulkActionTenants), bulk::tenants;
-    Admin GET "/v1/admin/tenants/{tenant_id}" => "get-tenant" (getTenant), tenants::get;
-    Admin PATCH "/v1/admin/tenants/{tenant_id}" => "update-tenant" (updateTenant), tenants::update;
-    Admin POST "/v1/admin/api-keys" => "create-api-key" (createApiKey), api_keys::create;
-    Admin GET "/v1/admin/api-keys" => "list-api-keys" (listApiKeys), api_keys::list;
-    Admin PATCH "/v1/admin/api-keys/{key_id}" => "update-api-key" (updateApiKey), api_keys::update;
-    Admin DELETE "/v1/admin/api-keys/{key_id}" => "revoke-api-key" (revokeApiKey), api_keys::revoke;
-    Admin POST "/v1/admin/api-keys/{key_id}/rotate" => "rotate-api-key" (rotateApiKey), api_keys::rotate;
-    Admin POST "/v1/admin/budgets" => "create-budget" (createBudget), budgets::create;
-    Admin GET "/v1/admin/budgets" => "list-budgets" (listBudgets), budgets::list;
-    Admin GET "/v1/admin/budgets/lookup" => "lookup-budget" (lookupBudget), budgets::lookup;
-    Admin PATCH "/v1/admin/budgets" => "update-budget" (updateBudget), budgets::update;
-    Admin POST "/v1/admin/budgets/freeze" => "freeze-budget" (freezeBudget), budgets::freeze;
-    Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget), budgets::unfreeze;
-    Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget), budgets::fund;
-    Admin POST "/v1/admin/budgets/bulk-action" => "bulk-action-budgets" (bulkActionBudgets), bulk::budgets;
-    Admin POST "/v1/admin/policies" => "create-policy" (createPolicy), policies::create;
-    Admin GET "/v1/admin/policies" => "list-policies" (listPolicies), policies::list;
-    Admin PATCH "/v1/admin/policies/{policy_id}" => "update-policy" (updatePolicy), policies::update;
-    Admin GET "/v1/admin/action-quota-counters" => "list-action-quota-counters" (listActionQuotaCounters), quotas::list;
-    Admin POST "/v1/admin/action-quota-counters/reset" => "reset-action-quota-counter" (resetActionQuotaCounter), quotas::reset;
-    Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth), admin::introspect;
-    Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey), api_keys::validate;
-    Admin GET "/v1/admin/overview" => "get-admin-overview" (getAdminOverview), overview::get;
-    Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs), audit::list;
-    Admin GET "/v1/balances" => "get-admin-balances" (getBalances), budgets::balances;
-    Admin GET "/v1/admin/events" => "list-events" (listEvents), events::admin_list;
-    Admin GET "/v1/admin/events/{event_id}" => "get-event" (getEvent), events::admin_get;
-    Admin GET "/v1/events" => "list-tenant-events" (listTenantEvents), events::tenant_list;
-    Admin POST "/v1/admin/webhooks" => "create-webhook" (createWebhookSubscription), webhooks::admin_create;
-    Admin GET "/v1/admin/webhooks" => "list-webhooks" (listWebhookSubscriptions), webhooks::admin_list;
-    Admin POST "/v1/admin/webhooks/bulk-action" => "bulk-action-webhooks" (bulkActionWebhooks), bulk::webhooks;
-    Admin GET "/v1/admin/webhooks/{subscription_id}" => "get-webhook" (getWebhookSubscription), webhooks::admin_get;
-    Admin PATCH "/v1/admin/webhooks/{subscription_id}" => "update-webhook" (updateWebhookSubscription), webhooks::admin_update;
-    Admin DELETE "/v1/admin/webhooks/{subscription_id}" => "delete-webhook" (deleteWebhookSubscription), webhooks::admin_delete;
-    Admin POST "/v1/admin/webhooks/{subscription_id}/test" => "test-webhook" (testWebhookSubscription), webhooks::admin_test;
-    Admin GET "/v1/admin/webhooks/{subscription_id}/deliveries" => "list-webhook-deliveries" (listWebhookDeliveries), webhooks::admin_deliveries;
-    Admin POST "/v1/admin/webhooks/{subscription_id}/replay" => "replay-events" (replayEvents), webhooks::admin_replay;
-    Admin GET "/v1/admin/config/webhook-security" => "get-webhook-security" (getWebhookSecurityConfig), webhook_security::get;
-    Admin PUT "/v1/admin/config/webhook-security" => "update-webhook-security" (updateWebhookSecurityConfig), webhook_security::put;
-    Admin POST "/v1/webhooks" => "create-tenant-webhook" (createTenantWebhook), webhooks::tenant_create;
-    Admin GET "/v1/webhooks" => "list-tenant-webhooks" (listTenantWebhooks), webhooks::tenant_list;
-    Admin GET "/v1/webhooks/{subscription_id}" => "get-tenant-webhook" (getTenantWebhook), webhooks::tenant_get;
-    Admin PATCH "/v1/webhooks/{subscription_id}" => "update-tenant-webhook" (updateTenantWebhook), webhooks::tenant_update;
-    Admin DELETE "/v1/webhooks/{subscription_id}" => "delete-tenant-webhook" (deleteTenantWebhook), webhooks::tenant_delete;
-    Admin POST "/v1/webhooks/{subscription_id}/test" => "test-tenant-webhook" (testTenantWebhook), webhooks::tenant_test;
-    Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries" (listTenantWebhookDeliveries), webhooks::tenant_deliveries;
+    Runtime GET "/v1/reservations" => "list-reservations" (listReservations) [Viewer], list::list;
+    Runtime GET "/v1/balances" => "get-balances" (getBalances) [Tenant], balances::get;
+    Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds) [Open], action_kinds::list;
+    Runtime GET "/v1/action-kinds/{kind}" => "get-action-kind" (getActionKind) [Open], action_kinds::get;
+    Runtime GET "/v1/evidence/{evidence_id}" => "get-evidence" (getEvidence) [Open], evidence::get;
+    Runtime GET "/v1/.well-known/cycles-jwks.json" => "get-evidence-jwks" (getEvidenceJwks) [Open], evidence::jwks;
+    Runtime POST "/v1/decide" => "decide" (decide) [Tenant], reservations::decide;
+    Runtime POST "/v1/events" => "create-event" (createEvent) [Tenant], reservations::create_event;
+    Runtime POST "/v1/reservations" => "create-reservation" (createReservation) [Tenant], reservations::create;
+    Runtime GET "/v1/reservations/{reservation_id}" => "get-reservation" (getReservation) [Viewer], reservations::get;
+    Runtime POST "/v1/reservations/{reservation_id}/commit" => "commit-reservation" (commitReservation) [Tenant], reservations::commit;
+    Runtime POST "/v1/reservations/{reservation_id}/release" => "release-reservation" (releaseReservation) [Operator], reservations::release;
+    Runtime POST "/v1/reservations/{reservation_id}/extend" => "extend-reservation" (extendReservation) [Tenant], reservations::extend;
+    Admin POST "/v1/admin/tenants" => "create-tenant" (createTenant) [Operator], tenants::create;
+    Admin GET "/v1/admin/tenants" => "list-tenants" (listTenants) [Viewer], tenants::list;
+    Admin POST "/v1/admin/tenants/bulk-action" => "bulk-action-tenants" (bulkActionTenants) [Operator], bulk::tenants;
+    Admin GET "/v1/admin/tenants/{tenant_id}" => "get-tenant" (getTenant) [Viewer], tenants::get;
+    Admin PATCH "/v1/admin/tenants/{tenant_id}" => "update-tenant" (updateTenant) [Operator], tenants::update;
+    Admin POST "/v1/admin/api-keys" => "create-api-key" (createApiKey) [Operator], api_keys::create;
+    Admin GET "/v1/admin/api-keys" => "list-api-keys" (listApiKeys) [Viewer], api_keys::list;
+    Admin PATCH "/v1/admin/api-keys/{key_id}" => "update-api-key" (updateApiKey) [Operator], api_keys::update;
+    Admin DELETE "/v1/admin/api-keys/{key_id}" => "revoke-api-key" (revokeApiKey) [Operator], api_keys::revoke;
+    Admin POST "/v1/admin/api-keys/{key_id}/rotate" => "rotate-api-key" (rotateApiKey) [Operator], api_keys::rotate;
+    Admin POST "/v1/admin/operator-keys" => "create-operator-key" (createOperatorKey) [Owner], operator_keys::create;
+    Admin GET "/v1/admin/operator-keys" => "list-operator-keys" (listOperatorKeys) [Owner], operator_keys::list;
+    Admin GET "/v1/admin/operator-keys/{key_id}" => "get-operator-key" (getOperatorKey) [Owner], operator_keys::get;
+    Admin PATCH "/v1/admin/operator-keys/{key_id}" => "update-operator-key" (updateOperatorKey) [Owner], operator_keys::update;
+    Admin DELETE "/v1/admin/operator-keys/{key_id}" => "revoke-operator-key" (revokeOperatorKey) [Owner], operator_keys::revoke;
+    Admin POST "/v1/admin/operator-keys/{key_id}/rotate" => "rotate-operator-key" (rotateOperatorKey) [Owner], operator_keys::rotate;
+    Admin POST "/v1/admin/budgets" => "create-budget" (createBudget) [Operator], budgets::create;
+    Admin GET "/v1/admin/budgets" => "list-budgets" (listBudgets) [Viewer], budgets::list;
+    Admin GET "/v1/admin/budgets/lookup" => "lookup-budget" (lookupBudget) [Viewer], budgets::lookup;
+    Admin PATCH "/v1/admin/budgets" => "update-budget" (updateBudget) [Operator], budgets::update;
+    Admin POST "/v1/admin/budgets/freeze" => "freeze-budget" (freezeBudget) [Operator], budgets::freeze;
+    Admin POST "/v1/admin/budgets/unfreeze" => "unfreeze-budget" (unfreezeBudget) [Operator], budgets::unfreeze;
+    Admin POST "/v1/admin/budgets/fund" => "fund-budget" (fundBudget) [Operator], budgets::fund;
+    Admin POST "/v1/admin/budgets/bulk-action" => "bulk-action-budgets" (bulkActionBudgets) [Operator], bulk::budgets;
+    Admin POST "/v1/admin/policies" => "create-policy" (createPolicy) [Operator], policies::create;
+    Admin GET "/v1/admin/policies" => "list-policies" (listPolicies) [Viewer], policies::list;
+    Admin PATCH "/v1/admin/policies/{policy_id}" => "update-policy" (updatePolicy) [Operator], policies::update;
+    Admin GET "/v1/admin/action-quota-counters" => "list-action-quota-counters" (listActionQuotaCounters) [Viewer], quotas::list;
+    Admin POST "/v1/admin/action-quota-counters/reset" => "reset-action-quota-counter" (resetActionQuotaCounter) [Operator], quotas::reset;
+    Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth) [Viewer], admin::introspect;
+    Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey) [Viewer], api_keys::validate;
+    Admin GET "/v1/admin/overview" => "get-admin-overview" (getAdminOverview) [Viewer], overview::get;
+    Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs) [Viewer], audit::list;
+    Admin GET "/v1/balances" => "get-admin-balances" (getBalances) [Tenant], budgets::balances;
+    Admin GET "/v1/admin/events" => "list-events" (listEvents) [Viewer], events::admin_list;
+    Admin GET "/v1/admin/events/{event_id}" => "get-event" (getEvent) [Viewer], events::admin_get;
+    Admin GET "/v1/events" => "list-tenant-events" (listTenantEvents) [Tenant], events::tenant_list;
+    Admin POST "/v1/admin/webhooks" => "create-webhook" (createWebhookSubscription) [Operator], webhooks::admin_create;
+    Admin GET "/v1/admin/webhooks" => "list-webhooks" (listWebhookSubscriptions) [Viewer], webhooks::admin_list;
+    Admin POST "/v1/admin/webhooks/bulk-action" => "bulk-action-webhooks" (bulkActionWebhooks) [Operator], bulk::webhooks;
+    Admin GET "/v1/admin/webhooks/{subscription_id}" => "get-webhook" (getWebhookSubscription) [Viewer], webhooks::admin_get;
+    Admin PATCH "/v1/admin/webhooks/{subscription_id}" => "update-webhook" (updateWebhookSubscription) [Operator], webhooks::admin_update;
+    Admin DELETE "/v1/admin/webhooks/{subscription_id}" => "delete-webhook" (deleteWebhookSubscription) [Operator], webhooks::admin_delete;
+    Admin POST "/v1/admin/webhooks/{subscription_id}/test" => "test-webhook" (testWebhookSubscription) [Operator], webhooks::admin_test;
+    Admin GET "/v1/admin/webhooks/{subscription_id}/deliveries" => "list-webhook-deliveries" (listWebhookDeliveries) [Viewer], webhooks::admin_deliveries;
+    Admin POST "/v1/admin/webhooks/{subscription_id}/replay" => "replay-events" (replayEvents) [Operator], webhooks::admin_replay;
+    Admin GET "/v1/admin/config/webhook-security" => "get-webhook-security" (getWebhookSecurityConfig) [Viewer], webhook_security::get;
+    Admin PUT "/v1/admin/config/webhook-security" => "update-webhook-security" (updateWebhookSecurityConfig) [Owner], webhook_security::put;
+    Admin POST "/v1/webhooks" => "create-tenant-webhook" (createTenantWebhook) [Tenant], webhooks::tenant_create;
+    Admin GET "/v1/webhooks" => "list-tenant-webhooks" (listTenantWebhooks) [Viewer], webhooks::tenant_list;
+    Admin GET "/v1/webhooks/{subscription_id}" => "get-tenant-webhook" (getTenantWebhook) [Viewer], webhooks::tenant_get;
+    Admin PATCH "/v1/webhooks/{subscription_id}" => "update-tenant-webhook" (updateTenantWebhook) [Operator], webhooks::tenant_update;
+    Admin DELETE "/v1/webhooks/{subscription_id}" => "delete-tenant-webhook" (deleteTenantWebhook) [Operator], webhooks::tenant_delete;
+    Admin POST "/v1/webhooks/{subscription_id}/test" => "test-tenant-webhook" (testTenantWebhook) [Operator], webhooks::tenant_test;
+    Admin GET "/v1/webhooks/{subscription_id}/deliveries" => "list-tenant-webhook-deliveries" (listTenantWebhookDeliveries) [Viewer], webhooks::tenant_deliveries;
     // Operational routes (outside /v1: not part of the protocol; last, so the protocol's
     // requests are matched without passing them).
-    Runtime GET "/health/live" => "health-live" (healthLive), liveness;
-    Runtime GET "/health/ready" => "health-ready" (healthReady), readiness;
+    Runtime GET "/health/live" => "health-live" (healthLive) [Open], liveness;
+    Runtime GET "/health/ready" => "health-ready" (healthReady) [Open], readiness;
     // The reference server's health paths (Spring Boot actuator), for tooling made for it.
-    Runtime GET "/actuator/health" => "health-ready" (actuatorHealth), actuator_readiness;
-    Runtime GET "/actuator/health/liveness" => "health-live" (actuatorLiveness), actuator_liveness;
-    Runtime GET "/actuator/health/readiness" => "health-ready" (actuatorReadiness), actuator_readiness;
-    Runtime GET "/version" => "health-live" (getVersion), version;
+    Runtime GET "/actuator/health" => "health-ready" (actuatorHealth) [Open], actuator_readiness;
+    Runtime GET "/actuator/health/liveness" => "health-live" (actuatorLiveness) [Open], actuator_liveness;
+    Runtime GET "/actuator/health/readiness" => "health-ready" (actuatorReadiness) [Open], actuator_readiness;
+    Runtime GET "/version" => "health-live" (getVersion) [Open], version;
 }
 
 /// The routes a Lambda function serves, by function (binary) name: one, or an endpoint and its
@@ -326,8 +344,13 @@ pub struct Ctx {
     pub operation: &'static str,
     pub user_agent: Option<String>,
     pub source_ip: Option<String>,
-    /// The key that authenticated the request, once known (tenant keys only).
+    /// The key that authenticated the request (or was presented and refused), once known: a
+    /// tenant key id, an operator key id, `ADMIN_API_KEY` or `iam:<principal ARN>`.
     pub key_id: Option<String>,
+    /// What the route asks of an operator credential.
+    pub access: Access,
+    /// The operator calling, once admitted (`App::authenticate`).
+    pub operator: Option<auth::Operator>,
     /// Set when a script was handed the request context: a successful change writes its own
     /// audit entry in the same step.
     pub audit_in_script: std::sync::atomic::AtomicBool,
@@ -338,7 +361,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn new(req: &ApiRequest, operation: &'static str) -> Ctx {
+    fn new(req: &ApiRequest, operation: &'static str, access: Access) -> Ctx {
         let user_agent = req.headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()).map(String::from);
         Ctx {
             request_id: new_request_id(),
@@ -348,11 +371,76 @@ impl Ctx {
             user_agent,
             source_ip: req.source_ip.clone(),
             key_id: None,
+            access,
+            operator: None,
             audit_in_script: Default::default(),
             audit_metadata: Default::default(),
             audit_actor: None,
         }
     }
+}
+
+impl Ctx {
+    /// Admits an accepted operator to this request: its role must reach the route's (else 403
+    /// INSUFFICIENT_PERMISSIONS naming both), and an operator limited to some tenants must name
+    /// one of them (`tenant_id` in the path, query or body; else 403 FORBIDDEN; introspection
+    /// excepted). A handler that learns the tenant from a resource checks it again (`act_for`).
+    fn admit(&mut self, operator: auth::Operator, req: &ApiRequest) -> ApiResult<()> {
+        self.key_id = Some(operator.key_id.clone());
+        if let Some(need) = self.access.role().filter(|need| operator.role < *need) {
+            return Err(ApiError::new(
+                crate::error::ErrorCode::InsufficientPermissions,
+                format!(
+                    "This operation needs the {} role; this operator credential has the {} role",
+                    need.as_str(),
+                    operator.role.as_str()
+                ),
+            ));
+        }
+        // introspection is about the credential itself, not any tenant
+        let limited = operator.tenant_pattern.is_some() && self.operation != "introspectAuth";
+        self.operator = Some(operator);
+        if limited {
+            let named = named_tenant(req).ok_or_else(|| {
+                ApiError::forbidden("This operator key is limited to some tenants: name the tenant (tenant_id)")
+            })?;
+            self.act_for(&named)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the operator calling is limited to some tenants (its by-id calls then check the
+    /// resource's tenant with `act_for`; nobody else pays for that read).
+    pub fn limited(&self) -> bool {
+        self.operator.as_ref().is_some_and(|o| o.tenant_pattern.is_some())
+    }
+
+    /// Records the tenant this request acts for; 403 when the operator calling is limited to
+    /// tenants this one does not match.
+    pub fn act_for(&mut self, tenant: &str) -> ApiResult<()> {
+        if let Some(pattern) = self.operator.as_ref().and_then(|o| o.tenant_pattern.as_deref()) {
+            if !crate::domain::roles::glob_matches(pattern, tenant) {
+                return Err(ApiError::forbidden(format!("This operator key is limited to tenants matching {pattern}")));
+            }
+        }
+        self.tenant = Some(tenant.to_string());
+        Ok(())
+    }
+}
+
+/// The tenant a request names: the path's `tenant_id`, else the query's `tenant_id` (or
+/// `tenant`), else the body's `tenant_id` (or a bulk action's `filter.tenant_id`).
+fn named_tenant(req: &ApiRequest) -> Option<String> {
+    if let Some(t) = req.params.get("tenant_id") {
+        return Some(t.clone());
+    }
+    let query = parse_query(&req.query).unwrap_or_default();
+    if let Some(t) = query.get("tenant_id").or_else(|| query.get("tenant")).filter(|t| !t.is_empty()) {
+        return Some(t.clone());
+    }
+    let body: serde_json::Value = serde_json::from_slice(&req.body).ok()?;
+    let t = body.get("tenant_id").or_else(|| body.get("filter").and_then(|f| f.get("tenant_id")))?;
+    t.as_str().map(String::from)
 }
 
 /// A successful answer: status, JSON body, and whether it replays an earlier request's answer.
@@ -389,15 +477,17 @@ impl Answer {
 /// Runs one route's handler and turns its outcome into a response with the correlation headers.
 pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     let started = std::time::Instant::now();
-    let mut ctx = Ctx::new(&req, route.operation);
+    let mut ctx = Ctx::new(&req, route.operation, route.access);
     // the operator plane may be restricted to source ranges (CYCLES_ADMIN_ALLOWED_CIDRS)
     let outcome = if route.plane == Plane::Admin && !app.config.admin_source_allowed(req.source_ip.as_deref()) {
         Err(ApiError::forbidden("The operator API does not accept requests from this address"))
     } else {
         (route.handler)(app, &mut ctx, &req).await
     };
+    // a failed authentication (401, or 429 once throttled) is audited under `__unauth__`
+    let unauthenticated = outcome.as_ref().is_err_and(|e| e.code == crate::error::ErrorCode::Unauthorized);
     let outcome = match outcome {
-        Err(e) if e.code == crate::error::ErrorCode::Unauthorized => Err(app.auth_failed(&ctx, &req.headers, e).await),
+        Err(e) if unauthenticated => Err(app.auth_failed(&ctx, &req.headers, e).await),
         other => other,
     };
     let replayed = outcome.as_ref().is_ok_and(|a| a.replayed);
@@ -406,7 +496,7 @@ pub async fn handle(app: &App, route: &Route, req: ApiRequest) -> ApiResponse {
     // changes, refusals and failures always; successful reads only with CYCLES_AUDIT_READS=on
     let read = route.method == Method::GET && outcome.is_ok();
     let audit = (route.plane == Plane::Admin && !(outcome.is_ok() && in_script) && (!read || app.config.audit_reads))
-        .then(|| audit_entry(&ctx, &req, &outcome));
+        .then(|| audit_entry(&ctx, &req, &outcome, unauthenticated));
     let changed = route.plane == Plane::Admin && route.method != Method::GET && outcome.is_ok();
     let res = respond(&ctx, outcome);
     if changed {
@@ -444,15 +534,20 @@ async fn record_audit(app: &App, mut owner: String, mut entry: crate::ops::audit
 /// The audit entry of an operator-plane request the dispatcher records (reads, refusals,
 /// failures), and its owner: the tenant it concerned, `__admin__` for other admin-key
 /// requests, `__unauth__` when authentication failed.
-fn audit_entry(ctx: &Ctx, req: &ApiRequest, outcome: &ApiResult<Answer>) -> (String, crate::ops::audit::AuditRecord) {
+fn audit_entry(
+    ctx: &Ctx,
+    req: &ApiRequest,
+    outcome: &ApiResult<Answer>,
+    unauthenticated: bool,
+) -> (String, crate::ops::audit::AuditRecord) {
     use crate::ops::audit::{resource_type, AuditRecord, ADMIN_OWNER, UNAUTH_OWNER};
     let (status, error_code) = match outcome {
         Ok(a) => (a.status, None),
         Err(e) => (e.status(), Some(e.code.as_str().to_string())),
     };
-    let admin_key = req.headers.contains_key(auth::ADMIN_KEY_HEADER);
+    let admin_key = req.headers.contains_key(auth::ADMIN_KEY_HEADER) || ctx.operator.is_some();
     let owner = match (&ctx.tenant, status) {
-        (_, 401) => UNAUTH_OWNER.to_string(),
+        _ if unauthenticated => UNAUTH_OWNER.to_string(),
         (Some(t), _) if crate::domain::validate_tenant_id(t).is_ok() => t.clone(),
         _ if admin_key => ADMIN_OWNER.to_string(),
         _ => UNAUTH_OWNER.to_string(),
@@ -548,7 +643,7 @@ pub fn not_found(req: &ApiRequest) -> ApiResponse {
 
 /// An error answered before any handler runs, with fresh correlation ids.
 pub fn error_response(req: &ApiRequest, error: ApiError) -> ApiResponse {
-    respond(&Ctx::new(req, "none"), Err(error))
+    respond(&Ctx::new(req, "none", Access::Open), Err(error))
 }
 
 /// The answer when no route of `plane` matches: 405 with `Allow` when the path exists with
@@ -562,7 +657,7 @@ pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
     if allowed.is_empty() {
         return not_found(req);
     }
-    let ctx = Ctx::new(req, "none");
+    let ctx = Ctx::new(req, "none", Access::Open);
     let message = format!("{} is not allowed on {}; allowed: {}", req.method, req.path, allowed.join(", "));
     let mut res = respond(&ctx, Err(ApiError::invalid(message).with_status(405)));
     res.headers.push(("allow", allowed.join(", ")));

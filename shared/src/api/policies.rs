@@ -306,7 +306,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     let caller = dual_auth(app, ctx, req, Some(Permission::PoliciesWrite)).await?;
     let (r, _) = parse_json::<PolicyCreateRequest>(&req.body)?;
     let tenant = body_tenant(&caller, r.tenant_id.as_deref())?;
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let pattern = validate_pattern(&r.scope_pattern, &tenant).map_err(ApiError::invalid)?;
     if let Caller::Tenant(k) = &caller {
         k.check_scope(&pattern)?;
@@ -350,7 +350,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             .ok_or_else(|| ApiError::invalid("tenant_id is required with the admin key"))?,
         Caller::Tenant(k) => k.tenant.clone(),
     };
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     let status = match q.get("status") {
         None => None,
         Some(s @ ("ACTIVE" | "DISABLED")) => Some(s.to_string()),
@@ -391,7 +391,7 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         }
         k.check_not_suspended()?;
     }
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     for _ in 0..3 {
         let current = policies::read(&app.store, &tenant, id).await?.ok_or_else(not_found)?;
         if let Caller::Tenant(k) = &caller {

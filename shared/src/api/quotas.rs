@@ -45,7 +45,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             (k.tenant.clone(), !primary)
         }
     };
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     check_window(get("window"))?;
     let limit = parse_limit(q.get("limit").filter(|v| !v.is_empty()), 200)?;
     let include_zero = query_bool(get("include_zero"), "include_zero")?.unwrap_or(false);
@@ -104,12 +104,12 @@ struct ResetRequest {
 }
 
 pub async fn reset(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, _) = parse_json::<ResetRequest>(&req.body)?;
     let tenant =
         r.tenant_id.filter(|t| !t.is_empty()).ok_or_else(|| ApiError::invalid("missing_required_field: tenant_id"))?;
     crate::domain::validate_tenant_id(&tenant)?;
-    ctx.tenant = Some(tenant.clone());
+    ctx.act_for(&tenant)?;
     check_window(Some(&r.window))?;
     if r.reason.as_ref().is_some_and(|x| x.chars().count() > 512) {
         return Err(ApiError::invalid("reason must be at most 512 characters"));

@@ -55,9 +55,9 @@ async fn parse<T: serde::de::DeserializeOwned + Validate>(
 
 /// Authenticates before the body is parsed (401 precedes 400) and records the tenant.
 async fn authenticate(app: &App, ctx: &mut Ctx, req: &ApiRequest, admin_allowed: bool) -> ApiResult<Caller> {
-    let caller = app.authenticate(&req.headers, admin_allowed).await?;
+    let caller = app.authenticate(ctx, req, admin_allowed).await?;
     if let Caller::Tenant(c) = &caller {
-        ctx.tenant = Some(c.tenant.clone());
+        ctx.act_for(&c.tenant)?;
     }
     Ok(caller)
 }
@@ -661,7 +661,7 @@ async fn settle_release(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
     let a = address(app, caller, req, Permission::ReservationsRelease).await?;
     // An admin-key release records its audit entry in the same step as the release.
     let audit = if a.caller.is_none() {
-        ctx.tenant = Some(a.id.tenant.clone());
+        ctx.act_for(&a.id.tenant)?;
         super::admin::script_context(ctx, &Caller::Admin, true, None)
     } else {
         String::new()
@@ -721,6 +721,9 @@ pub async fn extend(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     let caller = authenticate(app, ctx, req, true).await?;
     let a = address(app, caller, req, Permission::ReservationsList).await?;
+    if a.caller.is_none() {
+        ctx.act_for(&a.id.tenant)?;
+    }
     let record_key = a.keys.reservation(&a.id.token);
     let with_evidence = evidence::enabled_for(app, &a.id.tenant).await?;
     let call = GetReservation {

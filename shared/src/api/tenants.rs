@@ -199,18 +199,18 @@ pub async fn create_tenant(store: &Store, context: &str, r: &TenantCreateRequest
 }
 
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (r, _) = parse_json::<TenantCreateRequest>(&req.body)?;
-    ctx.tenant = Some(r.tenant_id.clone());
+    ctx.act_for(&r.tenant_id)?;
     let context = script_context(ctx, &Caller::Admin, false, None);
     let (record, created) = create_tenant(&app.store, &context, &r).await?;
     Ok(Answer::json(if created { 201 } else { 200 }, &tenant_json(&record)))
 }
 
 pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let id = req.param("tenant_id");
-    ctx.tenant = Some(id.to_string());
+    ctx.act_for(id)?;
     Ok(Answer::json(200, &tenant_json(&ops::tenants::read(&app.store, id).await?)))
 }
 
@@ -258,8 +258,8 @@ impl TenantFilter {
     }
 }
 
-pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, ctx, req).await?;
     let q = ListQuery::parse(req, &["created_at", "tenant_id", "name", "status"])?;
     let filter = TenantFilter::from_query(&q)?;
     let mut rows = vec![];
@@ -280,9 +280,9 @@ pub async fn list(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
 }
 
 pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let id = req.param("tenant_id").to_string();
-    ctx.tenant = Some(id.clone());
+    ctx.act_for(&id)?;
     let (r, _) = parse_json::<TenantUpdateRequest>(&req.body)?;
     let mut patch = Map::new();
     if let Some(n) = &r.name {

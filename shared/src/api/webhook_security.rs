@@ -13,8 +13,8 @@ use crate::ops::settings::{WriteWebhookSecurity, WEBHOOK_SECURITY};
 /// `GET /v1/admin/config/webhook-security` (getWebhookSecurityConfig): the configuration in
 /// force: the stored one, the environment's defaults while none is stored, and under
 /// `cycles-local --dev-webhooks` no blocked range (none applies then).
-pub async fn get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, ctx, req).await?;
     let in_force = crate::ops::settings::egress_rules(&app.store, &app.config.webhooks.egress).await?;
     Ok(Answer::json(200, &in_force.settings()))
 }
@@ -23,7 +23,7 @@ pub async fn get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
 /// configuration (absent fields take the spec's defaults); in force from the next webhook
 /// write and the next delivery pass, on every container. Answers it as in force (see `get`).
 pub async fn put(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let (settings, _) = parse_json::<WebhookSecurity>(&req.body)?;
     settings.validate().map_err(ApiError::invalid)?;
     let call = WriteWebhookSecurity {

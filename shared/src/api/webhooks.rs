@@ -488,8 +488,19 @@ async fn list_for(app: &App, owners: Vec<String>, req: &ApiRequest) -> ApiResult
 // ---------------------------------------------------------------------------------------------
 // Admin routes
 
+/// An operator's call on one subscription: authenticated, and, for an operator key limited to
+/// some tenants, acting for the subscription's owner (403 for another's).
+async fn admin_subscription(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<()> {
+    require_admin(app, ctx, req).await?;
+    if ctx.limited() {
+        let (owner, _) = resolve(app, req.param("subscription_id"), None).await?;
+        ctx.act_for(&owner)?;
+    }
+    Ok(())
+}
+
 pub async fn admin_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let q = super::parse_query(&req.query)?;
     let owner = match q.get("tenant_id").filter(|t| !t.is_empty()) {
         None => SYSTEM_TENANT.to_string(),
@@ -501,16 +512,16 @@ pub async fn admin_create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
             t.clone()
         }
     };
-    ctx.tenant = Some(owner.clone());
+    ctx.act_for(&owner)?;
     create_for(app, ctx, &Caller::Admin, &owner, req).await
 }
 
 pub async fn admin_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    require_admin(app, ctx, req).await?;
     let q = super::parse_query(&req.query)?;
     let owners = match q.get("tenant_id").filter(|t| !t.is_empty()) {
         Some(t) => {
-            ctx.tenant = Some(t.clone());
+            ctx.act_for(t)?;
             vec![t.clone()]
         }
         None => ops::events::owners(&app.store).await?,
@@ -518,35 +529,35 @@ pub async fn admin_list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
     list_for(app, owners, req).await
 }
 
-pub async fn admin_get(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn admin_get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    admin_subscription(app, ctx, req).await?;
     let (_, sub) = resolve(app, req.param("subscription_id"), None).await?;
     Ok(Answer::json(200, &subscription_json(&sub)))
 }
 
 pub async fn admin_update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    admin_subscription(app, ctx, req).await?;
     update_for(app, ctx, &Caller::Admin, None, req.param("subscription_id"), req).await
 }
 
 pub async fn admin_delete(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    admin_subscription(app, ctx, req).await?;
     delete_for(app, ctx, &Caller::Admin, None, req.param("subscription_id")).await
 }
 
 pub async fn admin_test(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+    admin_subscription(app, ctx, req).await?;
     test_for(app, ctx, None, req.param("subscription_id")).await
 }
 
-pub async fn admin_deliveries(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn admin_deliveries(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    admin_subscription(app, ctx, req).await?;
     deliveries_for(app, None, req.param("subscription_id"), req).await
 }
 
 /// Replay: every deliverable event of the window becomes a new delivery, or 400 and nothing.
-pub async fn admin_replay(app: &App, _ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, req).await?;
+pub async fn admin_replay(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    admin_subscription(app, ctx, req).await?;
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid("a JSON body is required ({} replays everything the subscription selects)"));
     }

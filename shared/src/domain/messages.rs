@@ -53,4 +53,9 @@ messages! {
     API_KEY_ALREADY_REVOKED = "API key is already revoked";
     API_KEY_EXPIRED = "API key has expired; create a new one";
     WEBHOOK_NOT_FOUND = "Webhook subscription not found";
+    OPERATOR_KEY_NOT_FOUND = "Operator key not found";
+    OPERATOR_KEY_ALREADY_REVOKED = "Operator key is already revoked";
+    OPERATOR_KEY_EXPIRED = "Operator key has expired; create a new one";
+    OWNER_UNLIMITED = "An owner key cannot be limited to some tenants (tenant_pattern): it could create keys without the limit";
+    OPERATOR_KEYS_FULL = "At most 1000 operator keys may exist (revoked ones included)";
 }

@@ -59,6 +59,7 @@ pub mod action_kinds;
 pub mod messages;
 pub mod periods;
 pub mod policies;
+pub mod roles;
 pub mod rules;
 
 /// Key permissions (the admin spec's `Permission`), for both planes. An operation names the

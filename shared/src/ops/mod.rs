@@ -13,6 +13,7 @@ pub mod evidence;
 pub mod ledgers;
 pub mod listing;
 pub mod maintenance;
+pub mod operators;
 pub mod overview;
 pub mod policies;
 pub mod quotas;
@@ -104,6 +105,9 @@ const SCRIPTS: &[Script] = &[
     auth::CountMinute::SCRIPT,
     auth::AuthFailure::SCRIPT,
     auth::ExpireKeys::SCRIPT,
+    operators::CreateOperatorKey::SCRIPT,
+    operators::UpdateOperatorKey::SCRIPT,
+    operators::CheckOperatorKey::SCRIPT,
     tenants::CreateTenant::SCRIPT,
     tenants::UpdateTenant::SCRIPT,
     tenants::CascadeStep::SCRIPT,

@@ -1,0 +1,5 @@
+//! Lambda function: CreateOperatorKey.
+
+fn main() -> Result<(), cycles_shared::lambda::Error> {
+    cycles_shared::lambda::start(cycles_shared::lambda::run("create-operator-key"))
+}
