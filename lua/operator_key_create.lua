@@ -9,6 +9,7 @@ local fields = cjson.decode(A.fields)
 fields.status, fields.created_at_ms, fields.updated_at_ms = 'ACTIVE', now_s, now_s
 write_fields(K.operator_key, fields)
 redis.call('SADD', K.operator_key_index, fields.key_id)
+if fields.role == 'owner' then redis.call('SADD', K.operator_owners, fields.key_id) end
 audit(K.audit_log, ctx, 'operator_key.create', 'operator_key', fields.key_id, now,
   {role = fields.role, tenant_pattern = fields.tenant_pattern})
 return ok(record_json(K.operator_key), 'ACTIVE', now_s)

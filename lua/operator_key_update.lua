@@ -11,7 +11,19 @@ if not k[1] then return err('NOT_FOUND', MSG.OPERATOR_KEY_NOT_FOUND) end
 if k[2] == 'REVOKED' then return err('KEY_REVOKED', MSG.OPERATOR_KEY_ALREADY_REVOKED) end
 local key_id = k[1]
 
+-- An owner stops being one (revoked or demoted): refused for the last owner while the bootstrap
+-- key is off (`A.bootstrap` ''), which would leave no one able to manage operator keys.
+local function leave_owners()
+  if redis.call('SISMEMBER', K.operator_owners, key_id) == 0 then return nil end
+  if A.bootstrap == '' and redis.call('SCARD', K.operator_owners) <= 1 then
+    return err('INVALID_REQUEST', MSG.LAST_OWNER, '', 409)
+  end
+  redis.call('SREM', K.operator_owners, key_id)
+end
+
 if A.mode == 'revoke' then
+  local e = leave_owners()
+  if e then return e end
   redis.call('HSET', K.operator_key, 'status', 'REVOKED', 'revoked_at_ms', now_s, 'updated_at_ms', now_s)
   redis.call('HDEL', K.operator_key, 'previous_digest', 'previous_until_ms')
   if A.change ~= '' then redis.call('HSET', K.operator_key, 'revoked_reason', A.change) end
@@ -32,6 +44,12 @@ local patch = cjson.decode(A.change)
 local role = patch.role or k[4]
 local pattern = patch.tenant_pattern or redis.call('HGET', K.operator_key, 'tenant_pattern') or ''
 if role == 'owner' and pattern ~= '' then return err('INVALID_REQUEST', MSG.OWNER_UNLIMITED) end
+if role == 'owner' then
+  redis.call('SADD', K.operator_owners, key_id)
+else
+  local e = leave_owners()
+  if e then return e end
+end
 patch.updated_at_ms = now_s
 write_fields(K.operator_key, patch)
 local details = nil

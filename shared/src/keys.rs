@@ -206,6 +206,8 @@ tenant_keys! {
     operator_key(key_id) => [":opkey:" key_id];
     /// Set of the operator key ids (`__admin__` only).
     operator_key_index() => [":opkeys"];
+    /// The ids of the operator keys with the owner role that are not revoked (`__admin__` only).
+    operator_owners() => [":opowners"];
     /// A webhook subscription owned by this tenant (or by `__system__`).
     webhook(id) => [":wh:" id];
     /// The lock of a replay of events to one subscription.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use cycles_shared::api::{self, ApiRequest, App, Plane, ROUTES};
 use cycles_shared::domain::roles::{Access, Role};
+use cycles_shared::local::EmbeddedRedis;
 use cycles_tests::*;
 use serde_json::{json, Value};
 
@@ -315,14 +316,31 @@ async fn an_operator_limited_to_some_tenants_reaches_only_those() {
 
 #[tokio::test]
 async fn the_bootstrap_key_can_be_switched_off_once_owners_exist() {
-    let a = Harness::start().await;
-    let (_, owner) = a.operator_key("owner", None).await;
+    // a store of its own: who is the last owner depends on every owner key of the store
+    let a = Harness::start_with_redis(EmbeddedRedis::start(&[]).await.expect("redis-server"), |_| {}).await;
+    let (first_id, first) = a.operator_key("owner", None).await;
     let b = Harness::start_beside(&a, |c| c.bootstrap_admin_key = false).await;
     b.admin("GET", "/v1/admin/tenants?limit=1", None).await.assert_error(401, "UNAUTHORIZED");
-    b.admin_with(&owner, "GET", "/v1/admin/tenants?limit=1", None).await.assert_ok();
-    let r =
-        b.admin_with(&owner, "POST", "/v1/admin/operator-keys", Some(&json!({"name": "n", "role": "viewer"}))).await;
-    assert_eq!(r.assert_created()["created_by"].as_str().unwrap().len(), 16);
+    b.admin_with(&first, "GET", "/v1/admin/tenants?limit=1", None).await.assert_ok();
+
+    // the last owner cannot be revoked or demoted while the bootstrap key is off
+    let path = format!("/v1/admin/operator-keys/{first_id}");
+    b.admin_with(&first, "DELETE", &path, None).await.assert_error(409, "INVALID_REQUEST");
+    let demote = json!({"role": "operator"});
+    b.admin_with(&first, "PATCH", &path, Some(&demote)).await.assert_error(409, "INVALID_REQUEST");
+    b.admin_with(&first, "GET", &path, None).await.assert_ok();
+
+    // with a second owner it can; the second names the first as its creator
+    let r = b.admin_with(&first, "POST", "/v1/admin/operator-keys", Some(&json!({"name": "n", "role": "owner"}))).await;
+    let second = r.assert_created().clone();
+    assert_eq!(second["created_by"], first_id.as_str());
+    let second_secret = second["key_secret"].as_str().unwrap();
+    let r = b.admin_with(second_secret, "PATCH", &path, Some(&demote)).await;
+    assert_eq!(r.assert_ok()["role"], "operator");
+    let second_path = format!("/v1/admin/operator-keys/{}", second["key_id"].as_str().unwrap());
+    b.admin_with(second_secret, "DELETE", &second_path, None).await.assert_error(409, "INVALID_REQUEST");
+    // where the bootstrap key is on, it is the way back in: the last owner may go
+    a.admin("DELETE", &second_path, None).await.assert_ok();
 }
 
 #[tokio::test]

@@ -112,6 +112,13 @@ fn key_id(req: &ApiRequest) -> &str {
     req.param("key_id")
 }
 
+/// Runs one change of the path's operator key (see `operators::Change`).
+async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: String) -> ApiResult<OperatorKey> {
+    let context = script_context(ctx, &Caller::Admin, false, None);
+    let bootstrap_on = app.config.bootstrap_admin_key && app.config.admin_api_key.is_some();
+    operators::change(&app.store, key_id(req), &context, operators::Change { mode, change: arg, bootstrap_on }).await
+}
+
 pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, ctx, req).await?;
     let (r, _) = parse_json::<OperatorKeyCreateRequest>(&req.body)?;
@@ -207,8 +214,7 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     if let Some(at) = &r.expires_at {
         patch.insert("expires_at_ms".into(), json!(expiry(at)?.to_string()));
     }
-    let context = script_context(ctx, &Caller::Admin, false, None);
-    let key = operators::change(&app.store, key_id(req), &context, "update", Value::Object(patch).to_string()).await?;
+    let key = change(app, ctx, req, "update", Value::Object(patch).to_string()).await?;
     Ok(Answer::json(200, &operator_key_json(&key)))
 }
 
@@ -219,8 +225,7 @@ pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     if reason.chars().count() > 512 {
         return Err(ApiError::invalid("reason must be at most 512 characters"));
     }
-    let context = script_context(ctx, &Caller::Admin, false, None);
-    let key = operators::change(&app.store, key_id(req), &context, "revoke", reason).await?;
+    let key = change(app, ctx, req, "revoke", reason).await?;
     Ok(Answer::json(200, &operator_key_json(&key)))
 }
 
@@ -231,10 +236,9 @@ pub async fn rotate(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     require_admin(app, ctx, req).await?;
     let grace = rotation_grace(req)?;
     let secret = fresh_secret(SECRET_PREFIX, key_id(req));
-    let change = json!({"digest": key_digest(&app.config.key_pepper, &secret),
+    let rotation = json!({"digest": key_digest(&app.config.key_pepper, &secret),
         "prefix": &secret[..SECRET_PREFIX.len() + 6], "grace_ms": grace});
-    let context = script_context(ctx, &Caller::Admin, false, None);
-    let key = operators::change(&app.store, key_id(req), &context, "rotate", change.to_string()).await?;
+    let key = change(app, ctx, req, "rotate", rotation.to_string()).await?;
     let mut body = operator_key_json(&key);
     body["key_secret"] = json!(secret);
     body["previous_key_valid_until"] = json!(format_rfc3339_ms(key.previous_until_ms.unwrap_or_default()));

@@ -57,5 +57,6 @@ messages! {
     OPERATOR_KEY_ALREADY_REVOKED = "Operator key is already revoked";
     OPERATOR_KEY_EXPIRED = "Operator key has expired; create a new one";
     OWNER_UNLIMITED = "An owner key cannot be limited to some tenants (tenant_pattern): it could create keys without the limit";
+    LAST_OWNER = "This is the last owner key and the bootstrap ADMIN_API_KEY is off: revoking or demoting it would leave no one able to manage operator keys";
     OPERATOR_KEYS_FULL = "At most 1000 operator keys may exist (revoked ones included)";
 }

@@ -17,7 +17,7 @@ script! {
     /// createOperatorKey (`lua/operator_key_create.lua`): `fields` is the key's record (JSON,
     /// the digest included; never the secret).
     pub struct CreateOperatorKey = operator_key_create -> RecordAnswer {
-        keys: [operator_key, operator_key_index, audit_log],
+        keys: [operator_key, operator_key_index, operator_owners, audit_log],
         args: [context, fields],
     }
 }
@@ -25,8 +25,8 @@ script! {
 script! {
     /// update, revoke and rotate an operator key (`lua/operator_key_update.lua`).
     pub struct UpdateOperatorKey = operator_key_update -> RecordAnswer {
-        keys: [operator_key, audit_log],
-        args: [context, mode, change],
+        keys: [operator_key, operator_owners, audit_log],
+        args: [context, mode, change, bootstrap],
     }
 }
 
@@ -121,6 +121,7 @@ pub async fn create(store: &Store, key_id: &str, context: &str, fields: String) 
     let call = CreateOperatorKey {
         operator_key: keys.operator_key(key_id),
         operator_key_index: keys.operator_key_index(),
+        operator_owners: keys.operator_owners(),
         audit_log: keys.audit_log(),
         context: context.to_string(),
         fields,
@@ -128,16 +129,26 @@ pub async fn create(store: &Store, key_id: &str, context: &str, fields: String) 
     OperatorKey::decoded(store.run(call).await?.value)
 }
 
-/// Updates (`change`: a JSON patch), revokes (`change`: the reason) or rotates (`change`:
-/// `{digest, prefix, grace_ms}`) operator key `key_id`: the stored record afterwards.
-pub async fn change(store: &Store, key_id: &str, context: &str, mode: &str, change: String) -> ApiResult<OperatorKey> {
+/// What changes an operator key: `mode` and `change` (a JSON patch for `update`, the reason for
+/// `revoke`, `{digest, prefix, grace_ms}` for `rotate`), and whether the bootstrap key is on (the
+/// last owner may then be revoked or demoted).
+pub struct Change<'a> {
+    pub mode: &'a str,
+    pub change: String,
+    pub bootstrap_on: bool,
+}
+
+/// Updates, revokes or rotates operator key `key_id`: the stored record afterwards.
+pub async fn change(store: &Store, key_id: &str, context: &str, c: Change<'_>) -> ApiResult<OperatorKey> {
     let keys = admin_keys();
     let call = UpdateOperatorKey {
         operator_key: keys.operator_key(key_id),
+        operator_owners: keys.operator_owners(),
         audit_log: keys.audit_log(),
         context: context.to_string(),
-        mode: mode.to_string(),
-        change,
+        mode: c.mode.to_string(),
+        change: c.change,
+        bootstrap: if c.bootstrap_on { "1" } else { "" }.to_string(),
     };
     OperatorKey::decoded(store.run(call).await?.value)
 }
