@@ -47,3 +47,34 @@ async fn odd_reservation_ids_are_plain_not_found() {
     h.get(&t.key, &format!("/v1/reservations/{long}")).await.assert_error(404, "NOT_FOUND");
     h.get(&t.key, &format!("/v1/reservations/{long}x")).await.assert_error(400, "INVALID_REQUEST");
 }
+
+/// Only ops choose keys (the engine issue's one key schema): no handler of `shared/src/api`
+/// names a key of the schema; each asks an op by tenant, id or token.
+#[test]
+fn handlers_choose_no_keys() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/src/api");
+    let banned = [
+        "TenantKeys",
+        "keys::key_lookup",
+        "keys::webhook_lookup",
+        "keys::policy_lookup",
+        "keys::auth_failures",
+        "keys::public_requests",
+        "keys::evidence(",
+        "keys::due_index",
+        "HEALTH_PROBE",
+        "TENANT_REGISTRY",
+        "SWEEP_SLOTS",
+        "TRIM_CURSOR",
+    ];
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir).expect("shared/src/api") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        files += 1;
+        for b in banned {
+            assert!(!text.contains(b), "{} names a key ({b}): ask an op instead", path.display());
+        }
+    }
+    assert!(files > 20, "read the handlers");
+}

@@ -11,8 +11,6 @@ use serde_json::{json, Value};
 
 use super::{App, Ctx};
 use crate::domain::{format_rfc3339_ms, now_ms};
-use crate::keys::TenantKeys;
-use crate::ops::events::SYSTEM_TENANT;
 
 /// Latency samples kept per operation and window (a reservoir beyond it).
 const SAMPLES: usize = 2_000;
@@ -112,15 +110,9 @@ pub async fn observe(app: &App, ctx: &Ctx, status: u16, store_down: bool, latenc
         }
     }
     let Some((name, ttl)) = marker else { return };
-    let keys = TenantKeys::new(SYSTEM_TENANT);
-    let call = crate::ops::webhooks::SystemAlert {
-        events: keys.events(),
-        marker: keys.system_alert_marker(name),
-        marker_ttl_ms: ttl.to_string(),
-        context: json!({"request_id": ctx.request_id, "trace_id": ctx.trace.trace_id}).to_string(),
-        alerts: events.into_iter().flat_map(|(t, d)| [t.to_string(), d.to_string()]).collect(),
-    };
-    if let Err(e) = app.store.run(call).await {
+    let context = json!({"request_id": ctx.request_id, "trace_id": ctx.trace.trace_id}).to_string();
+    let alerts = events.into_iter().flat_map(|(t, d)| [t.to_string(), d.to_string()]).collect();
+    if let Err(e) = crate::ops::webhooks::system_alert(&app.store, &name, ttl, context, alerts).await {
         tracing::warn!(error = %e.message, "could not write a system alert");
     }
 }

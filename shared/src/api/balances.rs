@@ -8,9 +8,9 @@ use super::auth::Caller;
 use super::{parse_limit, parse_query, query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult};
-use crate::keys::{digest, TenantKeys};
+use crate::keys::digest;
 use crate::model::{Balance, Unit};
-use crate::ops::ledgers::{ListLedgers, MaybeLedger, ReadLedgers};
+use crate::ops::ledgers::{self, MaybeLedger};
 
 const FILTERS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "agent", "toolset"];
 
@@ -64,14 +64,8 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         FILTERS.iter().filter_map(|f| given(f).map(|v| format!("{f}:{}", v.to_ascii_lowercase()))).collect();
     let filter_key = segments.join("/");
 
-    let keys = TenantKeys::new(&caller.tenant);
-    let listed = ListLedgers {
-        api_key: keys.api_key(&caller.key_id),
-        scope_units: keys.scope_units(),
-        digest: caller.digest.clone(),
-        accepted: Permission::BalancesRead.accepted().to_string(),
-    };
-    let listed = app.store.run(listed).await?.value.ledgers;
+    let accepted = Permission::BalancesRead.accepted();
+    let listed = ledgers::listed(&app.store, &caller.tenant, &caller.key_id, &caller.digest, accepted).await?;
     let mut ledgers: Vec<(String, Unit)> = listed
         .into_iter()
         .filter(|(scope, _)| segments.iter().all(|s| scope.split('/').any(|seg| seg == s)))
@@ -87,9 +81,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     let has_more = ledgers.len() > limit;
     ledgers.truncate(limit);
 
-    let budgets: Vec<String> = ledgers.iter().map(|(s, u)| keys.budget(s, *u)).collect();
-    let states =
-        if budgets.is_empty() { Vec::new() } else { app.store.run(ReadLedgers { budgets }).await?.value.ledgers };
+    let states = ledgers::states(&app.store, &caller.tenant, &ledgers).await?;
     let mut balances = Vec::with_capacity(ledgers.len());
     for ((scope, unit), state) in ledgers.iter().zip(states) {
         // a ledger removed between the two reads is left out

@@ -11,7 +11,6 @@ use super::{query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms, payload_hash};
 use crate::domain::{validate_scope, validate_tenant_id};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys::TenantKeys;
 use crate::model::{parse_json, Amount, OveragePolicy, Unit};
 use crate::ops;
 use crate::ops::ledgers::{CreateBudget, FundBudget, Ledger, UpdateBudget};
@@ -256,16 +255,10 @@ pub async fn create_budget(store: &Store, context: &str, tenant: &str, r: &Budge
     if let Some(c) = &r.caps {
         f["caps"] = json!(c.to_string());
     }
-    let keys = TenantKeys::new(tenant);
     let call = CreateBudget {
-        tenant: keys.tenant(),
-        budget: keys.budget(&scope, r.unit),
-        scope_units: keys.scope_units(),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        due_index: keys.due_index(),
         context: context.to_string(),
         fields: f.to_string(),
+        ..CreateBudget::on(tenant, &scope, r.unit)
     };
     let ledger = Ledger::decoded(store.run(call).await?.value)?;
     // Tenants with budgets are what the expiry sweep visits.
@@ -480,17 +473,11 @@ async fn change(app: &App, ctx: &mut Ctx, req: &ApiRequest, mode: &str, arg: Str
     let (scope, unit) = ledger_query(&super::parse_query(&req.query)?)?;
     let tenant = scope_tenant(&scope)?;
     ctx.act_for(&tenant)?;
-    let keys = TenantKeys::new(&tenant);
     let call = UpdateBudget {
-        tenant: keys.tenant(),
-        budget: keys.budget(&scope, unit),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        due_index: keys.due_index(),
         context: script_context(ctx, &Caller::Admin, false, None),
         mode: mode.to_string(),
-        scope,
         change: arg,
+        ..UpdateBudget::on(&tenant, &scope, unit)
     };
     Ok(Answer::json(200, &ledger_json(&Ledger::decoded(app.store.run(call).await?.value)?)))
 }

@@ -16,10 +16,10 @@ use super::auth::Caller;
 use super::{parse_limit, parse_query, Answer, ApiRequest, App, Ctx};
 use crate::domain::{parse_rfc3339_ms, scope_admitted, Permission};
 use crate::error::{ApiError, ApiResult};
-use crate::keys::{digest, TenantKeys};
+use crate::keys::digest;
 use crate::model::ReservationDetail;
-use crate::ops::auth::Authenticate;
-use crate::ops::listing::{List, ReadMetadata, ReadRecords};
+use crate::ops::auth::{check_record, Authenticate};
+use crate::ops::listing::{self, List};
 use crate::ops::reservations::ReservationRecord;
 
 const SUBJECT_FILTERS: [&str; 5] = ["workspace", "app", "workflow", "agent", "toolset"];
@@ -323,22 +323,20 @@ fn sort_value(q: &Query, segments: &[Segment], p: &Position, tenant: &str) -> Va
 async fn read_segment(
     app: &App,
     auth: &(String, String),
-    keys: &TenantKeys,
+    tenant: &str,
     listing: bool,
     segment: &Segment,
     after: Option<&Position>,
     count: usize,
 ) -> ApiResult<(Vec<(String, String)>, Vec<String>)> {
     let mut call = List {
-        auth: auth.0.clone(),
-        index: if listing { keys.listing_index() } else { keys.created_index() },
-        stream: keys.created_stream(),
         digest: auth.1.clone(),
         accepted: Permission::ReservationsList.accepted().to_string(),
         order: segment.order.to_string(),
         count: count.to_string(),
         walk: if listing { "lex" } else { "created" }.to_string(),
         ranges: Vec::with_capacity(segment.ranges.len() * 3),
+        ..List::on(tenant, auth.0.clone(), listing)
     };
     for range in &segment.ranges {
         let pos = match after {
@@ -374,22 +372,21 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             let tenant = given_tenant.ok_or_else(|| {
                 ApiError::invalid("tenant query parameter is required when using admin key authentication")
             })?;
-            (tenant.clone(), (TenantKeys::new(tenant).tenant(), String::new()))
+            (tenant.clone(), (check_record(tenant, None), String::new()))
         }
         Caller::Tenant(c) => {
             ctx.act_for(&c.tenant)?;
             if given_tenant.is_some_and(|t| *t != c.tenant) {
                 return Err(ApiError::forbidden("tenant does not match the tenant of the API key"));
             }
-            let key = TenantKeys::new(&c.tenant).api_key(&c.key_id);
+            let key = check_record(&c.tenant, Some(&c.key_id));
             (c.tenant, (key, c.digest))
         }
     };
     let query = Query::parse(&q, &tenant)?;
-    let keys = TenantKeys::new(&tenant);
-    let (mut rows, next) = walk(app, &auth, &keys, &tenant, &query).await?;
+    let (mut rows, next) = walk(app, &auth, &tenant, &query).await?;
     if query.include.iter().any(|i| i == "metadata" || i == "committed_metadata") && !rows.is_empty() {
-        attach_metadata(app, &keys, &query, &mut rows).await?;
+        attach_metadata(app, &tenant, &query, &mut rows).await?;
     }
     if query.include.iter().any(|i| i == "evidence")
         && !rows.is_empty()
@@ -397,7 +394,7 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
     {
         let tokens: Vec<&str> =
             rows.iter().map(|r| r.summary.reservation_id.split('.').nth(1).unwrap_or("-")).collect();
-        let found = crate::ops::evidence::of_reservations(&app.store, &keys, &tokens).await?;
+        let found = crate::ops::evidence::of_reservations(&app.store, &tenant, &tokens).await?;
         for (row, ids) in rows.iter_mut().zip(found) {
             row.summary.evidence = super::evidence::reservation_refs(app, &ids);
         }
@@ -424,7 +421,6 @@ type Page = (Vec<Row>, Option<(Value, String)>);
 async fn by_idempotency_key(
     app: &App,
     auth: &(String, String),
-    keys: &TenantKeys,
     tenant: &str,
     query: &Query,
     key: &str,
@@ -441,7 +437,7 @@ async fn by_idempotency_key(
         app.store.run(check).await?.value.scope_filter
     };
     let token = crate::ids::ReservationId::token_for(key);
-    let raw = app.store.run(ReadRecords { records: vec![keys.reservation(&token)] }).await?.value.records;
+    let raw = listing::records(&app.store, tenant, &[&token]).await?;
     let row = raw.first().and_then(|raw| row_from_record(tenant, &token, raw));
     let row = row.filter(|r| query.matches(r) && scope_admitted(&scope_filter, &r.summary.scope_path));
     Ok((row.into_iter().collect(), None))
@@ -449,9 +445,9 @@ async fn by_idempotency_key(
 
 /// Walks the sort order's segments from the cursor: a page of rows that pass the filters, and
 /// the cursor of the next page (after the last row served, or where the scan budget ran out).
-async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &str, query: &Query) -> ApiResult<Page> {
+async fn walk(app: &App, auth: &(String, String), tenant: &str, query: &Query) -> ApiResult<Page> {
     if let Some(key) = &query.idempotency_key {
-        return by_idempotency_key(app, auth, keys, tenant, query, key).await;
+        return by_idempotency_key(app, auth, tenant, query, key).await;
     }
     let (listing, segments) = plan(query);
     let mut position = query.cursor.as_ref().map(|c| position_of(query, &segments, c)).transpose()?;
@@ -468,13 +464,10 @@ async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &st
         // First read just enough for a full page plus the look-ahead row; grow when filters skip rows.
         let mut size = query.limit + 1;
         loop {
-            let (members, scope_filter) = read_segment(app, auth, keys, listing, segment, after.as_ref(), size).await?;
-            let record_keys: Vec<String> = members.iter().map(|(_, t)| keys.reservation(t)).collect();
-            let raws = if record_keys.is_empty() {
-                Vec::new()
-            } else {
-                app.store.run(ReadRecords { records: record_keys }).await?.value.records
-            };
+            let (members, scope_filter) =
+                read_segment(app, auth, tenant, listing, segment, after.as_ref(), size).await?;
+            let tokens: Vec<&str> = members.iter().map(|(_, t)| t.as_str()).collect();
+            let raws = listing::records(&app.store, tenant, &tokens).await?;
             for ((value, token), raw) in members.iter().zip(&raws) {
                 scanned += 1;
                 let here = Position { segment: s, value: value.clone(), token: token.clone() };
@@ -509,13 +502,9 @@ async fn walk(app: &App, auth: &(String, String), keys: &TenantKeys, tenant: &st
 }
 
 /// Reads metadata and commit metadata of the page's rows, as `include` asks.
-async fn attach_metadata(app: &App, keys: &TenantKeys, query: &Query, rows: &mut [Row]) -> ApiResult<()> {
-    let mut pairs = Vec::with_capacity(rows.len() * 2);
-    for row in rows.iter() {
-        let token = row.summary.reservation_id.split('.').nth(1).unwrap_or("-");
-        pairs.extend([keys.reservation_metadata(token), keys.reservation(token)]);
-    }
-    let found = app.store.run(ReadMetadata { pairs }).await?.value.rows;
+async fn attach_metadata(app: &App, tenant: &str, query: &Query, rows: &mut [Row]) -> ApiResult<()> {
+    let tokens: Vec<&str> = rows.iter().map(|r| r.summary.reservation_id.split('.').nth(1).unwrap_or("-")).collect();
+    let found = listing::metadata(&app.store, tenant, &tokens).await?;
     let wants = |t: &str| query.include.iter().any(|i| i == t);
     let json = |s: &Option<String>| s.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
     for (row, meta) in rows.iter_mut().zip(found) {

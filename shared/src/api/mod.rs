@@ -623,7 +623,7 @@ async fn actuator_readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult
 
 /// Whether Redis takes writes: Err holds `store` (and `reason` when it answers but refuses).
 async fn store_state(app: &App) -> Result<(), serde_json::Value> {
-    let probe = app.store.probe(crate::ops::maintenance::Health { probe: crate::keys::HEALTH_PROBE.to_string() }).await;
+    let probe = crate::ops::maintenance::probe(&app.store).await;
     probe.map(|_| ()).map_err(|e| {
         let refusal = crate::store::write_refusal(&e);
         tracing::warn!(error = %e, "readiness probe failed");
@@ -717,8 +717,8 @@ pub(crate) async fn throttle_public(app: &App, ctx: &Ctx) -> ApiResult<()> {
         return Ok(());
     }
     let now = crate::domain::now_ms();
-    let counter = crate::keys::public_requests(ctx.source_ip.as_deref().unwrap_or("unknown"), now / 60_000);
-    let count = app.store.run(crate::ops::auth::CountMinute { counter }).await?.value.count;
+    let source = ctx.source_ip.as_deref().unwrap_or("unknown");
+    let count = crate::ops::auth::count_public(&app.store, source, now / 60_000).await?;
     if count <= limit {
         return Ok(());
     }

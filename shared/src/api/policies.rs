@@ -3,7 +3,7 @@
 //! runtime scripts (`policy_settings` in `lua/lib/policies.lua`).
 
 use serde::{Deserialize, Deserializer};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::admin::*;
 use super::{query_bool, Answer, ApiRequest, App, Ctx};
@@ -11,11 +11,8 @@ use crate::domain::action_kinds::{is_kind_shaped, is_known, RISK_CLASSES};
 use crate::domain::policies::validate_pattern;
 use crate::domain::{parse_rfc3339_ms, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::keys::TenantKeys;
 use crate::model::{parse_json, OveragePolicy};
-use crate::ops::policies::{
-    self, ActionQuota, Caps, Policy, RateLimits, RiskClassQuota, TtlOverride, WritePolicy, QUOTA_WINDOWS,
-};
+use crate::ops::policies::{self, ActionQuota, Caps, Policy, RateLimits, RiskClassQuota, TtlOverride, QUOTA_WINDOWS};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -279,26 +276,8 @@ async fn write(
     expected: &str,
     changed: &[&str],
 ) -> ApiResult<(Policy, String)> {
-    let keys = TenantKeys::new(tenant);
-    // the script stamps both times (a create's from now, an update's creation from the record)
-    let record = Policy { created_at_ms: 0, updated_at_ms: 0, ..p.clone() };
-    let call = WritePolicy {
-        tenant: keys.tenant(),
-        policies: keys.policies(),
-        rules: keys.policy_rules(),
-        names: keys.policy_names(),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        context: script_context(ctx, caller, matches!(caller, Caller::Admin), None),
-        policy_id: p.policy_id.clone(),
-        name_key: p.name.trim().to_ascii_lowercase(), // as the script lowers the stored name
-        record: serde_json::to_string(&record).expect("policies serialize"),
-        rule: p.runtime_rule(),
-        expected: expected.to_string(),
-        changed: json!(changed).to_string(),
-    };
-    let reply = app.store.run(call).await?;
-    Ok((reply.value, reply.status))
+    let context = script_context(ctx, caller, matches!(caller, Caller::Admin), None);
+    crate::ops::policies::write(&app.store, tenant, context, p, expected, changed).await
 }
 
 /// `POST /v1/admin/policies` (createPolicy).

@@ -12,10 +12,9 @@ use super::{parse_limit, parse_query, query_bool, Answer, ApiRequest, App, Ctx};
 use crate::domain::action_kinds::RISK_CLASSES;
 use crate::domain::Permission;
 use crate::error::{ApiError, ApiResult};
-use crate::keys::TenantKeys;
 use crate::model::parse_json;
 use crate::ops::policies::QUOTA_WINDOWS;
-use crate::ops::quotas::{member, ListCounters, ResetCounter};
+use crate::ops::quotas::{member, CounterFilter};
 
 /// The most index members one listing request examines (a page may come back short, with a
 /// cursor, when filters skip many): the bound on what one request reads.
@@ -60,20 +59,17 @@ pub async fn list(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answe
             .and_then(|b| String::from_utf8(b).ok())
             .ok_or_else(|| ApiError::invalid("cursor is malformed"))?,
     };
-    let keys = TenantKeys::new(&tenant);
-    let call = ListCounters {
-        index: keys.quota_index(),
-        due: keys.quota_due(),
+    let filter = CounterFilter {
         after,
         scope: get("scope").unwrap_or("").to_ascii_lowercase(),
         kind: get("action_kind").unwrap_or("").to_string(),
         window: get("window").unwrap_or("").to_string(),
         run: get("run_id").unwrap_or("").to_string(),
-        include_zero: if include_zero { "1" } else { "0" }.to_string(),
-        limit: limit.to_string(),
-        examine: MAX_EXAMINED.to_string(),
+        include_zero,
+        limit,
+        examine: MAX_EXAMINED,
     };
-    let page = app.store.run(call).await?.value;
+    let page = crate::ops::quotas::page(&app.store, &tenant, filter).await?;
     let mut rows = page.rows;
     // more follow when a row beyond the page was found, or the walk stopped at its bound
     let next = if rows.len() > limit {
@@ -125,17 +121,8 @@ pub async fn reset(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answ
         (kind, _) => kind.to_string(),
     };
     let m = member(&r.scope.to_ascii_lowercase(), &label, &r.window, &r.window_key);
-    let keys = TenantKeys::new(&tenant);
-    let call = ResetCounter {
-        counter: keys.quota_counter(&m),
-        events: keys.events(),
-        audit_log: keys.audit_log(),
-        context: script_context(ctx, &Caller::Admin, true, None),
-        member: m,
-        actor: "admin_api_key".into(),
-        reason: r.reason.unwrap_or_default(),
-    };
-    let row = app.store.run(call).await?.value;
+    let context = script_context(ctx, &Caller::Admin, true, None);
+    let row = crate::ops::quotas::reset(&app.store, &tenant, m, context, r.reason.unwrap_or_default()).await?;
     let previous = row.previous.as_deref().and_then(|p| p.parse::<i64>().ok()).unwrap_or(0);
     Ok(Answer::json(200, &json!({"counter": row.state(), "previous_used": previous})))
 }

@@ -11,7 +11,7 @@ use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::evidence::project;
 use crate::ids::ReservationId;
-use crate::keys::{budget_code, TenantKeys};
+use crate::keys::budget_code;
 use crate::model::*;
 use crate::ops::auth::Authenticate;
 use crate::ops::evidence::Slot;
@@ -202,7 +202,6 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     if r.dry_run == Some(true) {
         return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, &raw, hash, scopes, &g).await?, &g));
     }
-    let keys = TenantKeys::new(&caller.tenant);
     let token = ReservationId::token_for(&r.idempotency_key);
     let unit = r.estimate.unit;
     let reserve = Reserve {
@@ -225,7 +224,7 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         record_ttl_ms: evaluation_ttl_ms(app),
         ..Default::default()
     }
-    .keys(&keys, &caller.key_id, &token, &r.idempotency_key, &scopes, unit);
+    .keys(&caller.tenant, &caller.key_id, &token, &r.idempotency_key, &scopes, unit);
     let mut reply = app.store.run(reserve.clone()).await?;
     if let Reserved::Reclaim { reclaim } = &reply.value {
         // Lazy reclaim: expire the tenant's overdue reservations, then evaluate once more.
@@ -259,7 +258,7 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         affected_scopes: scopes,
         deny_detail: None,
     };
-    let slot = Slot::reservation(&keys, &token, "reserve");
+    let slot = Slot::reservation(&caller.tenant, &token, "reserve");
     let answer = evidence::answer(app, ctx, &caller.tenant, reply.replay, &response, "reserve", slot, |b| {
         json!({"request": attested_request(&raw, mirror::RESERVE_REQUEST), "response": project(b, mirror::RESERVE_RESPONSE)})
     })
@@ -289,8 +288,7 @@ struct Ask<'a> {
     estimate: &'a Amount,
     scopes: &'a [String],
     hash: String,
-    record: String,
-    live: String,
+    asked: Asked<'a>,
     governance: &'a Governance,
     /// The requested observe mode ('' when none; decide has ENFORCE: it is no reservation).
     observe: &'a str,
@@ -331,17 +329,8 @@ fn evaluation_of(
 }
 
 async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> ApiResult<Evaluation> {
-    let keys = TenantKeys::new(&caller.tenant);
     let unit = ask.estimate.unit;
     let call = Evaluate {
-        tenant: keys.tenant(),
-        api_key: keys.api_key(&caller.key_id),
-        record: ask.record,
-        live: ask.live,
-        scope_units: keys.scope_units(),
-        events: keys.events(),
-        policies: keys.policy_rules(),
-        budgets: ask.scopes.iter().map(|s| keys.budget(s, unit)).collect(),
         digest: caller.digest.clone(),
         accepted: Permission::ReservationsCreate.accepted().to_string(),
         payload_hash: ask.hash,
@@ -354,7 +343,7 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
         action: serde_json::to_string(ask.action).expect("serializable"),
         observe: ask.observe.to_string(),
         governance: ask.governance.json.clone(),
-        scopes: scope_args(ask.scopes, unit),
+        ..Evaluate::on(&caller.tenant, &caller.key_id, ask.asked, ask.scopes, unit)
     };
     let reply = app.store.run(call).await?;
     evaluation_of(app, reply.value, reply.replay, ask.scopes, unit, ask.speaks_v26)
@@ -391,7 +380,6 @@ async fn dry_run(
     scopes: Vec<String>,
     g: &Governance,
 ) -> ApiResult<Answer> {
-    let keys = TenantKeys::new(&caller.tenant);
     let ask = Ask {
         idempotency_key: &r.idempotency_key,
         subject: &r.subject,
@@ -399,8 +387,7 @@ async fn dry_run(
         estimate: &r.estimate,
         scopes: &scopes,
         hash,
-        record: keys.idempotency("reserve-dry-run", &[&r.idempotency_key]),
-        live: keys.reservation(ReservationId::token_for(&r.idempotency_key)),
+        asked: Asked::DryRun(&r.idempotency_key),
         governance: g,
         observe: r.observe_mode.map(ObserveMode::as_str).unwrap_or_default(),
         speaks_v26: r.observe_mode.is_some() || r.action.policy_keys.is_some(),
@@ -412,7 +399,7 @@ async fn dry_run(
         // an observed reserve is neither a dry_run nor a hold: no receipt
         return Ok(Answer::json(200, &response).replayed(replayed));
     }
-    let slot = Slot::record(&keys, "reserve-dry-run", &r.idempotency_key);
+    let slot = Slot::record(&caller.tenant, "reserve-dry-run", &r.idempotency_key);
     Ok(evidence::answer(app, ctx, &caller.tenant, replayed, &response, "reserve", slot, |b| {
         json!({"request": attested_request(raw, mirror::RESERVE_REQUEST), "response": project(b, mirror::RESERVE_RESPONSE)})
     })
@@ -430,7 +417,6 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let g = governance(app, &r.action, &r.subject)?;
-    let record = TenantKeys::new(&caller.tenant).idempotency("decide", &[&r.idempotency_key]);
     let ask = Ask {
         idempotency_key: &r.idempotency_key,
         subject: &r.subject,
@@ -438,8 +424,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
         estimate: &r.estimate,
         scopes: &scopes,
         hash: payload_hash(&raw, &[]),
-        live: record.clone(),
-        record,
+        asked: Asked::Decide(&r.idempotency_key),
         governance: &g,
         // decide is no reservation: the tenant's observe mode does not apply to it
         observe: ObserveMode::Enforce.as_str(),
@@ -454,7 +439,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
         affected_scopes: scopes,
         deny_detail: ev.deny_detail,
     };
-    let slot = Slot::record(&TenantKeys::new(&caller.tenant), "decide", &r.idempotency_key);
+    let slot = Slot::record(&caller.tenant, "decide", &r.idempotency_key);
     let answer = evidence::answer(app, ctx, &caller.tenant, replayed, &response, "decide", slot, |b| {
         json!({"request": attested_request(&raw, mirror::DECISION_REQUEST), "response": project(b, mirror::DECISION_RESPONSE)})
     })
@@ -468,16 +453,8 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
     let (r, raw) = parse::<EventCreateRequest>(app, ctx, req).await?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
-    let keys = TenantKeys::new(&caller.tenant);
     let unit = r.actual.unit;
     let call = Charge {
-        tenant: keys.tenant(),
-        api_key: keys.api_key(&caller.key_id),
-        record: keys.idempotency("event", &[&r.idempotency_key]),
-        scope_units: keys.scope_units(),
-        events: keys.events(),
-        policies: keys.policy_rules(),
-        budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
         digest: caller.digest.clone(),
         accepted: Permission::ReservationsCommit.accepted().to_string(),
         payload_hash: payload_hash(&raw, &[]),
@@ -488,7 +465,7 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         record_ttl_ms: app.config.retention.as_millis().to_string(),
         context: event_context(ctx, Some(&caller), &caller.tenant),
         body: String::from_utf8_lossy(&req.body).into_owned(),
-        scopes: scope_args(&scopes, unit),
+        ..Charge::on(&caller.tenant, &caller.key_id, &r.idempotency_key, &scopes, unit)
     };
     let reply = app.store.run(call).await?;
     let charged = reply.value;
@@ -509,7 +486,6 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
 struct Addressed {
     raw: String,
     id: ReservationId,
-    keys: TenantKeys,
     /// The key record the script checks (for admin calls: the tenant record, unchecked).
     auth_key: String,
     digest: String,
@@ -519,7 +495,7 @@ struct Addressed {
 
 impl Addressed {
     fn target(&self) -> Target<'_> {
-        Target { keys: &self.keys, raw: &self.raw, id: &self.id, auth_key: self.auth_key.clone() }
+        Target::new(&self.raw, &self.id, self.auth_key.clone())
     }
 }
 
@@ -534,12 +510,11 @@ async fn address(app: &App, caller: Caller, req: &ApiRequest, permission: Permis
     Ok(match caller {
         Caller::Admin => {
             let id = ReservationId::parse(&raw).ok_or_else(reservation_not_found)?;
-            let keys = TenantKeys::new(&id.tenant);
-            Addressed { auth_key: keys.tenant(), keys, id, raw, digest: String::new(), caller: None }
+            let auth_key = crate::ops::auth::check_record(&id.tenant, None);
+            Addressed { auth_key, id, raw, digest: String::new(), caller: None }
         }
         Caller::Tenant(c) => {
-            let keys = TenantKeys::new(&c.tenant);
-            let auth_key = keys.api_key(&c.key_id);
+            let auth_key = crate::ops::auth::check_record(&c.tenant, Some(&c.key_id));
             let Some(id) = ReservationId::parse(&raw) else {
                 check_key(app, &auth_key, &c, permission).await?;
                 return Err(reservation_not_found());
@@ -548,7 +523,7 @@ async fn address(app: &App, caller: Caller, req: &ApiRequest, permission: Permis
                 check_key(app, &auth_key, &c, permission).await?;
                 return Err(foreign_reservation(app, &id).await?);
             }
-            Addressed { keys, id, raw, auth_key, digest: c.digest.clone(), caller: Some(c) }
+            Addressed { id, raw, auth_key, digest: c.digest.clone(), caller: Some(c) }
         }
     })
 }
@@ -569,9 +544,7 @@ async fn check_key(app: &App, auth_key: &str, c: &TenantKey, p: Permission) -> A
 
 /// 403 when the id names an existing reservation of another tenant, else 404.
 async fn foreign_reservation(app: &App, id: &ReservationId) -> ApiResult<ApiError> {
-    let key = TenantKeys::new(&id.tenant).reservation(&id.token);
-    let raw = app.store.run(crate::ops::listing::ReadRecords { records: vec![key] }).await?.value.records;
-    let record = raw.first().and_then(|r| ReservationRecord::parse(r));
+    let record = stored(&app.store, id).await?;
     Ok(if record.is_some_and(|r| r.codes == id.budget_codes.concat()) {
         ApiError::forbidden(messages::RESERVATION_FOREIGN)
     } else {
@@ -641,7 +614,7 @@ async fn settlement_answer(
         "commit" => (mirror::COMMIT_REQUEST, mirror::COMMIT_RESPONSE),
         _ => (mirror::RELEASE_REQUEST, mirror::RELEASE_RESPONSE),
     };
-    let slot = Slot::reservation(&a.keys, &a.id.token, artifact);
+    let slot = Slot::reservation(&a.id.tenant, &a.id.token, artifact);
     evidence::answer(app, ctx, &a.id.tenant, replayed, response, artifact, slot, |b| {
         json!({"reservation_id": a.raw, "request": attested_request(raw, req_fields), "response": project(b, resp_fields)})
     })
@@ -725,17 +698,14 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     if a.caller.is_none() && ctx.limited() {
         ctx.act_for(&a.id.tenant)?;
     }
-    let record_key = a.keys.reservation(&a.id.token);
     let with_evidence = evidence::enabled_for(app, &a.id.tenant).await?;
+    let auth = a.caller.is_some().then(|| a.auth_key.clone());
     let call = GetReservation {
-        auth: if a.caller.is_none() { record_key.clone() } else { a.auth_key.clone() },
-        reservation: record_key,
-        meta: a.keys.reservation_metadata(&a.id.token),
-        evidence: a.keys.reservation_evidence(&a.id.token),
         digest: a.digest.clone(),
         accepted: Permission::ReservationsList.accepted().to_string(),
         reservation_id: a.raw.clone(),
         with_evidence: if with_evidence { "1" } else { "" }.to_string(),
+        ..GetReservation::on(&a.id.tenant, &a.id.token, auth)
     };
     let reply = app.store.run(call).await?;
     if reply.status == "OVERDUE" {

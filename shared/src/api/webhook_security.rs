@@ -5,10 +5,7 @@ use super::admin::{require_admin, script_context, Caller};
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::egress::WebhookSecurity;
 use crate::error::{ApiError, ApiResult};
-use crate::keys::TenantKeys;
 use crate::model::parse_json;
-use crate::ops::audit::ADMIN_OWNER;
-use crate::ops::settings::{WriteWebhookSecurity, WEBHOOK_SECURITY};
 
 /// `GET /v1/admin/config/webhook-security` (getWebhookSecurityConfig): the configuration in
 /// force: the stored one, the environment's defaults while none is stored, and under
@@ -26,12 +23,11 @@ pub async fn put(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     require_admin(app, ctx, req).await?;
     let (settings, _) = parse_json::<WebhookSecurity>(&req.body)?;
     settings.validate().map_err(ApiError::invalid)?;
-    let call = WriteWebhookSecurity {
-        config: WEBHOOK_SECURITY.into(),
-        audit_log: TenantKeys::new(ADMIN_OWNER).audit_log(),
-        context: script_context(ctx, &Caller::Admin, false, None),
-        settings: serde_json::to_string(&settings).expect("settings serialize"),
-    };
-    app.store.run(call).await?;
+    crate::ops::settings::write_webhook_security(
+        &app.store,
+        script_context(ctx, &Caller::Admin, false, None),
+        &settings,
+    )
+    .await?;
     Ok(Answer::json(200, &app.config.webhooks.egress.with_settings(&settings).settings()))
 }

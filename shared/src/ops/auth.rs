@@ -51,6 +51,13 @@ pub async fn check(store: &Store, tenant: &str, key_id: &str, digest: &str, acce
     Ok(Grant { tenant_status: reply.status, ..reply.value })
 }
 
+/// The key record a runtime script checks for a caller of `tenant`: its API key, or for an
+/// operator (no key) the tenant record, which the scripts leave unchecked (no digest).
+pub fn check_record(tenant: &str, key_id: Option<&str>) -> String {
+    let keys = TenantKeys::new(tenant);
+    key_id.map_or_else(|| keys.tenant(), |k| keys.api_key(k))
+}
+
 /// An API key as stored (the hash `cy:{<tenant>}:k:<key id>`); the secret is never stored, its
 /// digest never leaves this record.
 #[derive(Debug, Clone, PartialEq)]
@@ -257,6 +264,11 @@ script! {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ExpiredKeys {
     pub expired: u64,
+}
+
+/// One more request of `source` to the public routes in `minute` (epoch minutes): the count.
+pub async fn count_public(store: &Store, source: &str, minute: i64) -> ApiResult<u64> {
+    Ok(store.run(CountMinute { counter: keys::public_requests(source, minute) }).await?.value.count)
 }
 
 /// A failed authentication as the dispatcher saw it.

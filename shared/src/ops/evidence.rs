@@ -26,11 +26,11 @@ pub enum Slot {
 }
 
 impl Slot {
-    pub fn reservation(keys: &TenantKeys, token: &str, field: &'static str) -> Slot {
-        Slot::Reservation { key: keys.reservation_evidence(token), field }
+    pub fn reservation(tenant: &str, token: &str, field: &'static str) -> Slot {
+        Slot::Reservation { key: TenantKeys::new(tenant).reservation_evidence(token), field }
     }
-    pub fn record(keys: &TenantKeys, ns: &str, idempotency_key: &str) -> Slot {
-        Slot::Record(keys.idempotency("evidence", &[ns, idempotency_key]))
+    pub fn record(tenant: &str, ns: &str, idempotency_key: &str) -> Slot {
+        Slot::Record(TenantKeys::new(tenant).idempotency("evidence", &[ns, idempotency_key]))
     }
 }
 
@@ -86,11 +86,8 @@ pub async fn recorded(store: &Store, slot: &Slot) -> ApiResult<Option<String>> {
 }
 
 /// The evidence ids of many reservations (one pipeline).
-pub async fn of_reservations(
-    store: &Store,
-    keys: &TenantKeys,
-    tokens: &[&str],
-) -> ApiResult<Vec<HashMap<String, String>>> {
+pub async fn of_reservations(store: &Store, tenant: &str, tokens: &[&str]) -> ApiResult<Vec<HashMap<String, String>>> {
+    let keys = TenantKeys::new(tenant);
     let mut pipe = redis::pipe();
     for t in tokens {
         pipe.hgetall(keys.reservation_evidence(t));

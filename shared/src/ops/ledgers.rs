@@ -214,6 +214,35 @@ pub enum MaybeLedger {
     Gone(bool),
 }
 
+/// A key's view of its tenant's ledgers (checked inside the script, as every runtime read):
+/// each scope with its units, comma-separated.
+pub async fn listed(
+    store: &Store,
+    tenant: &str,
+    key_id: &str,
+    digest: &str,
+    accepted: &str,
+) -> ApiResult<Vec<(String, String)>> {
+    let keys = TenantKeys::new(tenant);
+    let call = ListLedgers {
+        api_key: keys.api_key(key_id),
+        scope_units: keys.scope_units(),
+        digest: digest.to_string(),
+        accepted: accepted.to_string(),
+    };
+    Ok(store.run(call).await?.value.ledgers)
+}
+
+/// The states of some ledgers of a tenant, in order (one read; none for none).
+pub async fn states(store: &Store, tenant: &str, ledgers: &[(String, Unit)]) -> ApiResult<Vec<MaybeLedger>> {
+    if ledgers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys = TenantKeys::new(tenant);
+    let budgets = ledgers.iter().map(|(scope, unit)| keys.budget(scope, *unit)).collect();
+    Ok(store.run(ReadLedgers { budgets }).await?.value.ledgers)
+}
+
 script! {
     /// createBudget (`lua/budget_create.lua`): `fields` is the ledger's record (JSON).
     pub struct CreateBudget = budget_create -> RecordAnswer {
@@ -237,6 +266,38 @@ script! {
     pub struct FundBudget = budget_fund -> Funded {
         keys: [tenant, budget, record, events, audit_log],
         args: [context, scope, operation, amount, spent, reason, payload_hash, record_ttl_ms],
+    }
+}
+
+impl CreateBudget {
+    /// The call creating one ledger, its arguments to be set.
+    pub fn on(tenant: &str, scope: &str, unit: Unit) -> CreateBudget {
+        let keys = TenantKeys::new(tenant);
+        CreateBudget {
+            tenant: keys.tenant(),
+            budget: keys.budget(scope, unit),
+            scope_units: keys.scope_units(),
+            events: keys.events(),
+            audit_log: keys.audit_log(),
+            due_index: keys.due_index(),
+            ..Default::default()
+        }
+    }
+}
+
+impl UpdateBudget {
+    /// The call changing one ledger, its other arguments to be set.
+    pub fn on(tenant: &str, scope: &str, unit: Unit) -> UpdateBudget {
+        let keys = TenantKeys::new(tenant);
+        UpdateBudget {
+            tenant: keys.tenant(),
+            budget: keys.budget(scope, unit),
+            events: keys.events(),
+            audit_log: keys.audit_log(),
+            due_index: keys.due_index(),
+            scope: scope.to_string(),
+            ..Default::default()
+        }
     }
 }
 

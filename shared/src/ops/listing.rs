@@ -4,6 +4,9 @@
 use serde::Deserialize;
 
 use super::{lua_list, script};
+use crate::error::ApiResult;
+use crate::keys::TenantKeys;
+use crate::store::Store;
 
 script! {
     /// One chunk of a listing: up to `count` members of each range of one index in sort order,
@@ -14,6 +17,37 @@ script! {
         keys: [auth, index, stream],
         args: [digest, accepted, order, count, walk; ranges],
     }
+}
+
+impl List {
+    /// A chunk of `tenant`'s listing index (`listing`), else of its creation order, checked
+    /// against `auth_record` (`ops::auth::check_record`); the other arguments to be set.
+    pub fn on(tenant: &str, auth_record: String, listing: bool) -> List {
+        let keys = TenantKeys::new(tenant);
+        List {
+            auth: auth_record,
+            index: if listing { keys.listing_index() } else { keys.created_index() },
+            stream: keys.created_stream(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The raw records of some reservations of `tenant` by token ('' where one is gone).
+pub async fn records(store: &Store, tenant: &str, tokens: &[&str]) -> ApiResult<Vec<String>> {
+    if tokens.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys = TenantKeys::new(tenant);
+    let records = tokens.iter().map(|t| keys.reservation(t)).collect();
+    Ok(store.run(ReadRecords { records }).await?.value.records)
+}
+
+/// Metadata and commit metadata of some reservations of `tenant` by token.
+pub async fn metadata(store: &Store, tenant: &str, tokens: &[&str]) -> ApiResult<Vec<MetadataRow>> {
+    let keys = TenantKeys::new(tenant);
+    let pairs = tokens.iter().flat_map(|t| [keys.reservation_metadata(t), keys.reservation(t)]).collect();
+    Ok(store.run(ReadMetadata { pairs }).await?.value.rows)
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -74,6 +74,12 @@ script! {
     }
 }
 
+/// Whether the store takes a write through the script path every operation takes (the
+/// readiness probe; the raw Redis error tells why not).
+pub async fn probe(store: &Store) -> redis::RedisResult<()> {
+    store.probe(Health { probe: crate::keys::HEALTH_PROBE.to_string() }).await
+}
+
 /// How long the keys of a finished reservation live: the retention, plus a week in which the
 /// retention crawl deletes them with their index entries (the TTL is only the safety net).
 pub fn record_ttl(retention: Duration) -> Duration {

@@ -290,6 +290,39 @@ script! {
     }
 }
 
+/// Creates (`expected` '') or updates (`expected`: the `updated_at_ms` the update read) policy
+/// `p` of `tenant` with its event and audit row (`changed`: the fields an update changed): the
+/// stored policy and the status (CREATED, UPDATED, or CONFLICT: read again).
+pub async fn write(
+    store: &Store,
+    tenant: &str,
+    context: String,
+    p: &Policy,
+    expected: &str,
+    changed: &[&str],
+) -> ApiResult<(Policy, String)> {
+    let keys = TenantKeys::new(tenant);
+    // the script stamps both times (a create's from now, an update's creation from the record)
+    let record = Policy { created_at_ms: 0, updated_at_ms: 0, ..p.clone() };
+    let call = WritePolicy {
+        tenant: keys.tenant(),
+        policies: keys.policies(),
+        rules: keys.policy_rules(),
+        names: keys.policy_names(),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context,
+        policy_id: p.policy_id.clone(),
+        name_key: p.name.trim().to_ascii_lowercase(), // as the script lowers the stored name
+        record: serde_json::to_string(&record).expect("policies serialize"),
+        rule: p.runtime_rule(),
+        expected: expected.to_string(),
+        changed: serde_json::json!(changed).to_string(),
+    };
+    let reply = store.run(call).await?;
+    Ok((reply.value, reply.status))
+}
+
 /// The tenant owning a policy id, if the id exists.
 pub async fn owner(store: &Store, id: &str) -> ApiResult<Option<String>> {
     Ok(store.conn().get(keys::policy_lookup(id)).await?)

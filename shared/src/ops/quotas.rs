@@ -6,6 +6,9 @@ use serde_json::{json, Value};
 
 use super::{lua_list, script};
 use crate::domain::{format_rfc3339_ms, parse_rfc3339_ms};
+use crate::error::ApiResult;
+use crate::keys::TenantKeys;
+use crate::store::Store;
 
 script! {
     /// listActionQuotaCounters (`lua/quota_list.lua`): a bounded walk of the counter index.
@@ -51,22 +54,62 @@ pub struct CounterRow {
     pub previous: Option<String>,
 }
 
-/// Up to `examine` live non-zero counters of a tenant (the overview's quota health).
-pub async fn live(
-    store: &crate::store::Store,
-    tenant: &str,
-    examine: usize,
-) -> crate::error::ApiResult<Vec<CounterRow>> {
-    let keys = crate::keys::TenantKeys::new(tenant);
+/// Which counters a walk of the index answers: after the member `after`, matching the filters
+/// that are not empty, up to `limit` rows, examining at most `examine` members.
+#[derive(Debug, Clone, Default)]
+pub struct CounterFilter {
+    pub after: String,
+    pub scope: String,
+    pub kind: String,
+    pub window: String,
+    pub run: String,
+    pub include_zero: bool,
+    pub limit: usize,
+    pub examine: usize,
+}
+
+/// One page of a tenant's counters (`ListCounters`).
+pub async fn page(store: &Store, tenant: &str, f: CounterFilter) -> ApiResult<CounterPage> {
+    let keys = TenantKeys::new(tenant);
     let call = ListCounters {
         index: keys.quota_index(),
         due: keys.quota_due(),
-        include_zero: "0".into(),
-        limit: examine.to_string(),
-        examine: examine.to_string(),
-        ..Default::default()
+        after: f.after,
+        scope: f.scope,
+        kind: f.kind,
+        window: f.window,
+        run: f.run,
+        include_zero: if f.include_zero { "1" } else { "0" }.to_string(),
+        limit: f.limit.to_string(),
+        examine: f.examine.to_string(),
     };
-    Ok(store.run(call).await?.value.rows)
+    Ok(store.run(call).await?.value)
+}
+
+/// Up to `examine` live non-zero counters of a tenant (the overview's quota health).
+pub async fn live(store: &Store, tenant: &str, examine: usize) -> ApiResult<Vec<CounterRow>> {
+    Ok(page(store, tenant, CounterFilter { limit: examine, examine, ..Default::default() }).await?.rows)
+}
+
+/// Sets counter `member` of `tenant` to 0, with its event and audit row: the counter as it was.
+pub async fn reset(
+    store: &Store,
+    tenant: &str,
+    member: String,
+    context: String,
+    reason: String,
+) -> ApiResult<CounterRow> {
+    let keys = TenantKeys::new(tenant);
+    let call = ResetCounter {
+        counter: keys.quota_counter(&member),
+        events: keys.events(),
+        audit_log: keys.audit_log(),
+        context,
+        member,
+        actor: "admin_api_key".into(),
+        reason,
+    };
+    Ok(store.run(call).await?.value)
 }
 
 /// The index member of a counter (`lua/lib/quotas.lua` builds the same).

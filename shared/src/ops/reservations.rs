@@ -13,7 +13,7 @@ use crate::model::{Subject, Unit};
 
 /// The keys every call on one reservation names alike (commit, release, extend).
 pub struct Target<'a> {
-    pub keys: &'a TenantKeys,
+    pub keys: TenantKeys,
     /// The reservation id as given, and parsed.
     pub raw: &'a str,
     pub id: &'a ReservationId,
@@ -21,7 +21,12 @@ pub struct Target<'a> {
     pub auth_key: String,
 }
 
-impl Target<'_> {
+impl<'a> Target<'a> {
+    /// The calls on reservation `id` (as given: `raw`), checked against `auth_key`.
+    pub fn new(raw: &'a str, id: &'a ReservationId, auth_key: String) -> Target<'a> {
+        Target { keys: TenantKeys::new(&id.tenant), raw, id, auth_key }
+    }
+
     fn budget_keys(&self) -> Vec<String> {
         self.id.budget_codes.iter().map(|c| self.keys.budget_by_code(c)).collect()
     }
@@ -44,16 +49,18 @@ script! {
 }
 
 impl Reserve {
-    /// The keys of a reserve of `token` by `key_id` over the derived `scopes` in `unit`.
+    /// The keys of a reserve of `token` of `tenant` by `key_id` over the derived `scopes` in
+    /// `unit`.
     pub fn keys(
         mut self,
-        keys: &TenantKeys,
+        tenant: &str,
         key_id: &str,
         token: &str,
         idempotency_key: &str,
         scopes: &[String],
         unit: Unit,
     ) -> Reserve {
+        let keys = TenantKeys::new(tenant);
         self.tenant = keys.tenant();
         self.api_key = keys.api_key(key_id);
         self.reservation = keys.reservation(token);
@@ -197,6 +204,93 @@ script! {
         keys: [auth, reservation, meta, evidence],
         args: [digest, accepted, reservation_id, with_evidence],
     }
+}
+
+impl GetReservation {
+    /// The read of reservation `token` of `tenant`, checked against the caller's `auth_record`
+    /// (`None` for an operator: the record itself stands in, unchecked).
+    pub fn on(tenant: &str, token: &str, auth_record: Option<String>) -> GetReservation {
+        let keys = TenantKeys::new(tenant);
+        let reservation = keys.reservation(token);
+        GetReservation {
+            auth: auth_record.unwrap_or_else(|| reservation.clone()),
+            reservation,
+            meta: keys.reservation_metadata(token),
+            evidence: keys.reservation_evidence(token),
+            ..Default::default()
+        }
+    }
+}
+
+/// What an evaluation answers: a reserve's dry run (replayed from its own record; a live
+/// reservation of the same idempotency key answers as that reservation) or a decide, each by
+/// its idempotency key.
+#[derive(Debug, Clone, Copy)]
+pub enum Asked<'a> {
+    DryRun(&'a str),
+    Decide(&'a str),
+}
+
+impl Asked<'_> {
+    /// The key the evaluation's answer is kept under, for replays.
+    pub fn idempotency_key(&self) -> &str {
+        match self {
+            Asked::DryRun(k) | Asked::Decide(k) => k,
+        }
+    }
+}
+
+impl Evaluate {
+    /// The keys of an evaluation by `key_id` of `tenant` over the derived `scopes` in `unit`.
+    pub fn on(tenant: &str, key_id: &str, asked: Asked<'_>, scopes: &[String], unit: Unit) -> Evaluate {
+        let keys = TenantKeys::new(tenant);
+        let (record, live) = match asked {
+            Asked::DryRun(k) => {
+                (keys.idempotency("reserve-dry-run", &[k]), keys.reservation(ReservationId::token_for(k)))
+            }
+            Asked::Decide(k) => {
+                let record = keys.idempotency("decide", &[k]);
+                (record.clone(), record)
+            }
+        };
+        Evaluate {
+            tenant: keys.tenant(),
+            api_key: keys.api_key(key_id),
+            record,
+            live,
+            scope_units: keys.scope_units(),
+            events: keys.events(),
+            policies: keys.policy_rules(),
+            budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
+            scopes: scope_args(scopes, unit),
+            ..Default::default()
+        }
+    }
+}
+
+impl Charge {
+    /// The keys of a post-only charge by `key_id` of `tenant` over the derived `scopes` in `unit`.
+    pub fn on(tenant: &str, key_id: &str, idempotency_key: &str, scopes: &[String], unit: Unit) -> Charge {
+        let keys = TenantKeys::new(tenant);
+        Charge {
+            tenant: keys.tenant(),
+            api_key: keys.api_key(key_id),
+            record: keys.idempotency("event", &[idempotency_key]),
+            scope_units: keys.scope_units(),
+            events: keys.events(),
+            policies: keys.policy_rules(),
+            budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
+            scopes: scope_args(scopes, unit),
+            ..Default::default()
+        }
+    }
+}
+
+/// The stored record of a reservation, if there is one.
+pub async fn stored(store: &crate::store::Store, id: &ReservationId) -> ApiResult<Option<ReservationRecord>> {
+    let key = TenantKeys::new(&id.tenant).reservation(&id.token);
+    let raw = store.run(super::listing::ReadRecords { records: vec![key] }).await?.value.records;
+    Ok(raw.first().and_then(|r| ReservationRecord::parse(r)))
 }
 
 /// A reservation record as stored, with its scope path and metadata.

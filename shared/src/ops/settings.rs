@@ -20,6 +20,17 @@ script! {
     }
 }
 
+/// Stores the webhook security configuration, with its audit entry (`__admin__`).
+pub async fn write_webhook_security(store: &Store, context: String, settings: &WebhookSecurity) -> ApiResult<()> {
+    let call = WriteWebhookSecurity {
+        config: WEBHOOK_SECURITY.into(),
+        audit_log: crate::keys::TenantKeys::new(super::audit::ADMIN_OWNER).audit_log(),
+        context,
+        settings: serde_json::to_string(settings).expect("settings serialize"),
+    };
+    store.run(call).await.map(|_| ())
+}
+
 /// The stored configuration, if an operator stored one.
 pub async fn stored_webhook_security(store: &Store) -> ApiResult<Option<WebhookSecurity>> {
     let raw: Option<String> = store.conn().get(WEBHOOK_SECURITY).await?;

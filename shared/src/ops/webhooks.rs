@@ -83,6 +83,26 @@ script! {
     }
 }
 
+/// Writes system alerts (`alerts`: event types and their data, alternating) to the deployment's
+/// own stream, once per `marker` period of `ttl_ms` across containers.
+pub async fn system_alert(
+    store: &Store,
+    marker: &str,
+    ttl_ms: i64,
+    context: String,
+    alerts: Vec<String>,
+) -> ApiResult<()> {
+    let keys = TenantKeys::new(SYSTEM_TENANT);
+    let call = SystemAlert {
+        events: keys.events(),
+        marker: keys.system_alert_marker(marker),
+        marker_ttl_ms: ttl_ms.to_string(),
+        context,
+        alerts,
+    };
+    store.run(call).await.map(|_| ())
+}
+
 /// A tenant's subscriptions (or the system-wide ones), decoded.
 pub async fn subscriptions(store: &Store, owner: &str) -> ApiResult<Vec<Subscription>> {
     let keys = TenantKeys::new(owner);
