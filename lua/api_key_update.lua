@@ -26,9 +26,7 @@ end
 if k[3] and tonumber(k[3]) <= now then return err('KEY_EXPIRED', MSG.API_KEY_EXPIRED) end
 if A.mode == 'rotate' then
   local r = cjson.decode(A.change)
-  local current = redis.call('HGET', K.api_key, 'digest')
-  redis.call('HSET', K.api_key, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
-    'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
+  rotate_secret(K.api_key, r, now, now_s)
   audit(K.audit_log, ctx, 'api_key.rotate', 'api_key', key_id, now, {grace_period_ms = r.grace_ms})
   return ok(record_json(K.api_key), 'ACTIVE', now_s)
 end

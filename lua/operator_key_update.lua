@@ -34,9 +34,7 @@ end
 if k[3] and k[3] ~= '' and tonumber(k[3]) <= now then return err('KEY_EXPIRED', MSG.OPERATOR_KEY_EXPIRED) end
 if A.mode == 'rotate' then
   local r = cjson.decode(A.change)
-  local current = redis.call('HGET', K.operator_key, 'digest')
-  redis.call('HSET', K.operator_key, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
-    'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
+  rotate_secret(K.operator_key, r, now, now_s)
   audit(K.audit_log, ctx, 'operator_key.rotate', 'operator_key', key_id, now, {grace_period_ms = r.grace_ms})
   return ok(record_json(K.operator_key), 'ACTIVE', now_s)
 end

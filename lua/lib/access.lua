@@ -1,12 +1,20 @@
 -- API keys and scopes: the key check inside every operation's script, a key's scope filter,
 -- and scope paths.
--- needs: reply
+-- needs: decimal, reply
 
 -- A rotated key's previous secret, until the end of the grace period its rotation gave it (read
 -- only when the presented secret is not the current one).
 local function rotated_from(key_record, digest, now)
   local p = redis.call('HMGET', key_record, 'previous_digest', 'previous_until_ms')
   return p[1] == digest and now < (tonumber(p[2]) or 0)
+end
+
+-- A key's new secret (`r`: {digest, prefix, grace_ms}): the current one keeps working `grace_ms`
+-- more (`rotated_from`), a secret from an earlier rotation stops now.
+local function rotate_secret(key_record, r, now, now_s)
+  local current = redis.call('HGET', key_record, 'digest')
+  redis.call('HSET', key_record, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
+    'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
 end
 
 -- API-key check inside the operation's own script: digest, status, expiry, permission.

@@ -292,13 +292,18 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
     mutate(app, ctx, req.param("key_id"), "update", Value::Object(patch).to_string()).await
 }
 
-pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
-    require_admin(app, ctx, req).await?;
-    let q = super::parse_query(&req.query)?;
-    let reason = q.get("reason").cloned().unwrap_or_default();
+/// A revocation's `?reason=` (at most 512 characters; '' when absent).
+pub(super) fn revocation_reason(req: &ApiRequest) -> ApiResult<String> {
+    let reason = super::parse_query(&req.query)?.remove("reason").unwrap_or_default();
     if reason.chars().count() > 512 {
         return Err(ApiError::invalid("reason must be at most 512 characters"));
     }
+    Ok(reason)
+}
+
+pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
+    require_admin(app, ctx, req).await?;
+    let reason = revocation_reason(req)?;
     mutate(app, ctx, req.param("key_id"), "revoke", reason).await
 }
 

@@ -90,7 +90,16 @@ pub fn failure_reason(e: &ApiError) -> String {
 
 /// Splits `cyc_live_<16 chars key id>_<secret>` (or `cyc_test_...`) into its key id.
 pub fn key_id_of(key: &str) -> Option<&str> {
-    let rest = key.strip_prefix("cyc_live_").or_else(|| key.strip_prefix("cyc_test_"))?;
+    id_after_prefix(key.strip_prefix("cyc_live_").or_else(|| key.strip_prefix("cyc_test_"))?)
+}
+
+/// The key id of an operator key `cyo_<16 chars key id>_<secret>`.
+pub fn operator_key_id_of(key: &str) -> Option<&str> {
+    id_after_prefix(key.strip_prefix("cyo_")?)
+}
+
+/// `<16 chars key id>_<secret>` -> the key id (lower-case letters and digits, a secret after).
+fn id_after_prefix(rest: &str) -> Option<&str> {
     let key_id = rest.get(..KEY_ID_LEN)?;
     let ok = key_id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     (ok && rest.as_bytes().get(KEY_ID_LEN) == Some(&b'_') && rest.len() > KEY_ID_LEN + 1).then_some(key_id)
@@ -105,11 +114,6 @@ pub fn key_digest(pepper: &str, key: &str) -> String {
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// The key id of an operator key `cyo_<16 chars key id>_<secret>`.
-pub fn operator_key_id_of(key: &str) -> Option<&str> {
-    key_id_of(&format!("cyc_live_{}", key.strip_prefix("cyo_")?)).map(|_| &key[4..4 + KEY_ID_LEN])
 }
 
 /// The key id audit entries and events name for the bootstrap `ADMIN_API_KEY`.
@@ -277,6 +281,10 @@ mod tests {
         assert_eq!(key_id_of("cyc_live_abcdefgh12345678_"), None);
         assert_eq!(key_id_of("cyc_live_abc"), None);
         assert_eq!(key_id_of("bearer x"), None);
+        assert_eq!(operator_key_id_of("cyo_abcdefgh12345678_secret"), Some("abcdefgh12345678"));
+        assert_eq!(operator_key_id_of("cyo_abcdefgh12345678_"), None);
+        assert_eq!(operator_key_id_of("cyc_live_abcdefgh12345678_secret"), None);
+        assert_eq!(key_id_of("cyo_abcdefgh12345678_secret"), None);
     }
 
     #[test]

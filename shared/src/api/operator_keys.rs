@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::admin::*;
-use super::api_keys::{check_texts, fresh_key_id, fresh_secret, rotation_grace};
+use super::api_keys::{check_texts, fresh_key_id, fresh_secret, revocation_reason, rotation_grace};
 use super::auth::key_digest;
 use super::{Answer, ApiRequest, App, Ctx};
 use crate::domain::roles::{validate_tenant_pattern, Role};
@@ -220,12 +220,7 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
 
 pub async fn revoke(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer> {
     require_admin(app, ctx, req).await?;
-    let q = super::parse_query(&req.query)?;
-    let reason = q.get("reason").cloned().unwrap_or_default();
-    if reason.chars().count() > 512 {
-        return Err(ApiError::invalid("reason must be at most 512 characters"));
-    }
-    let key = change(app, ctx, req, "revoke", reason).await?;
+    let key = change(app, ctx, req, "revoke", revocation_reason(req)?).await?;
     Ok(Answer::json(200, &operator_key_json(&key)))
 }
 
