@@ -30,6 +30,7 @@ if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Event would exceed the overdraft limit of scope ' .. overflow.scope)
 end
 track_spend(sc, budgets)
+count_spend(sc, policies_of(ask), ask.scope, A.unit, charged)
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(sc, budgets, A.unit, nil, policy)

@@ -110,9 +110,12 @@ fn reserve_body(t: &Tenant, key: &str) -> Value {
 }
 
 /// The operations counted, with how each is called.
-const OPERATIONS: [&str; 9] = [
+const OPERATIONS: [&str; 12] = [
     "reserve",
     "reserve (2 quota rules)",
+    "reserve (agent ledger)",
+    "reserve (active-holds cap)",
+    "reserve (new template ledger)",
     "commit",
     "release",
     "extend",
@@ -122,12 +125,38 @@ const OPERATIONS: [&str; 9] = [
     "list reservations",
 ];
 
+/// The tenants of the operations that use a policy: two quota rules (`q`), a cap on active
+/// holds (`g`), a budget template for every agent (`p`, whose `agent:known` has a ledger).
+struct Policed {
+    q: Tenant,
+    g: Tenant,
+    p: Tenant,
+}
+
+/// A reserve for agent `agent` of `t`.
+fn agent_reserve(t: &Tenant, key: &str, agent: &str) -> Value {
+    let mut body = reserve_body(t, key);
+    body["subject"]["agent"] = json!(agent);
+    body
+}
+
 /// One call of operation `op` (its `i`-th); whether it was answered as expected.
-async fn call(h: &Harness, t: &Tenant, q: &Tenant, held: &mut Vec<String>, op: &str, i: usize) -> bool {
+async fn call(h: &Harness, t: &Tenant, x: &Policed, held: &mut Vec<String>, op: &str, i: usize) -> bool {
+    let (q, g, p) = (&x.q, &x.g, &x.p);
     match op {
         "reserve" => h.post(&t.key, "/v1/reservations", &reserve_body(t, &format!("r-{i}"))).await.status == 200,
         "reserve (2 quota rules)" => {
             h.post(&q.key, "/v1/reservations", &reserve_body(q, &format!("q-{i}"))).await.status == 200
+        }
+        "reserve (active-holds cap)" => {
+            h.post(&g.key, "/v1/reservations", &reserve_body(g, &format!("g-{i}"))).await.status == 200
+        }
+        "reserve (agent ledger)" => {
+            h.post(&p.key, "/v1/reservations", &agent_reserve(p, &format!("k-{i}"), "known")).await.status == 200
+        }
+        "reserve (new template ledger)" => {
+            let body = agent_reserve(p, &format!("p-{i}"), &format!("new-{i}"));
+            h.post(&p.key, "/v1/reservations", &body).await.status == 200
         }
         "commit" => h.commit(t, &held.pop().unwrap(), 80).await.status == 200,
         "release" => h.release(t, &held.pop().unwrap()).await.status == 200,
@@ -315,6 +344,18 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     // (a build before action quotas has no such row)
     let quotas = h.admin("POST", "/v1/admin/policies", Some(&body)).await.status == 201;
     assert!(quotas || of.is_some(), "quota policy");
+    let g = h.funded(1_000_000_000_000).await;
+    let body = json!({"tenant_id": g.id, "name": "holds", "scope_pattern": format!("tenant:{}", g.id),
+        "rate_limits": {"max_active_reservations": 1_000_000}});
+    // (nor one before the runaway-agent guards)
+    let guards = h.admin("POST", "/v1/admin/policies", Some(&body)).await.status == 201;
+    assert!(guards || of.is_some(), "guard policy");
+    let p = h.funded(1_000_000_000_000).await;
+    h.budget(&p.id, &format!("tenant:{}/agent:known", p.id), Unit::Tokens, 1_000_000_000_000).await;
+    let body = json!({"tenant_id": p.id, "name": "agents", "scope_pattern": "agent:*", "budget_template":
+        {"unit": "TOKENS", "allocated": {"unit": "TOKENS", "amount": 1000}, "max_instances": 1_000_000}});
+    h.admin("POST", "/v1/admin/policies", Some(&body)).await;
+    let policed = Policed { q, g, p };
     // CYCLES_COSTS_ONLY=reserve,commit counts those operations only (a quicker loop while
     // taking one apart; never a budget check)
     // and CYCLES_COSTS_CALLS=N (a multiple of 50) averages over more calls
@@ -339,17 +380,19 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     redis.start();
     gateway.start();
     for (k, op) in OPERATIONS.iter().enumerate() {
-        if (*op == "reserve (2 quota rules)" && !quotas) || !wanted(op) {
+        let unknown = (*op == "reserve (2 quota rules)" && !quotas)
+            || (matches!(*op, "reserve (active-holds cap)" | "reserve (new template ledger)") && !guards);
+        if unknown || !wanted(op) {
             continue;
         }
         for i in 0..WARMUP {
-            call(&h, &t, &q, &mut held, op, 1_000_000 * (k + 1) + i).await;
+            call(&h, &t, &policed, &mut held, op, 1_000_000 * (k + 1) + i).await;
         }
         reset_stats(&h).await;
         redis.take(None).await;
         gateway.take(None).await;
         for i in 0..calls {
-            if !call(&h, &t, &q, &mut held, op, 1_000_000 * (k + 1) + WARMUP + i).await {
+            if !call(&h, &t, &policed, &mut held, op, 1_000_000 * (k + 1) + WARMUP + i).await {
                 failed += 1;
             }
         }
@@ -411,8 +454,8 @@ fn report(measured: &BTreeMap<String, Value>, failed: usize, update: bool, other
     if update {
         let out = json!({
             "about": "Instructions per request of redis-server and of the gateway (valgrind --tool=callgrind), and Redis \
-                      commands per request, for a tenant that uses no optional feature (one policy with two quota rules \
-                      for that row). `cargo run --release -p cycles-benches -- --costs` checks them (fails above +3%); \
+                      commands per request, for a tenant that uses no optional feature (one policy with two quota rules, \
+                      one with a cap on active holds, one with a budget template for the rows that say so). `cargo run --release -p cycles-benches -- --costs` checks them (fails above +3%); \
                       `--update-costs` rewrites this file: say in the commit why a budget rose.",
             "operations": measured,
         });

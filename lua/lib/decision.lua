@@ -2,7 +2,7 @@
 -- (CHECKS), and how each kind of request answers them: a live reserve holds or refuses, an
 -- evaluation (dry_run, decide, a reserve in observe mode) answers a decision, an event charges
 -- or refuses.
--- needs: decimal, reply, record, tenant, events, ledger, alerts, periods, policies, quotas
+-- needs: decimal, reply, record, tenant, events, ledger, alerts, periods, policies, quotas, guards
 
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
@@ -117,7 +117,14 @@ local function quota_step(setting_of, by_risk)
   end
 end
 
--- 6. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
+-- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
+-- per minute and per hour (a hold or an evaluation; an event only counts its spend).
+local function guards(ask)
+  if ask.mode == 'charge' or not has_policies(ask) then return nil end
+  return guard_denial(ask, policies_of(ask))
+end
+
+-- 7. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
 -- evaluation: one condition at a time across the scopes, the earliest condition first, then
 -- the shallowest scope), or (a charge) none is frozen or closed.
 local DENIALS = {
@@ -139,17 +146,26 @@ local function denial(b, amount, charge)
 end
 
 -- The budgets of the derived scopes in the request's unit (their keys in `K.budgets`, aligned
--- with "<scope>|<8-character code>" in `A.scopes`), each rolled into its current period.
+-- with "<scope>|<8-character code>" in `A.scopes`), each rolled into its current period; a
+-- scope without one gets one from a policy's budget template when one is in force for it
+-- (a hold or an event makes it, an evaluation sees what would be made).
 local function scoped_budgets(ask)
   local budgets, codes = {}, {}
   local e = {budgets = budgets, codes = codes}
   for i, key in ipairs(ask.K.budgets) do
     local arg = ask.A.scopes[i]
-    local b = read_budget(key, string.sub(arg, 1, -10))
+    local scope, code = string.sub(arg, 1, -10), string.sub(arg, -8)
+    local b = read_budget(key, scope)
     if b then
       roll_due(ask.sc, b)
+    elseif has_policies(ask) then
+      local verdict
+      b, verdict = template_ledger(ask, policies_of(ask).tpls, key, scope, code, ask.mode ~= 'evaluate')
+      if verdict and ask.mode ~= 'charge' then return nil, nil, verdict end
+    end
+    if b then
       budgets[#budgets + 1] = b
-      codes[#codes + 1] = string.sub(arg, -8)
+      codes[#codes + 1] = code
     end
   end
   if #budgets > 0 then return e end
@@ -170,8 +186,9 @@ local function scoped_budgets(ask)
 end
 
 local function budget_checks(ask)
-  local e, bad = scoped_budgets(ask)
+  local e, bad, verdict = scoped_budgets(ask)
   if bad then return {fail = bad} end
+  if verdict then return verdict end
   if not e then
     if ask.mode ~= 'evaluate' then return {fail = err('NOT_FOUND', MSG.BUDGET_NOT_FOUND .. ask.scope)} end
     return {deny = deny_detail('BUDGET_NOT_FOUND', nil, ask), message = MSG.BUDGET_NOT_FOUND .. ask.scope}
@@ -188,7 +205,7 @@ local function budget_checks(ask)
   return {deny = deny_detail(reason, by, ask), message = message, e = e, by = by}
 end
 
--- 7. Caps: a matching policy's over those of the deepest derived scope's budget (when it has one).
+-- 8. Caps: a matching policy's over those of the deepest derived scope's budget (when it has one).
 local function caps_in_force(ask)
   if ask.mode == 'charge' then return nil end
   local pol = policies_of(ask)
@@ -202,7 +219,8 @@ local function caps_in_force(ask)
 end
 
 -- The checks, in the normative order (protocol v0.1.26: access, risk-class quotas, per-kind
--- quotas, budgets; before them the tenant and a policy's rate limit; caps last).
+-- quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent guards
+-- before the budgets; caps last).
 local CHECKS = {
   tenant_status,
   rate_limit,
@@ -210,6 +228,7 @@ local CHECKS = {
   action_access,
   quota_step(function(pol) return pol.rq end, true),
   quota_step(function(pol) return pol.aq end, false),
+  guards,
   budget_checks,
   caps_in_force,
 }
@@ -241,10 +260,16 @@ local function denied_event(ask, d, by)
   count_and_check(sc, 'd')
 end
 
--- A live reserve's refusal of verdict `v`: reservation.denied, and the error carrying the detail.
+-- A live reserve's refusal of verdict `v`: reservation.denied, and the error carrying the
+-- detail (a guard's: 409 LIMIT_EXCEEDED naming the limit, and policy.limit_reached).
 local function refused(ask, v)
   local d = v.deny
   denied_event(ask, d, v.by)
+  if v.limit then
+    limit_reached(ask.sc, v)
+    return err('LIMIT_EXCEEDED', v.message, '{"deny_detail":' .. detail_json(d) .. ',"limit":' .. limit_json(v.limit) ..
+      '}', 409)
+  end
   local message = v.message or gate_message(d, governance_of(ask).kind)
   return err(d.reason_code, message, '{"deny_detail":' .. detail_json(d) .. '}')
 end

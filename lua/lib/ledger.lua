@@ -16,7 +16,7 @@ local function ledger_of(key, f)
   for i = 3, 15 do if f[i] == '' then f[i] = nil end end
   local b = {key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
     remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
-    overdraft_limit = f[9] or '0', over = (f[10] == '1'), roll_at = f[12], policy = f[13], caps = f[14], burn = f[15]}
+    overdraft_limit = f[9] or '0', over = (f[10] == '1'), updated = f[11], roll_at = f[12], policy = f[13], caps = f[14], burn = f[15]}
   b.before = {allocated = b.allocated, remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt,
     over = b.over, burn = b.burn}
   return b

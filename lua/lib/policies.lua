@@ -29,14 +29,15 @@ local function pattern_matches(pattern, path)
 end
 
 -- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
--- rl_r, rl_c) from the highest-priority ACTIVE policy in effect now that matches the path and
+-- rl_r, rl_c, and the guards ma, sm, sh) from the highest-priority ACTIVE policy in effect now that matches the path and
 -- sets it (equal priority: the later-created policy, whose id sorts higher). Each entry is
 -- {value, id}. `tenant` (its record, already read) says how many policies it has: none, and
 -- nothing more is read. Given the request's `action` ({kind, risk}), also its v0.1.26 rules,
 -- each from the highest-priority policy that has one for it (rules are never merged across
 -- policies): `ac` the allow/deny lists (value: the policy row), `rq` the risk-class quotas of
--- the action's class, `aq` the quotas of its kind (values: the policy's lists).
-local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c'}
+-- the action's class, `aq` the quotas of its kind (values: the policy's lists). `tpls`: every
+-- ACTIVE policy in effect with a budget template, whatever its pattern.
+local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c', 'ma', 'sm', 'sh'}
 local function names_rule(quotas, label)
   for _, q in ipairs(quotas or {}) do
     if q.k == label then return true end
@@ -45,15 +46,17 @@ local function names_rule(quotas, label)
 end
 local function policy_settings(rules_key, scope_path, now, tenant, action)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
-  local best = {}
+  local best, tpls = {}, {}
   local function consider(f, p)
     local b = best[f]
     if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
   end
   for _, row in ipairs(redis.call('HVALS', rules_key)) do
     local p = cjson.decode(row)
-    if p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
-        and pattern_matches(p.pat, scope_path) then
+    local live = p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
+    -- budget templates apply to each derived scope (`template_for` in lua/lib/guards.lua)
+    if live and p.tpl then tpls[#tpls + 1] = p end
+    if live and pattern_matches(p.pat, scope_path) then
       for _, f in ipairs(POLICY_SETTINGS) do
         if p[f] ~= nil then consider(f, p) end
       end
@@ -64,7 +67,7 @@ local function policy_settings(rules_key, scope_path, now, tenant, action)
       end
     end
   end
-  local out = {}
+  local out = {tpls = (#tpls > 0) and tpls or nil}
   for f, p in pairs(best) do out[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
   return out
 end

@@ -1,19 +1,6 @@
 -- Action authority (protocol v0.1.26): allow/deny lists, risk-class and per-kind quotas.
 -- needs: decimal, reply, calendar, events, policies
 
--- A released or expired reservation gives its per_run action calls back (v0.1.26 quotas; never
--- below 0, and a counter that has expired stays gone). `prefix` is the tenant's key prefix.
-local function uncount_runs(prefix, rec)
-  if not rec.qrun then return end
-  local decoded, runs = pcall(cjson.decode, rec.qrun)
-  if not decoded or type(runs) ~= 'table' then return end
-  for _, member in ipairs(runs) do
-    local key = KEY.quota_counter(prefix, member)
-    if tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', '-1') end
-  end
-end
-
-
 -- ---------------------------------------------------------------------------------------------
 -- Action authority (protocol v0.1.26): allow/deny lists, risk-class and per-kind quotas,
 -- DenyDetail and observe mode. `G` is the request's action as the handler resolved it

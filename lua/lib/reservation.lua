@@ -1,6 +1,6 @@
 -- Reservations: the record, its stored answers, expiry, and the opening every script on one
 -- reservation shares.
--- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, quotas, listing, record
+-- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, guards, listing, record
 
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
 -- whose essential fields do not parse is returned with `corrupt` set (never acted on:
@@ -45,7 +45,7 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   end
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
-  uncount_runs(sc.prefix, r.rec)
+  give_back(sc.prefix, r.rec)
   finish_record(ix.record, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
   keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)

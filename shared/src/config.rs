@@ -24,6 +24,9 @@ pub struct Config {
     pub event_retention: Duration,
     /// How long audit entries are kept.
     pub audit_retention: Duration,
+    /// How long a ledger made by a budget template may stay untouched before the sweep reclaims
+    /// it (when nothing is held or owed).
+    pub template_idle: Duration,
     /// Pause between expiry sweeps (maintenance function and local gateway).
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
@@ -180,6 +183,8 @@ pub struct SweepOptions {
     pub event_retention: Duration,
     /// Retention of audit entries.
     pub audit_retention: Duration,
+    /// Idle time after which a template-made ledger is reclaimed.
+    pub template_idle: Duration,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
     /// The overview snapshot is rebuilt when older than this.
@@ -194,6 +199,7 @@ impl Default for SweepOptions {
             retention: Duration::from_secs(30 * 86_400),
             event_retention: Duration::from_secs(90 * 86_400),
             audit_retention: Duration::from_secs(365 * 86_400),
+            template_idle: Duration::from_secs(30 * 86_400),
             trim_tenants: 200,
             overview_refresh: Duration::from_secs(30),
         }
@@ -335,6 +341,7 @@ impl Config {
             retention: self.retention,
             event_retention: self.event_retention,
             audit_retention: self.audit_retention,
+            template_idle: self.template_idle,
             trim_tenants: self.sweep_trim_tenants,
             overview_refresh: self.overview_max_age / 2,
         }
@@ -358,6 +365,7 @@ impl Config {
             retention: env_ms("CYCLES_RETENTION_MS", 30 * 24 * 3_600_000),
             event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
             audit_retention: env_ms("CYCLES_AUDIT_RETENTION_MS", 365 * 24 * 3_600_000),
+            template_idle: env_ms("CYCLES_TEMPLATE_IDLE_MS", 30 * 24 * 3_600_000),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),

@@ -288,6 +288,15 @@ tenant_keys! {
     /// One tenth of the alerts' rate window (`size` ms): counts of attempts, denials, expiries,
     /// other writes and authentication failures (`lua/lib/alerts.lua`).
     alert_window(size, tenth) => [":rt:" size ":" tenth];
+    /// The runaway-agent guards (`lua/lib/guards.lua`): ACTIVE reservations per policy and
+    /// matched scope ("<policy_id>|<scope>" -> n), amounts spent per policy and matched scope in
+    /// one calendar minute ("m<minute>") or hour ("h<hour>") window, the ledgers made by budget
+    /// templates (budget code, scored by the last time they were known touched) and how many
+    /// each policy has made (policy_id -> n).
+    active_holds() => [":g:act"];
+    spend_window(window) => [":g:sp:" window];
+    template_ledgers() => [":g:tpl"];
+    template_counts() => [":g:tpln"];
     /// When each rate-spike alert of the tenant was last raised.
     alerted() => [":alerted"];
     /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).

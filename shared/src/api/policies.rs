@@ -12,7 +12,9 @@ use crate::domain::policies::validate_pattern;
 use crate::domain::{parse_rfc3339_ms, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::model::{parse_json, OveragePolicy};
-use crate::ops::policies::{self, ActionQuota, Caps, Policy, RateLimits, RiskClassQuota, TtlOverride, QUOTA_WINDOWS};
+use crate::ops::policies::{
+    self, ActionQuota, BudgetTemplate, Caps, Policy, RateLimits, RiskClassQuota, TtlOverride, QUOTA_WINDOWS,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +49,8 @@ struct PolicyCreateRequest {
     denied_action_kinds: Option<Vec<String>>,
     #[serde(default)]
     counting: Option<Counting>,
+    #[serde(default)]
+    budget_template: Option<BudgetTemplate>,
 }
 
 /// Where a policy's quotas and rate limits count (an extension; see `Policy::counting`).
@@ -104,6 +108,8 @@ struct PolicyUpdateRequest {
     denied_action_kinds: Option<Vec<String>>,
     #[serde(default, deserialize_with = "nullable")]
     counting: Option<Option<Counting>>,
+    #[serde(default, deserialize_with = "nullable")]
+    budget_template: Option<Option<BudgetTemplate>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -225,14 +231,53 @@ fn check(app: &App, p: &mut Policy) -> ApiResult<()> {
         }
     }
     if let Some(r) = &p.rate_limits {
-        if [r.max_reservations_per_minute, r.max_commits_per_minute].iter().flatten().any(|n| *n < 1) {
+        let counts = [r.max_reservations_per_minute, r.max_commits_per_minute, r.max_active_reservations];
+        let amounts = [&r.max_amount_per_minute, &r.max_amount_per_hour];
+        if counts.iter().flatten().any(|n| *n < 1) || amounts.iter().copied().flatten().any(|a| a.amount < 1) {
             return bad("rate_limits values must be >= 1");
         }
+    }
+    if let Some(t) = &p.budget_template {
+        check_template(t)?;
     }
     if let (Some(from), Some(until)) = (p.effective_from_ms, p.effective_until_ms) {
         if from >= until {
             return bad("effective_from must be before effective_until");
         }
+    }
+    Ok(())
+}
+
+/// A budget template makes ledgers as createBudget would: the same bounds.
+fn check_template(t: &BudgetTemplate) -> ApiResult<()> {
+    let bad = |m: String| Err(ApiError::invalid(format!("budget_template: {m}")));
+    let amounts = [("allocated", Some(&t.allocated)), ("overdraft_limit", t.overdraft_limit.as_ref())];
+    for (name, a) in amounts {
+        match a {
+            Some(a) if a.unit != t.unit => {
+                return bad(format!("{name}.unit must be the template's unit {}", t.unit.as_str()))
+            }
+            Some(a) if a.amount < 0 => return bad(format!("{name} must be >= 0")),
+            _ => {}
+        }
+    }
+    if let Some(o) = &t.commit_overage_policy {
+        if OveragePolicy::parse(o).is_none() {
+            return bad(format!(
+                "commit_overage_policy {o:?} is not REJECT, ALLOW_IF_AVAILABLE or ALLOW_WITH_OVERDRAFT"
+            ));
+        }
+    }
+    if let Some(r) = &t.rollover_policy {
+        if !["NONE", "CARRY_FORWARD", "CAP_AT_ALLOCATED"].contains(&r.as_str()) {
+            return bad(format!("rollover_policy {r:?} is not NONE, CARRY_FORWARD or CAP_AT_ALLOCATED"));
+        }
+    }
+    if let Some(text) = t.period_recurrence.as_deref().filter(|t| *t != "NONE") {
+        crate::domain::periods::Recurrence::parse(text)?;
+    }
+    if t.max_instances.is_some_and(|n| !(1..=1_000_000).contains(&n)) {
+        return bad("max_instances must be 1 to 1000000".into());
     }
     Ok(())
 }
@@ -261,6 +306,7 @@ fn changed_fields(before: &Policy, after: &Policy) -> Vec<&'static str> {
         "allowed_action_kinds",
         "denied_action_kinds",
         "counting",
+        "budget_template",
     ]
     .into_iter()
     .filter(|f| b.get(f) != a.get(f))
@@ -308,6 +354,7 @@ pub async fn create(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         allowed_action_kinds: r.allowed_action_kinds.unwrap_or_default(),
         denied_action_kinds: r.denied_action_kinds.unwrap_or_default(),
         counting: Counting::stored(r.counting),
+        budget_template: r.budget_template,
         ..Policy::default()
     };
     let mut p = p;
@@ -427,6 +474,9 @@ pub async fn update(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Ans
         }
         if let Some(c) = r.counting {
             p.counting = Counting::stored(c);
+        }
+        if let Some(t) = &r.budget_template {
+            p.budget_template = t.clone();
         }
         check(app, &mut p)?;
         let changed = changed_fields(&current, &p);

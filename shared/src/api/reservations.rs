@@ -168,15 +168,23 @@ fn governance(app: &App, action: &Action, subject: &Subject) -> ApiResult<Govern
     Ok(Governance { json: g.to_string(), replacement: info.replacement })
 }
 
+/// The reason codes of v0.1.26 and of our guards (`lua/lib/guards.lua`): their DENY answers
+/// always carry `deny_detail`.
+const V26_AND_LATER_REASONS: [&str; 6] = [
+    "ACTION_QUOTA_EXCEEDED",
+    "ACTION_KIND_DENIED",
+    "ACTION_KIND_NOT_ALLOWED",
+    "ACTIVE_RESERVATIONS_EXCEEDED",
+    "SPEND_RATE_EXCEEDED",
+    "TEMPLATE_INSTANCES_EXCEEDED",
+];
+
 /// Whether a DENY answer (200) carries `deny_detail`: where v0.1.26 is in play (the request
 /// uses one of its fields, the evaluation observed, or the reason is one of its codes), or
 /// always when the deployment says so. Clients of v0.1.25 that validate answers strictly (the
 /// Python client does) thus see the v0.1.25 shape.
 fn show_deny_detail(app: &App, speaks_v26: bool, e: &Evaluated) -> bool {
-    let v26_reason = e
-        .reason_code
-        .as_deref()
-        .is_some_and(|r| matches!(r, "ACTION_QUOTA_EXCEEDED" | "ACTION_KIND_DENIED" | "ACTION_KIND_NOT_ALLOWED"));
+    let v26_reason = e.reason_code.as_deref().is_some_and(|r| V26_AND_LATER_REASONS.contains(&r));
     app.config.deny_detail_always || speaks_v26 || e.observed || v26_reason
 }
 

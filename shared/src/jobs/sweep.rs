@@ -45,6 +45,8 @@ pub struct SweepReport {
     pub trimmed_audit: u64,
     /// Tenant-close cascades an interrupted close left behind, converged by this sweep.
     pub closes_converged: u64,
+    /// Idle ledgers made by budget templates, reclaimed.
+    pub reclaimed_ledgers: u64,
     pub duration_ms: u64,
 }
 
@@ -63,6 +65,7 @@ impl SweepReport {
             trimmed_events = self.trimmed_events,
             trimmed_audit = self.trimmed_audit,
             closes_converged = self.closes_converged,
+            reclaimed_ledgers = self.reclaimed_ledgers,
             duration_ms = self.duration_ms,
             "{message}"
         );
@@ -70,6 +73,7 @@ impl SweepReport {
 
     fn add(&mut self, other: &SweepReport) {
         self.tenants += other.tenants;
+        self.reclaimed_ledgers += other.reclaimed_ledgers;
         self.trimmed_tenants += other.trimmed_tenants;
         self.expired += other.expired;
         self.rolled += other.rolled;
@@ -311,6 +315,8 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
         }
     }
     trim_deliveries(store, tenant, report).await?;
+    report.reclaimed_ledgers +=
+        crate::ops::maintenance::reclaim_template_ledgers(store, tenant, opts.template_idle, MAX_TRIM_BATCHES).await?;
     let audit_horizon = now_ms() - opts.audit_retention.as_millis() as i64;
     report.trimmed_audit += crate::ops::audit::trim(store, tenant, audit_horizon).await?;
     Ok(())

@@ -13,8 +13,9 @@ use crate::store::Store;
 /// The owner of system events (and of system-wide webhook subscriptions).
 pub const SYSTEM_TENANT: &str = "__system__";
 
-/// Every `EventType` of the spec.
-pub const EVENT_TYPES: [&str; 55] = [
+/// Every `EventType` of the spec, and `policy.limit_reached` (an extension: a runaway-agent
+/// guard first refused a reserve in its window, `lua/lib/guards.lua`).
+pub const EVENT_TYPES: [&str; 56] = [
     "budget.created",
     "budget.updated",
     "budget.funded",
@@ -65,6 +66,7 @@ pub const EVENT_TYPES: [&str; 55] = [
     "policy.created",
     "policy.updated",
     "policy.deleted",
+    "policy.limit_reached",
     "system.store_connection_lost",
     "system.store_connection_restored",
     "system.high_latency",
@@ -78,10 +80,12 @@ pub const CATEGORIES: [&str; 7] = ["budget", "tenant", "api_key", "policy", "res
 pub const TENANT_CATEGORIES: [&str; 3] = ["budget", "reservation", "tenant"];
 
 /// An event type's `EventCategory`: its prefix, except that the v0.1.26 quota.* events (the
-/// category enum has no `quota`) belong to the reservation path that causes them.
+/// category enum has no `quota`) and policy.limit_reached belong to the reservation path that
+/// causes them (so a tenant may subscribe to them).
 pub fn category_of(event_type: &str) -> &str {
     match event_type.split('.').next().unwrap_or_default() {
         "quota" => "reservation",
+        _ if event_type == "policy.limit_reached" => "reservation",
         c => c,
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{script, Nothing};
@@ -64,6 +65,20 @@ script! {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Rolled {
     pub rolled: u64,
+}
+
+script! {
+    /// Reclaims the idle ledgers among a batch of one tenant's template-made ones
+    /// (`lua/template_reclaim.lua`): `codes` are their budget codes.
+    pub struct ReclaimTemplateLedgers = template_reclaim -> Reclaimed {
+        keys: [events, audit_log, periods, scope_units, template_ledgers, template_counts; budgets],
+        args: [tenant, idle_ms; codes],
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Reclaimed {
+    pub reclaimed: u64,
 }
 
 script! {
@@ -141,6 +156,47 @@ pub async fn schedule(store: &Store, tenant: &str, mode: &str) -> ApiResult<()> 
         mode: mode.to_string(),
     };
     store.run(call).await.map(|_| ())
+}
+
+/// Ledgers made by budget templates looked at per script call.
+const RECLAIM_BATCH: isize = 100;
+
+/// Reclaims one tenant's template-made ledgers untouched for `idle` with nothing held or owed,
+/// batch by batch (at most `max_batches`): how many were.
+pub async fn reclaim_template_ledgers(
+    store: &Store,
+    tenant: &str,
+    idle: Duration,
+    max_batches: usize,
+) -> ApiResult<u64> {
+    let keys = TenantKeys::new(tenant);
+    let idle_ms = idle.as_millis() as i64;
+    let mut reclaimed = 0;
+    for _ in 0..max_batches {
+        let horizon = crate::domain::now_ms() - idle_ms;
+        let codes: Vec<String> =
+            store.conn().zrangebyscore_limit(keys.template_ledgers(), "-inf", horizon, 0, RECLAIM_BATCH).await?;
+        if codes.is_empty() {
+            break;
+        }
+        let call = ReclaimTemplateLedgers {
+            events: keys.events(),
+            audit_log: keys.audit_log(),
+            periods: keys.periods(),
+            scope_units: keys.scope_units(),
+            template_ledgers: keys.template_ledgers(),
+            template_counts: keys.template_counts(),
+            budgets: codes.iter().map(|c| keys.budget_by_code(c)).collect(),
+            tenant: tenant.to_string(),
+            idle_ms: idle_ms.to_string(),
+            codes: codes.clone(),
+        };
+        reclaimed += store.run(call).await?.value.reclaimed;
+        if codes.len() < RECLAIM_BATCH as usize {
+            break;
+        }
+    }
+    Ok(reclaimed)
 }
 
 /// Rolls the given ledgers of one tenant where their period has ended (one script, one slot).

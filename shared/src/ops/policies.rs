@@ -12,6 +12,7 @@ use super::script;
 use crate::domain::format_rfc3339_ms;
 use crate::error::{ApiError, ApiResult};
 use crate::keys::{self, TenantKeys};
+use crate::model::{Amount, Unit};
 use crate::store::Store;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +33,61 @@ pub struct RateLimits {
     pub max_reservations_per_minute: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_commits_per_minute: Option<i64>,
+    /// At most this many ACTIVE reservations per matched scope at once (an extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_reservations: Option<i64>,
+    /// At most this much spent per calendar minute / hour per matched scope, in its unit (an
+    /// extension): reserves count their estimate, commits correct it to the actual, releases
+    /// and expiries give it back, events add what they charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_amount_per_minute: Option<Amount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_amount_per_hour: Option<Amount>,
+}
+
+/// The ledgers a policy gives matching scopes that have none in its unit (an extension): made
+/// inside the request's script at the scope's first reserve or event (`lua/lib/guards.lua`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetTemplate {
+    pub unit: Unit,
+    pub allocated: Amount,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overdraft_limit: Option<Amount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_overage_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_recurrence: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollover_policy: Option<String>,
+    /// At most this many ledgers made by this policy at once (`DEFAULT_MAX_INSTANCES` unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_instances: Option<i64>,
+}
+
+/// How many ledgers one policy's template may make when it says nothing.
+pub const DEFAULT_MAX_INSTANCES: i64 = 10_000;
+
+impl BudgetTemplate {
+    /// What the scripts read: the unit, the bound, and the ledger's fields (strings, as
+    /// createBudget stores them; `period_every` when it recurs).
+    fn runtime(&self) -> Value {
+        let mut f = json!({
+            "allocated": self.allocated.amount.to_string(),
+            "overdraft_limit": self.overdraft_limit.as_ref().map_or(0, |o| o.amount).to_string(),
+            "rollover_policy": self.rollover_policy.as_deref().unwrap_or("NONE"),
+        });
+        if let Some(p) = &self.commit_overage_policy {
+            f["commit_overage_policy"] = json!(p);
+        }
+        if let Some(text) = self.period_recurrence.as_deref().filter(|t| *t != "NONE") {
+            if let Ok(every) = crate::domain::periods::Recurrence::parse(text) {
+                f["period_recurrence"] = json!(text);
+                f["period_every"] = json!(every.code());
+            }
+        }
+        json!({"u": self.unit.as_str(), "n": self.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES), "f": f})
+    }
 }
 
 /// Soft-landing constraints (the protocol's `Caps`).
@@ -154,6 +210,8 @@ pub struct Policy {
     /// anchor for a pattern ending in `*`, else the scope path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counting: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_template: Option<BudgetTemplate>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub created_at_ms: i64,
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -179,6 +237,7 @@ impl Policy {
             ("commit_overage_policy", self.commit_overage_policy.as_ref().map(|p| json!(p))),
             ("reservation_ttl_override", self.reservation_ttl_override.as_ref().map(|t| json!(t))),
             ("rate_limits", self.rate_limits.as_ref().map(|r| json!(r))),
+            ("budget_template", self.budget_template.as_ref().map(|t| json!(t))),
             ("effective_from", self.effective_from_ms.map(|ms| json!(format_rfc3339_ms(ms)))),
             ("effective_until", self.effective_until_ms.map(|ms| json!(format_rfc3339_ms(ms)))),
         ];
@@ -228,6 +287,11 @@ impl Policy {
             ("ttl_x", ttl.max_extensions.map(|x| json!(x))),
             ("rl_r", rate.max_reservations_per_minute.map(|x| json!(x))),
             ("rl_c", rate.max_commits_per_minute.map(|x| json!(x))),
+            // the runaway-agent guards (`lua/lib/guards.lua`)
+            ("ma", rate.max_active_reservations.map(|x| json!(x))),
+            ("sm", rate.max_amount_per_minute.map(|a| json!({"u": a.unit.as_str(), "n": a.amount.to_string()}))),
+            ("sh", rate.max_amount_per_hour.map(|a| json!({"u": a.unit.as_str(), "n": a.amount.to_string()}))),
+            ("tpl", self.budget_template.as_ref().map(BudgetTemplate::runtime)),
         ];
         for (name, value) in fields {
             if let Some(x) = value {

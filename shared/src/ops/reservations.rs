@@ -279,6 +279,7 @@ impl Charge {
             scope_units: keys.scope_units(),
             events: keys.events(),
             policies: keys.policy_rules(),
+            due_index: keys.due_index(),
             budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
             scopes: scope_args(scopes, unit),
             ..Default::default()
@@ -340,7 +341,7 @@ pub struct Evaluated {
 script! {
     /// Direct charge, createEvent's post-only debit (`lua/charge.lua`).
     pub struct Charge = charge -> Charged {
-        keys: [tenant, api_key, record, scope_units, events, policies; budgets],
+        keys: [tenant, api_key, record, scope_units, events, policies, due_index; budgets],
         args: [digest, accepted, payload_hash, event_id, unit, amount, overage_policy, record_ttl_ms, context, body;
             scopes],
     }
