@@ -58,7 +58,7 @@ local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(sc, budgets, A.unit, nil, policy)
 local runs = ask.staged and count_actions(sc, ask.staged) or {}
-for _, item in ipairs(hold_guards(sc, ask.guarded, amount)) do runs[#runs + 1] = item end
+if ask.guarded then hold_guards(sc, ask.guarded, amount, runs) end
 
 local codes = table.concat(ask.e.codes)
 local rid = A.id_prefix .. codes

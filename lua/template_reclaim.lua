@@ -10,11 +10,12 @@ local reclaimed = 0
 for i, key in ipairs(K.budgets) do
   local code = A.codes[i]
   local b = read_budget(key)
-  local f = b and redis.call('HMGET', key, 'template_policy', 'ledger_id', 'created_at_ms')
+  local f = b and redis.call('HMGET', key, 'template_policy', 'ledger_id', 'created_at_ms', 'v')
   if not (b and f[1]) then
     redis.call('ZREM', K.template_ledgers, code)
   else
-    local touched = tonumber(b.updated or f[3]) or now
+    -- when it last changed: its view's update time (the ledger table leaves it out)
+    local touched = tonumber(({string.match(f[4] or '', LEDGER_VIEW_PATTERN)})[11] or f[3]) or now
     if touched + idle > now then
       redis.call('ZADD', K.template_ledgers, touched, code)
     elseif b.reserved ~= '0' or b.debt ~= '0' then

@@ -110,9 +110,10 @@ fn reserve_body(t: &Tenant, key: &str) -> Value {
 }
 
 /// The operations counted, with how each is called.
-const OPERATIONS: [&str; 12] = [
+const OPERATIONS: [&str; 13] = [
     "reserve",
     "reserve (2 quota rules)",
+    "reserve (1 policy)",
     "reserve (agent ledger)",
     "reserve (active-holds cap)",
     "reserve (new template ledger)",
@@ -126,8 +127,10 @@ const OPERATIONS: [&str; 12] = [
 ];
 
 /// The tenants of the operations that use a policy: two quota rules (`q`), a cap on active
-/// holds (`g`), a budget template for every agent (`p`, whose `agent:known` has a ledger).
+/// holds (`g`), a budget template for every agent (`p`, whose `agent:known` has a ledger), and
+/// a policy that changes nothing a reserve counts (`o`: what any policy costs).
 struct Policed {
+    o: Tenant,
     q: Tenant,
     g: Tenant,
     p: Tenant,
@@ -150,6 +153,9 @@ async fn call(h: &Harness, t: &Tenant, x: &Policed, held: &mut Vec<String>, op: 
         }
         "reserve (active-holds cap)" => {
             h.post(&g.key, "/v1/reservations", &reserve_body(g, &format!("g-{i}"))).await.status == 200
+        }
+        "reserve (1 policy)" => {
+            h.post(&x.o.key, "/v1/reservations", &reserve_body(&x.o, &format!("o-{i}"))).await.status == 200
         }
         "reserve (agent ledger)" => {
             h.post(&p.key, "/v1/reservations", &agent_reserve(p, &format!("k-{i}"), "known")).await.status == 200
@@ -355,7 +361,11 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     let body = json!({"tenant_id": p.id, "name": "agents", "scope_pattern": "agent:*", "budget_template":
         {"unit": "TOKENS", "allocated": {"unit": "TOKENS", "amount": 1000}, "max_instances": 1_000_000}});
     h.admin("POST", "/v1/admin/policies", Some(&body)).await;
-    let policed = Policed { q, g, p };
+    let o = h.funded(1_000_000_000_000).await;
+    let body = json!({"tenant_id": o.id, "name": "ttl", "scope_pattern": format!("tenant:{}", o.id),
+        "reservation_ttl_override": {"max_extensions": 10}});
+    h.admin("POST", "/v1/admin/policies", Some(&body)).await;
+    let policed = Policed { o, q, g, p };
     // CYCLES_COSTS_ONLY=reserve,commit counts those operations only (a quicker loop while
     // taking one apart; never a budget check)
     // and CYCLES_COSTS_CALLS=N (a multiple of 50) averages over more calls

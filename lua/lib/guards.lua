@@ -1,7 +1,7 @@
 -- Runaway-agent guards (an extension of policies): ledgers made from a policy's budget
 -- template, a cap on the reservations ACTIVE at once and spend-rate limits per calendar
 -- minute and hour, per matched scope; and what ending a reservation gives back.
--- needs: decimal, reply, calendar, events, periods, policies
+-- needs: decimal, reply, calendar, events, ledger, policies
 
 -- The counters a reservation moved, given back when it ends; its record keeps them in `qrun`
 -- (a JSON list): a string is a v0.1.26 per_run quota member (given back by a release or an
@@ -94,14 +94,14 @@ local function guard_denial(ask, pol)
       guarded[#guarded + 1] = {w = window, f = field, ttl = w[3] * 2}
     end
   end
-  ask.guarded = guarded
+  ask.guarded = (#guarded > 0) and guarded or nil
   return nil
 end
 
--- A live reserve's counts (the estimate `amount`): the items its record keeps to give back.
-local function hold_guards(sc, guarded, amount)
-  local items = {}
-  for _, g in ipairs(guarded or {}) do
+-- A live reserve's counts (the estimate `amount`), added to `items`, what its record keeps to
+-- give back.
+local function hold_guards(sc, guarded, amount, items)
+  for _, g in ipairs(guarded) do
     if g.a then
       redis.call('HINCRBY', KEY.active_holds(sc.prefix), g.a, 1)
       items[#items + 1] = {a = g.a}
@@ -112,7 +112,6 @@ local function hold_guards(sc, guarded, amount)
       items[#items + 1] = {w = g.w, f = g.f}
     end
   end
-  return items
 end
 
 -- An event's charge counts in the spend windows of the policies in force on its scope
@@ -167,9 +166,11 @@ local function template_ledger(ask, tpls, key, scope, code, write)
   local sc, A = ask.sc, ask.A
   local p = template_for(tpls, scope, A.unit)
   if not p then return nil end
+  -- a ledger made counts at once (given back when refused): one command, not two
   local counts = KEY.template_counts(sc.prefix)
-  local made = tonumber(redis.call('HGET', counts, p.id) or '0')
+  local made = write and redis.call('HINCRBY', counts, p.id, 1) - 1 or tonumber(redis.call('HGET', counts, p.id) or '0')
   if made >= p.tpl.n then
+    if write then redis.call('HINCRBY', counts, p.id, -1) end
     local lim = {policy_id = p.id, limit_name = 'max_instances', limit = itoa(p.tpl.n), current = itoa(made), scope = scope}
     return nil, limit_verdict('TEMPLATE_INSTANCES_EXCEEDED', lim, "Raise budget_template.max_instances in policy '" ..
       p.id .. "', or create a budget for " .. scope, 'Policy ' .. p.id .. ' has made its most ledgers (' .. p.tpl.n ..
@@ -185,16 +186,19 @@ local function template_ledger(ask, tpls, key, scope, code, write)
   local f = {ledger_id = template_ledger_id(key, now_s), tenant_id = sc.name, scope = scope, unit = A.unit,
     rollover_policy = t.rollover_policy, created_at_ms = now_s, template_policy = p.id}
   if t.period_every then
+    -- the first period starts now; the sweep rolls it at its end (as `schedule_period` does)
     local start_ms, end_ms = current_period(sc.now, t.period_every, nil, sc.now)
     f.period_recurrence, f.period_every = t.period_recurrence, t.period_every
     f.period_start_ms, f.period_end_ms = itoa(start_ms), itoa(end_ms)
     f.period_day = tostring(tonumber(string.sub(iso8601(end_ms), 9, 10)))
+    b.roll_at = f.period_end_ms
+    redis.call('ZADD', KEY.periods(sc.prefix), b.roll_at, key)
+    redis.call('ZADD', ask.K.due_index, 'LT', b.roll_at, sc.name)
   end
+  f.v = view_of(b, now_s)
   write_fields(key, f)
   local units = redis.call('HGET', ask.K.scope_units, scope) or ','
   redis.call('HSET', ask.K.scope_units, scope, units .. A.unit .. ',')
-  schedule_period(b, ask.K.due_index, sc.name, now_s)
-  redis.call('HINCRBY', counts, p.id, 1)
   redis.call('ZADD', KEY.template_ledgers(sc.prefix), sc.now, code)
   emit(sc.events, 'budget.created', sc.name, scope, sc.ctx, 'cycles-server', '{"ledger_id":' ..
     cjson.encode(f.ledger_id) .. ',"scope":' .. cjson.encode(scope) .. ',"unit":"' .. A.unit ..

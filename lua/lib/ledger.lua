@@ -16,7 +16,7 @@ local function ledger_of(key, f)
   for i = 3, 15 do if f[i] == '' then f[i] = nil end end
   local b = {key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
     remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
-    overdraft_limit = f[9] or '0', over = (f[10] == '1'), updated = f[11], roll_at = f[12], policy = f[13], caps = f[14], burn = f[15]}
+    overdraft_limit = f[9] or '0', over = (f[10] == '1'), roll_at = f[12], policy = f[13], caps = f[14], burn = f[15]}
   b.before = {allocated = b.allocated, remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt,
     over = b.over, burn = b.burn}
   return b
@@ -42,12 +42,16 @@ local function read_budget(key, scope)
   return b
 end
 
--- Writes a ledger's view (`now_s`: the update time's digits); a ledger read from its old
--- fields drops them, so the view is its only copy.
-local function save_view(b, now_s)
-  local v = table.concat({b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
+-- A ledger's view as stored (`now_s`: the update time's digits).
+local function view_of(b, now_s)
+  return table.concat({b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
     b.overdraft_limit, b.over and '1' or '', now_s, b.roll_at or '', b.policy or '', b.caps or '', b.burn or ''}, '\31')
-  redis.call('HSET', b.key, 'v', v)
+end
+
+-- Writes a ledger's view; a ledger read from its old fields drops them, so the view is its
+-- only copy.
+local function save_view(b, now_s)
+  redis.call('HSET', b.key, 'v', view_of(b, now_s))
   if b.legacy then
     redis.call('HDEL', b.key, unpack(LEDGER_VIEW, 3))
     b.legacy = nil

@@ -371,3 +371,60 @@ async fn a_template_ledger_made_by_an_overdraft_template_takes_debt_and_alerts_l
     let crossed = h.events_of(&t.id, "budget.threshold_crossed").await;
     assert!(crossed.iter().any(|e| e["scope"] == format!("tenant:{}/agent:a", t.id)), "{crossed:?}");
 }
+
+#[tokio::test]
+async fn max_instances_and_spend_per_hour_are_exact_under_concurrency_and_expiry_gives_spend_back() {
+    let h = Arc::new(Harness::start().await);
+    // 64 new agents at once against max_instances 10: ten ledgers, never eleven
+    let t = h.funded(1_000_000).await;
+    let id = policy(&h, &t, json!({"scope_pattern": "agent:*",
+        "budget_template": {"unit": "TOKENS", "allocated": {"unit": "TOKENS", "amount": 100}, "max_instances": 10}}))
+    .await;
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let (h, t) = (h.clone(), t.clone());
+            tokio::spawn(async move { h.reserve(&t, 1, agent(&t, &format!("n{i}"))).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let r = task.await.unwrap();
+        if r.status == 200 {
+            admitted += 1;
+        } else {
+            assert_eq!(limited(&r), "TEMPLATE_INSTANCES_EXCEEDED");
+        }
+    }
+    assert_eq!(admitted, 10);
+    let n: i64 = h.store.conn().hget(TenantKeys::new(&t.id).template_counts(), &id).await.unwrap();
+    assert_eq!(n, 10, "refusals give their count back");
+    let made = h.events_of(&t.id, "budget.created").await;
+    assert_eq!(made.len(), 11, "the tenant's own and ten agents'");
+
+    // 64 reserves of 10 against 150 an hour: fifteen, never sixteen
+    let t = h.funded(1_000_000).await;
+    let id = policy(&h, &t, json!({"scope_pattern": format!("tenant:{}", t.id),
+        "rate_limits": {"max_amount_per_hour": {"unit": "TOKENS", "amount": 150}}}))
+    .await;
+    early_in_a_window(3_600_000, 20_000).await;
+    let answers = at_once(&h, &t, 10, json!({})).await;
+    assert_eq!(answers.iter().filter(|r| r.status == 200).count(), 15);
+    let hour = cycles_shared::domain::now_ms() / 3_600_000;
+    let key = TenantKeys::new(&t.id).spend_window(format!("h{hour}"));
+    let field = format!("{id}|tenant:{}", t.id);
+    let spent = |h: Arc<Harness>, key: String, field: String| async move {
+        let n: Option<i64> = h.store.conn().hget(key, field).await.unwrap();
+        n.unwrap_or(0)
+    };
+    assert_eq!(spent(h.clone(), key.clone(), field.clone()).await, 150);
+    // an expiry gives its estimate back
+    let ok: Vec<&str> =
+        answers.iter().filter(|r| r.status == 200).map(|r| r.body["reservation_id"].as_str().unwrap()).collect();
+    h.release(&t, ok[0]).await.assert_ok();
+    let short = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    assert!(!short.is_empty());
+    assert_eq!(spent(h.clone(), key.clone(), field.clone()).await, 150);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.sweep_tenant(&t, &Default::default()).await.expired, 1);
+    assert_eq!(spent(h.clone(), key, field).await, 140);
+}
