@@ -377,8 +377,12 @@ async fn max_instances_and_spend_per_hour_are_exact_under_concurrency_and_expiry
     let h = Arc::new(Harness::start().await);
     // 64 new agents at once against max_instances 10: ten ledgers, never eleven
     let t = h.funded(1_000_000).await;
-    let id = policy(&h, &t, json!({"scope_pattern": "agent:*",
-        "budget_template": {"unit": "TOKENS", "allocated": {"unit": "TOKENS", "amount": 100}, "max_instances": 10}}))
+    let id = policy(
+        &h,
+        &t,
+        json!({"scope_pattern": "agent:*",
+        "budget_template": {"unit": "TOKENS", "allocated": {"unit": "TOKENS", "amount": 100}, "max_instances": 10}}),
+    )
     .await;
     let tasks: Vec<_> = (0..64)
         .map(|i| {
@@ -403,8 +407,12 @@ async fn max_instances_and_spend_per_hour_are_exact_under_concurrency_and_expiry
 
     // 64 reserves of 10 against 150 an hour: fifteen, never sixteen
     let t = h.funded(1_000_000).await;
-    let id = policy(&h, &t, json!({"scope_pattern": format!("tenant:{}", t.id),
-        "rate_limits": {"max_amount_per_hour": {"unit": "TOKENS", "amount": 150}}}))
+    let id = policy(
+        &h,
+        &t,
+        json!({"scope_pattern": format!("tenant:{}", t.id),
+        "rate_limits": {"max_amount_per_hour": {"unit": "TOKENS", "amount": 150}}}),
+    )
     .await;
     early_in_a_window(3_600_000, 20_000).await;
     let answers = at_once(&h, &t, 10, json!({})).await;
