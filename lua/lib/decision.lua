@@ -6,7 +6,7 @@
 
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
--- path `scope`; the checks add the policies in force (`pol`), the quota counters a hold moves
+-- path `scope`, whether it makes template ledgers (`makes`); the checks add the policies in force (`pol`), the quota counters a hold moves
 -- (`staged`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
 -- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
 
@@ -148,7 +148,8 @@ end
 -- The budgets of the derived scopes in the request's unit (their keys in `K.budgets`, aligned
 -- with "<scope>|<8-character code>" in `A.scopes`), each rolled into its current period; a
 -- scope without one gets one from a policy's budget template when one is in force for it
--- (a hold or an event makes it, an evaluation sees what would be made).
+-- (a hold, an event or an enforced decide makes it; dry_run and observed evaluations see what
+-- would be made).
 local function scoped_budgets(ask)
   local budgets, codes = {}, {}
   local e = {budgets = budgets, codes = codes}
@@ -160,7 +161,7 @@ local function scoped_budgets(ask)
       roll_due(ask.sc, b)
     elseif has_policies(ask) then
       local verdict
-      b, verdict = template_ledger(ask, policies_of(ask).tpls, key, scope, code, ask.mode ~= 'evaluate')
+      b, verdict = template_ledger(ask, policies_of(ask).tpls, key, scope, code, ask.makes)
       if verdict and ask.mode ~= 'charge' then return nil, nil, verdict end
     end
     if b then
@@ -244,7 +245,8 @@ end
 -- The ask of a request (its mode, keys, arguments, clock and tenant record).
 local function ask_of(mode, K, A, now, tenant)
   local sc = scene(K.events, A.context, now, tenant)
-  return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = string.sub(A.scopes[#A.scopes], 1, -10)}
+  return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = string.sub(A.scopes[#A.scopes], 1, -10),
+    makes = mode ~= 'evaluate'}
 end
 
 -- reservation.denied for a denial `d` (a live refusal or an evaluated DENY), counted for the
@@ -319,6 +321,9 @@ local function evaluation(K, A, now, now_s, status, tenant)
   if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
   local ask = ask_of('evaluate', K, A, now, tenant)
   local observe = observing(A, tenant)
+  -- decide (its record is its own `live`) makes template ledgers as a reserve would; dry_run
+  -- and observed evaluations never write one
+  ask.makes = K.live == K.record and not observe
   -- observed evaluations stay out of the production denial rate
   if A.digest ~= '' and not observe then count(ask.sc, 'n') end
   local verdict = decide(ask)

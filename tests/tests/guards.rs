@@ -105,12 +105,16 @@ async fn a_template_gives_every_new_agent_its_own_ledger_at_its_first_call() {
     assert_eq!(mine.len(), 1);
     assert_eq!(mine[0]["data"]["policy_id"], id.as_str());
 
-    // decide and dry_run see the ledger that would be made, and make none
-    assert_eq!(decide(&h, &t, "a3", 100).await["decision"], "ALLOW");
-    assert_eq!(decide(&h, &t, "a3", 101).await["decision"], "DENY");
+    // dry_run sees the ledger that would be made and makes none; decide makes it, as a reserve
     let dry = h.reserve(&t, 101, json!({"subject": {"tenant": t.id, "agent": "a3"}, "dry_run": true})).await;
     assert_eq!(dry.assert_ok()["reason_code"], "BUDGET_EXCEEDED");
+    let ok = h.reserve(&t, 100, json!({"subject": {"tenant": t.id, "agent": "a3"}, "dry_run": true})).await;
+    assert_eq!(ok.assert_ok()["decision"], "ALLOW");
     assert!(!exists(&h, &t, &format!("tenant:{}/agent:a3", t.id)).await);
+    assert_eq!(decide(&h, &t, "a3", 101).await["reason_code"], "BUDGET_EXCEEDED");
+    let l = h.ledger(&t.id, &format!("tenant:{}/agent:a3", t.id), Unit::Tokens).await;
+    assert_eq!((l.allocated, l.reserved), (100, 0), "made by decide, nothing held");
+    assert_eq!(decide(&h, &t, "a3", 100).await["decision"], "ALLOW");
     // an event makes one too (and charges it)
     event(&h, &t, "a4", 70).await.assert_created();
     assert_eq!(h.ledger(&t.id, &format!("tenant:{}/agent:a4", t.id), Unit::Tokens).await.spent, 70);

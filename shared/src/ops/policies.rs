@@ -46,7 +46,7 @@ pub struct RateLimits {
 }
 
 /// The ledgers a policy gives matching scopes that have none in its unit (an extension): made
-/// inside the request's script at the scope's first reserve or event (`lua/lib/guards.lua`).
+/// inside the request's script at the scope's first reserve, decide or event (`lua/lib/guards.lua`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetTemplate {

@@ -261,6 +261,7 @@ impl Evaluate {
             scope_units: keys.scope_units(),
             events: keys.events(),
             policies: keys.policy_rules(),
+            due_index: keys.due_index(),
             budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
             scopes: scope_args(scopes, unit),
             ..Default::default()
@@ -313,7 +314,7 @@ pub struct Stored {
 script! {
     /// Evaluation without a reservation: dry_run and decide (`lua/evaluate.lua`).
     pub struct Evaluate = evaluate -> Evaluated {
-        keys: [tenant, api_key, record, live, scope_units, events, policies; budgets],
+        keys: [tenant, api_key, record, live, scope_units, events, policies, due_index; budgets],
         args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action,
             observe, governance; scopes],
     }
