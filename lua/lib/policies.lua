@@ -5,7 +5,7 @@
 -- `level:*` any value of the level, `*` one or more whole segments; a pattern that starts with
 -- neither `tenant:` nor `*` is matched against the end of the path (`domain::policies` says
 -- the same in Rust).
-local function pattern_matches(pattern, path)
+local function segments_match(pattern, path)
   local p, s = {}, {}
   for seg in string.gmatch(pattern, '[^/]+') do p[#p + 1] = seg end
   for seg in string.gmatch(path, '[^/]+') do s[#s + 1] = seg end
@@ -26,6 +26,36 @@ local function pattern_matches(pattern, path)
     return j <= #s and segment_ok(p[i], s[j]) and walk(i + 1, j + 1)
   end
   return walk(1, 1)
+end
+
+-- Whether a pattern matches a scope path, remembered per pair in the script VM (as decoded
+-- rules are, below): at most MATCHES_MAX pairs are kept (then it starts over).
+local MATCHES_MAX = 4096
+local matches_known, matches_kept = {}, 0
+local function pattern_matches(pattern, path)
+  local known = matches_known[pattern]
+  local m = known and known[path]
+  if m ~= nil then return m end
+  m = segments_match(pattern, path)
+  if matches_kept >= MATCHES_MAX then matches_known, matches_kept = {}, 0 end
+  known = matches_known[pattern] or {}
+  matches_known[pattern], known[path], matches_kept = known, m, matches_kept + 1
+  return m
+end
+
+-- Decoded policy rules by their stored text, so a rule is decoded once per script VM rather
+-- than once per request (the library's top level outlives a call under Functions). The text is
+-- the key, so a changed rule is another entry and nothing can be stale; entries are only read,
+-- never changed; at most RULES_CACHE_MAX are kept (then it starts over).
+local RULES_CACHE_MAX = 512
+local rules_decoded, rules_cached = {}, 0
+local function decoded_rule(row)
+  local p = rules_decoded[row]
+  if p then return p end
+  p = cjson.decode(row)
+  if rules_cached >= RULES_CACHE_MAX then rules_decoded, rules_cached = {}, 0 end
+  rules_decoded[row], rules_cached = p, rules_cached + 1
+  return p
 end
 
 -- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
@@ -52,7 +82,7 @@ local function policy_settings(rules_key, scope_path, now, tenant, action)
     if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
   end
   for _, row in ipairs(redis.call('HVALS', rules_key)) do
-    local p = cjson.decode(row)
+    local p = decoded_rule(row)
     local live = p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
     -- budget templates apply to each derived scope (`template_for` in lua/lib/guards.lua)
     if live and p.tpl then tpls[#tpls + 1] = p end

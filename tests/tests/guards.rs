@@ -440,3 +440,25 @@ async fn max_instances_and_spend_per_hour_are_exact_under_concurrency_and_expiry
     assert_eq!(h.sweep_tenant(&t, &Default::default()).await.expired, 1);
     assert_eq!(spent(h.clone(), key, field).await, 140);
 }
+
+#[tokio::test]
+async fn a_changed_policy_is_in_force_on_the_next_request() {
+    // (the scripts keep decoded rules per stored text: a change is a new text, never a stale one)
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000).await;
+    let id = policy(
+        &h,
+        &t,
+        json!({"scope_pattern": format!("tenant:{}", t.id),
+        "rate_limits": {"max_active_reservations": 1}}),
+    )
+    .await;
+    h.reserve_ok(&t, 1, json!({})).await;
+    assert_eq!(limited(&h.reserve(&t, 1, json!({})).await), "ACTIVE_RESERVATIONS_EXCEEDED");
+    let path = format!("/v1/admin/policies/{id}");
+    h.admin("PATCH", &path, Some(&json!({"rate_limits": {"max_active_reservations": 2}}))).await.assert_ok();
+    h.reserve_ok(&t, 1, json!({})).await;
+    assert_eq!(limited(&h.reserve(&t, 1, json!({})).await), "ACTIVE_RESERVATIONS_EXCEEDED");
+    h.admin("PATCH", &path, Some(&json!({"status": "DISABLED"}))).await.assert_ok();
+    h.reserve_ok(&t, 1, json!({})).await;
+}
