@@ -6,8 +6,9 @@
 
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
--- path `scope`, whether it makes template ledgers (`makes`); the checks add the policies in force (`pol`), the quota counters a hold moves
--- (`staged`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
+-- path `scope`, whether it makes template ledgers (`makes`); the checks add the policies in
+-- force (`pol`), the quota counters a hold moves (`staged`), the guard counts it moves
+-- (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
 -- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
 
 -- The effective observe mode, decided here only: the request's, else the tenant's OBSERVE
