@@ -17,9 +17,10 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   end
   local entry = string.format('%d-%d', ms, seq)
   local event_id = 'evt_' .. entry .. '.' .. tenant
-  -- quota.* (v0.1.26) belong to the reservation path: EventCategory has no `quota`
+  -- quota.* (v0.1.26) and policy.limit_reached belong to the reservation path that causes
+  -- them (EventCategory has no `quota`; `ops::events::category_of` says the same)
   local category = string.match(event_type, '^([^.]+)')
-  if category == 'quota' then category = 'reservation' end
+  if category == 'quota' or event_type == 'policy.limit_reached' then category = 'reservation' end
   local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
   if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
   local json = '{"event_id":' .. cjson.encode(event_id) .. ',"event_type":' .. cjson.encode(event_type) ..
@@ -45,7 +46,8 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   local minute = math.floor(ms / 60000)
   local prefix = KEY.prefix_of(events_key)
   local stats = KEY.event_stats(prefix, math.floor(minute / 60))
-  redis.call('HINCRBY', stats, minute .. '|' .. category, 1)
+  -- (a new hash's first count is 1: only then may it lack its lifetime)
+  local fresh = redis.call('HINCRBY', stats, minute .. '|' .. category, 1) == 1
   if event_type == 'reservation.denied' or event_type == 'reservation.expired' then
     if event_type == 'reservation.denied' then
       local reason = string.match(data_json, '"reason_code":"([A-Z_]+)"') or 'UNKNOWN'
@@ -55,7 +57,7 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
     redis.call('LPUSH', recent, json)
     redis.call('LTRIM', recent, 0, 9)
   end
-  redis.call('EXPIRE', stats, 7200, 'NX')
+  if fresh then redis.call('EXPIRE', stats, 7200, 'NX') end
 end
 
 -- The request context scripts receive as one JSON argument (strings only).

@@ -296,6 +296,7 @@ async fn spend_per_minute_counts_estimates_corrected_by_commits_and_is_exact_und
     let reached = h.events_of(&t.id, "policy.limit_reached").await;
     assert_eq!(reached.len(), 1, "{reached:?}");
     assert_eq!(reached[0]["data"]["reason_code"], "SPEND_RATE_EXCEEDED");
+    assert_eq!(reached[0]["category"], "reservation", "a tenant may subscribe to it");
     assert_eq!(reached[0]["data"]["scope"], format!("tenant:{}/agent:a", t.id));
     // and each refusal is a reservation.denied (54 reserves and the one decide)
     assert_eq!(h.events_of(&t.id, "reservation.denied").await.len(), 55);
