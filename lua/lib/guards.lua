@@ -6,7 +6,7 @@
 -- The counters a reservation moved, given back when it ends; its record keeps them in `qrun`
 -- (a JSON list): a string is a v0.1.26 per_run quota member (given back by a release or an
 -- expiry, not a commit: the call happened), {a = field} an active-hold count, {w = window,
--- f = field} an estimate counted in a spend window, which moves to what was `charged`
+-- f = field, ttl} an estimate counted in a spend window, which moves to what was `charged`
 -- (nothing when released or expired; a window that has ended stays gone).
 local function give_back(prefix, rec, charged)
   if not rec.qrun then return end
@@ -44,6 +44,10 @@ local function limit_json(lim)
   return '{' .. table.concat(parts, ',') .. '}'
 end
 
+-- Where a refusal without a window of its own (active holds, instances) marks that its
+-- policy.limit_reached was written: the minute's policy rate hash, for two minutes.
+local function minute_mark(sc) return {KEY.policy_rate(sc.prefix, math.floor(sc.now / 60000)), 120000} end
+
 -- A guard's denial: the DenyDetail, the message, and what the 409 and policy.limit_reached
 -- say of the limit (`mark`: where the event's once-per-window marker lives).
 local function limit_verdict(reason, lim, fix, message, mark)
@@ -68,7 +72,7 @@ local function guard_denial(ask, pol)
       return limit_verdict('ACTIVE_RESERVATIONS_EXCEEDED', lim, 'Commit or release one of the ' .. n ..
         ' active reservations on ' .. scope .. ", or raise rate_limits.max_active_reservations in policy '" .. s.id .. "'",
         'At most ' .. s.value .. ' reservations may be active at once on ' .. scope .. ' (policy ' .. s.id .. ')',
-        {KEY.policy_rate(sc.prefix, math.floor(sc.now / 60000)), 120000})
+        minute_mark(sc))
     end
     guarded[#guarded + 1] = {a = field}
   end
@@ -98,19 +102,18 @@ local function guard_denial(ask, pol)
   return nil
 end
 
--- A live reserve's counts (the estimate `amount`), added to `items`, what its record keeps to
--- give back.
+-- A live reserve's counts (the estimate `amount`); each guard goes to `items`, what its record
+-- keeps to give back.
 local function hold_guards(sc, guarded, amount, items)
   for _, g in ipairs(guarded) do
     if g.a then
       redis.call('HINCRBY', KEY.active_holds(sc.prefix), g.a, 1)
-      items[#items + 1] = {a = g.a}
     else
       local key = KEY.spend_window(sc.prefix, g.w)
       redis.call('HINCRBY', key, g.f, amount)
       redis.call('PEXPIRE', key, g.ttl)
-      items[#items + 1] = {w = g.w, f = g.f}
     end
+    items[#items + 1] = g
   end
 end
 
@@ -174,7 +177,7 @@ local function template_ledger(ask, tpls, key, scope, code, write)
     local lim = {policy_id = p.id, limit_name = 'max_instances', limit = itoa(p.tpl.n), current = itoa(made), scope = scope}
     return nil, limit_verdict('TEMPLATE_INSTANCES_EXCEEDED', lim, "Raise budget_template.max_instances in policy '" ..
       p.id .. "', or create a budget for " .. scope, 'Policy ' .. p.id .. ' has made its most ledgers (' .. p.tpl.n ..
-      '); ' .. scope .. ' has none', {KEY.policy_rate(sc.prefix, math.floor(sc.now / 60000)), 120000})
+      '); ' .. scope .. ' has none', minute_mark(sc))
   end
   local t = p.tpl.f
   local b = {key = key, scope = scope, unit = A.unit, status = 'ACTIVE', allocated = t.allocated, remaining = t.allocated,

@@ -67,9 +67,14 @@ async fn at_once(h: &Arc<Harness>, t: &Tenant, amount: i64, subject: Value) -> V
     out
 }
 
-async fn active_count(h: &Harness, t: &Tenant, field: &str) -> i64 {
-    let n: Option<i64> = h.store.conn().hget(TenantKeys::new(&t.id).active_holds(), field).await.unwrap();
+/// One field of a guard's counter hash (0 when absent).
+async fn count_at(h: &Harness, key: String, field: &str) -> i64 {
+    let n: Option<i64> = h.store.conn().hget(key, field).await.unwrap();
     n.unwrap_or(0)
+}
+
+async fn active_count(h: &Harness, t: &Tenant, field: &str) -> i64 {
+    count_at(h, TenantKeys::new(&t.id).active_holds(), field).await
 }
 
 #[tokio::test]
@@ -244,9 +249,7 @@ async fn at_most_n_reservations_are_active_at_once_and_every_ending_gives_one_ba
 
 async fn spent_this_minute(h: &Harness, t: &Tenant, field: &str) -> i64 {
     let minute = cycles_shared::domain::now_ms() / 60_000;
-    let key = TenantKeys::new(&t.id).spend_window(format!("m{minute}"));
-    let n: Option<i64> = h.store.conn().hget(key, field).await.unwrap();
-    n.unwrap_or(0)
+    count_at(h, TenantKeys::new(&t.id).spend_window(format!("m{minute}")), field).await
 }
 
 #[tokio::test]
@@ -425,21 +428,17 @@ async fn max_instances_and_spend_per_hour_are_exact_under_concurrency_and_expiry
     let hour = cycles_shared::domain::now_ms() / 3_600_000;
     let key = TenantKeys::new(&t.id).spend_window(format!("h{hour}"));
     let field = format!("{id}|tenant:{}", t.id);
-    let spent = |h: Arc<Harness>, key: String, field: String| async move {
-        let n: Option<i64> = h.store.conn().hget(key, field).await.unwrap();
-        n.unwrap_or(0)
-    };
-    assert_eq!(spent(h.clone(), key.clone(), field.clone()).await, 150);
+    assert_eq!(count_at(&h, key.clone(), &field).await, 150);
     // an expiry gives its estimate back
     let ok: Vec<&str> =
         answers.iter().filter(|r| r.status == 200).map(|r| r.body["reservation_id"].as_str().unwrap()).collect();
     h.release(&t, ok[0]).await.assert_ok();
     let short = h.reserve_ok(&t, 10, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
     assert!(!short.is_empty());
-    assert_eq!(spent(h.clone(), key.clone(), field.clone()).await, 150);
+    assert_eq!(count_at(&h, key.clone(), &field).await, 150);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(h.sweep_tenant(&t, &Default::default()).await.expired, 1);
-    assert_eq!(spent(h.clone(), key, field).await, 140);
+    assert_eq!(count_at(&h, key, &field).await, 140);
 }
 
 #[tokio::test]
