@@ -31,6 +31,7 @@ if overflow then
 end
 track_spend(sc, budgets)
 count_spend(sc, policies_of(ask), ask.scope, A.unit, charged)
+record_usage(sc, K.due_index, 'e', ask.scope, A.unit, A.action, charged)
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(sc, budgets, A.unit, nil, policy)

@@ -1,6 +1,6 @@
 -- Reservations: the record, its stored answers, expiry, and the opening every script on one
 -- reservation shares.
--- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, guards, listing, record
+-- needs: decimal, reply, calendar, access, tenant, events, ledger, alerts, periods, guards, usage, listing, record
 
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
 -- whose essential fields do not parse is returned with `corrupt` set (never acted on:
@@ -46,6 +46,7 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
   give_back(sc.prefix, r.rec)
+  record_ending(sc, ix.due, 'x', r.rec)
   finish_record(ix.record, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
   keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)
@@ -82,7 +83,7 @@ local function open_reservation(K, A, now, replay_of)
   r.sc = scene(K.events, A.context, now, r.tenant)
   if A.digest ~= '' then count(r.sc, 'a') end
   local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index,
-    tenant = r.tenant}
+    tenant = r.tenant, due = K.due_index}
   expire_if_overdue(r, K.budgets, ix, now, tonumber(A.record_ttl_ms))
   if r.status == 'EXPIRED' then return nil, err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
   if r.status ~= 'ACTIVE' then return nil, err('RESERVATION_FINALIZED', MSG.RESERVATION_FINALIZED .. r.status) end

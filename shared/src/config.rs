@@ -27,6 +27,8 @@ pub struct Config {
     /// How long a ledger made by a budget template may stay untouched before the sweep reclaims
     /// it (when nothing is held or owed).
     pub template_idle: Duration,
+    /// Spend analytics: how long rollups are kept and how many groups a bucket holds.
+    pub usage: UsageOptions,
     /// Pause between expiry sweeps (maintenance function and local gateway).
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
@@ -185,6 +187,8 @@ pub struct SweepOptions {
     pub audit_retention: Duration,
     /// Idle time after which a template-made ledger is reclaimed.
     pub template_idle: Duration,
+    /// Spend analytics' rollups (folded by the sweep).
+    pub usage: UsageOptions,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
     /// The overview snapshot is rebuilt when older than this.
@@ -200,9 +204,26 @@ impl Default for SweepOptions {
             event_retention: Duration::from_secs(90 * 86_400),
             audit_retention: Duration::from_secs(365 * 86_400),
             template_idle: Duration::from_secs(30 * 86_400),
+            usage: UsageOptions::default(),
             trim_tenants: 200,
             overview_refresh: Duration::from_secs(30),
         }
+    }
+}
+
+/// Spend analytics (`ops::usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageOptions {
+    /// How long a rollup bucket is kept after it ends (`CYCLES_USAGE_RETENTION_MS`, 400 days).
+    pub retention: Duration,
+    /// Distinct groups one bucket holds before the rest land in the unit's `other` group
+    /// (`CYCLES_USAGE_MAX_GROUPS`, 1,000).
+    pub max_groups: usize,
+}
+
+impl Default for UsageOptions {
+    fn default() -> Self {
+        UsageOptions { retention: Duration::from_secs(400 * 86_400), max_groups: 1_000 }
     }
 }
 
@@ -342,6 +363,7 @@ impl Config {
             event_retention: self.event_retention,
             audit_retention: self.audit_retention,
             template_idle: self.template_idle,
+            usage: self.usage,
             trim_tenants: self.sweep_trim_tenants,
             overview_refresh: self.overview_max_age / 2,
         }
@@ -366,6 +388,10 @@ impl Config {
             event_retention: env_ms("CYCLES_EVENT_RETENTION_MS", 90 * 24 * 3_600_000),
             audit_retention: env_ms("CYCLES_AUDIT_RETENTION_MS", 365 * 24 * 3_600_000),
             template_idle: env_ms("CYCLES_TEMPLATE_IDLE_MS", 30 * 24 * 3_600_000),
+            usage: UsageOptions {
+                retention: env_ms("CYCLES_USAGE_RETENTION_MS", 400 * 24 * 3_600_000),
+                max_groups: env_count("CYCLES_USAGE_MAX_GROUPS", 1_000),
+            },
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),

@@ -297,6 +297,11 @@ tenant_keys! {
     spend_window(window) => [":g:sp:" window];
     template_ledgers() => [":g:tpl"];
     template_counts() => [":g:tpln"];
+    /// Spend analytics (`lua/lib/usage.lua`): the usage log (a stream: one entry per charge
+    /// and per ending of a reservation, until folded) and the rollups, one hash per bucket
+    /// ("h<epoch hour>", "d<epoch day>", "m<year * 12 + month - 1>").
+    usage_log() => [":u"];
+    usage_bucket(bucket) => [":u:" bucket];
     /// When each rate-spike alert of the tenant was last raised.
     alerted() => [":alerted"];
     /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).

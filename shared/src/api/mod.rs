@@ -20,6 +20,7 @@ pub mod policies;
 mod quotas;
 mod reservations;
 pub mod tenants;
+pub mod usage;
 pub mod webhook_security;
 pub mod webhooks;
 
@@ -155,6 +156,7 @@ macro_rules! routes {
 routes! {
     Runtime GET "/v1/reservations" => "list-reservations" (listReservations) [Viewer], list::list;
     Runtime GET "/v1/balances" => "get-balances" (getBalances) [Tenant], balances::get;
+    Runtime GET "/v1/usage" => "get-usage" (getUsage) [Tenant], usage::tenant_get;
     Runtime GET "/v1/action-kinds" => "list-action-kinds" (listActionKinds) [Open], action_kinds::list;
     Runtime GET "/v1/action-kinds/{kind}" => "get-action-kind" (getActionKind) [Open], action_kinds::get;
     Runtime GET "/v1/evidence/{evidence_id}" => "get-evidence" (getEvidence) [Open], evidence::get;
@@ -198,6 +200,7 @@ routes! {
     Admin GET "/v1/auth/introspect" => "introspect-auth" (introspectAuth) [Viewer], admin::introspect;
     Admin POST "/v1/auth/validate" => "validate-api-key" (validateApiKey) [Viewer], api_keys::validate;
     Admin GET "/v1/admin/overview" => "get-admin-overview" (getAdminOverview) [Viewer], overview::get;
+    Admin GET "/v1/admin/usage" => "get-admin-usage" (getAdminUsage) [Viewer], usage::admin_get;
     Admin GET "/v1/admin/audit/logs" => "list-audit-logs" (listAuditLogs) [Viewer], audit::list;
     Admin GET "/v1/balances" => "get-admin-balances" (getBalances) [Tenant], budgets::balances;
     Admin GET "/v1/admin/events" => "list-events" (listEvents) [Viewer], events::admin_list;
@@ -687,6 +690,8 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
             (e.status(), serde_json::to_vec(&body).expect("error bodies always serialize"))
         }
     };
+    // (an answer may name its own content type: a CSV report)
+    let typed = own.iter().any(|(name, _)| *name == "content-type");
     let mut headers = vec![
         ("content-type", "application/json".to_string()),
         ("x-request-id", ctx.request_id.clone()),
@@ -697,6 +702,9 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
         headers.push(("x-cycles-tenant", t.clone()));
     }
     headers.extend(throttle.into_iter().flatten());
+    if typed {
+        headers.remove(0);
+    }
     headers.extend(own);
     ApiResponse { status, headers, body }
 }

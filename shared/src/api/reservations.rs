@@ -473,6 +473,7 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         record_ttl_ms: app.config.retention.as_millis().to_string(),
         context: event_context(ctx, Some(&caller), &caller.tenant),
         body: String::from_utf8_lossy(&req.body).into_owned(),
+        action: serde_json::to_string(&r.action).expect("serializable"),
         ..Charge::on(&caller.tenant, &caller.key_id, &r.idempotency_key, &scopes, unit)
     };
     let reply = app.store.run(call).await?;

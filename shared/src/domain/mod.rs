@@ -61,6 +61,7 @@ pub mod periods;
 pub mod policies;
 pub mod roles;
 pub mod rules;
+pub mod usage;
 
 /// Key permissions (the admin spec's `Permission`), for both planes. An operation names the
 /// one it needs; a key holding it, or a wildcard that covers it, may proceed.

@@ -47,6 +47,8 @@ pub struct SweepReport {
     pub closes_converged: u64,
     /// Idle ledgers made by budget templates, reclaimed.
     pub reclaimed_ledgers: u64,
+    /// Usage entries folded into the spend rollups (`ops::usage::fold`).
+    pub usage_folded: u64,
     pub duration_ms: u64,
 }
 
@@ -66,6 +68,7 @@ impl SweepReport {
             trimmed_audit = self.trimmed_audit,
             closes_converged = self.closes_converged,
             reclaimed_ledgers = self.reclaimed_ledgers,
+            usage_folded = self.usage_folded,
             duration_ms = self.duration_ms,
             "{message}"
         );
@@ -74,6 +77,7 @@ impl SweepReport {
     fn add(&mut self, other: &SweepReport) {
         self.tenants += other.tenants;
         self.reclaimed_ledgers += other.reclaimed_ledgers;
+        self.usage_folded += other.usage_folded;
         self.trimmed_tenants += other.trimmed_tenants;
         self.expired += other.expired;
         self.rolled += other.rolled;
@@ -193,8 +197,8 @@ async fn roll_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
     }
 }
 
-/// Rolls one tenant's ended budget periods, expires its due reservations batch by batch, then
-/// sets its next due time.
+/// Rolls one tenant's ended budget periods, expires its due reservations batch by batch, folds
+/// its usage log, then sets its next due time.
 pub async fn expire_tenant(
     store: &Store,
     tenant: &str,
@@ -225,6 +229,8 @@ pub async fn expire_tenant(
             break;
         }
     }
+    // its spend since the last visit, into the rollups (a tenant that charged is due now)
+    report.usage_folded += crate::ops::usage::fold(store, tenant, opts.usage).await?;
     schedule(store, tenant, "reset").await
 }
 

@@ -48,7 +48,7 @@ script! {
     /// Sets a tenant's due time in its slot's due index (`lua/sweep_schedule.lua`): `mode` is
     /// `reset` or `ensure`.
     pub struct Schedule = sweep_schedule -> Nothing {
-        keys: [due_index, expiry_index, periods],
+        keys: [due_index, expiry_index, periods, usage_log],
         args: [tenant, mode],
     }
 }
@@ -152,6 +152,7 @@ pub async fn schedule(store: &Store, tenant: &str, mode: &str) -> ApiResult<()> 
         due_index: keys.due_index(),
         expiry_index: keys.expiry_index(),
         periods: keys.periods(),
+        usage_log: keys.usage_log(),
         tenant: tenant.to_string(),
         mode: mode.to_string(),
     };

@@ -22,6 +22,7 @@ pub mod reservations;
 pub mod settings;
 pub mod tenants;
 pub mod transfer;
+pub mod usage;
 pub mod webhooks;
 
 use std::sync::LazyLock;
@@ -130,6 +131,8 @@ const SCRIPTS: &[Script] = &[
     quotas::ResetCounter::SCRIPT,
     transfer::ReadTenant::SCRIPT,
     transfer::WriteTenant::SCRIPT,
+    usage::FoldUsage::SCRIPT,
+    usage::ReadUsage::SCRIPT,
 ];
 
 /// The header of the library: the rules, messages, key schema and record layouts the Rust side
@@ -183,6 +186,7 @@ modules![
     "policies",
     "quotas",
     "guards",
+    "usage",
     "listing",
     "reservation",
     "decision",
@@ -425,13 +429,14 @@ mod reserve_size {
     /// the runaway-agent guards (`lua/lib/guards.lua`, 190 more: ledgers made from templates,
     /// the active-hold and spend-rate checks, what an ending gives back), 1,411 with them, 1,425
     /// with the script VM's caches of decoded policy rules and pattern matches (2-6% of a
-    /// reserve with policies), against a target of 700 that the engine work has not reached yet.
+    /// reserve with policies), 1,427 with the usage entry of an expiry on touch (spend
+    /// analytics), against a target of 700 that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_425, "a reserve as run is {code} lines of code (at most 1,425; target 700)");
+        assert!(code <= 1_427, "a reserve as run is {code} lines of code (at most 1,427; target 700)");
     }
 }

@@ -103,7 +103,7 @@ pub struct Hold {
 script! {
     /// Commit (`lua/commit.lua`).
     pub struct Commit = commit -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, policies; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, policies, due_index; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, unit, amount, metrics, metadata,
             record_ttl_ms, context],
     }
@@ -119,6 +119,7 @@ impl Commit {
         self.listing_index = t.keys.listing_index();
         self.meta = t.keys.reservation_metadata(&t.id.token);
         self.policies = t.keys.policy_rules();
+        self.due_index = t.keys.due_index();
         self.budgets = t.budget_keys();
         self
     }
@@ -127,7 +128,7 @@ impl Commit {
 script! {
     /// Release (`lua/release.lua`).
     pub struct Release = release -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, audit_log, events, listing_index, meta; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, audit_log, events, listing_index, meta, due_index; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, reason, record_ttl_ms, audit],
     }
 }
@@ -142,6 +143,7 @@ impl Release {
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
         self.meta = t.keys.reservation_metadata(&t.id.token);
+        self.due_index = t.keys.due_index();
         self.budgets = t.budget_keys();
         self
     }
@@ -343,7 +345,7 @@ script! {
     /// Direct charge, createEvent's post-only debit (`lua/charge.lua`).
     pub struct Charge = charge -> Charged {
         keys: [tenant, api_key, record, scope_units, events, policies, due_index; budgets],
-        args: [digest, accepted, payload_hash, event_id, unit, amount, overage_policy, record_ttl_ms, context, body;
+        args: [digest, accepted, payload_hash, event_id, unit, amount, overage_policy, record_ttl_ms, context, body, action;
             scopes],
     }
 }

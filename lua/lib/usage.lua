@@ -1,0 +1,127 @@
+-- Spend analytics: every charge and every ending of a reservation appends one entry to the
+-- tenant's usage log (one XADD on the hot path); `fold_usage` (the sweep, and every usage
+-- read) folds the log into hour, day and month rollups and deletes what it folded, atomically,
+-- so each entry counts exactly once.
+-- needs: decimal, calendar
+--
+-- An entry: `k` what happened (c commit, e event, r release, x expiry), `s` the scope path,
+-- `u` the unit, `a` the action (JSON as the request gave it), `x` the amount charged, `e` the
+-- reservation's estimate ('' for an event); its id is when (Redis time).
+-- A rollup bucket (`KEY.usage_bucket`: "h<epoch hour>", "d<epoch day>", "m<year*12+month-1>")
+-- is a hash: group "<scope>\31<unit>\31<action kind>\31<action name>" -> "<spent> <estimated>
+-- <charges> <reservations> <released>".
+
+-- Appends one usage entry of the tenant of `sc` (its prefix, name and now). The first entry
+-- after a fold makes the log and puts the tenant in its slot's due index (`due_index`, when
+-- the script has it), so the sweep folds it.
+local function record_usage(sc, due_index, kind, scope, unit, action, spent, estimate)
+  local log = KEY.usage_log(sc.prefix)
+  if redis.call('XADD', log, 'NOMKSTREAM', '*', 'k', kind, 's', scope, 'u', unit, 'a', action or '', 'x', spent,
+      'e', estimate or '') then
+    return
+  end
+  redis.call('XADD', log, '*', 'k', kind, 's', scope, 'u', unit, 'a', action or '', 'x', spent, 'e', estimate or '')
+  if due_index then
+    redis.call('ZADD', due_index, 'LT', string.format('%d', sc.now), sc.name)
+  end
+end
+
+-- The usage entry of a reservation that ended (`kind` c, r or x) from its record (read by
+-- `head_record` or whole): an ACTIVE record's last field is its action.
+local function record_ending(sc, due_index, kind, rec, charged)
+  local action = rec.action or (rec.raw and string.match(rec.raw, '^.*\31([^\31]*)$'))
+  record_usage(sc, due_index, kind, rec.scope, rec.unit, action, charged or '0', rec.estimate)
+end
+
+-- The action's kind and name, from its JSON ('' when absent or unreadable).
+local function action_parts(json)
+  if json == '' then return '', '' end
+  local decoded, a = pcall(cjson.decode, json)
+  if not decoded or type(a) ~= 'table' then return '', '' end
+  local function text(v) return type(v) == 'string' and v or '' end
+  return text(a.kind), text(a.name)
+end
+
+-- The rollup buckets of an instant (ms): hour, day and month, and when each ends.
+local function usage_buckets(ms)
+  local hour, day = math.floor(ms / 3600000), math.floor(ms / 86400000)
+  local y, m = civil_from_days(day)
+  local ny, nm = y + math.floor(m / 12), m % 12 + 1
+  local month_end = days_from_civil(ny, nm, 1) * 86400000
+  return {{'h' .. hour, (hour + 1) * 3600000}, {'d' .. day, (day + 1) * 86400000},
+    {'m' .. (y * 12 + m - 1), month_end}}
+end
+
+-- Adds one entry's figures to a rollup value.
+local function add_usage(value, kind, spent, estimate)
+  local f = {0, 0, 0, 0, 0}
+  if value then
+    local i = 1
+    for v in string.gmatch(value, '%S+') do f[i] = v; i = i + 1 end
+  end
+  local charge, ended = kind == 'c' or kind == 'e', kind ~= 'e'
+  f[1] = d_add(tostring(f[1]), spent)
+  if ended and estimate ~= '' then f[2] = d_add(tostring(f[2]), estimate) end
+  if charge then f[3] = tonumber(f[3]) + 1 end
+  if ended then f[4] = tonumber(f[4]) + 1 end
+  if kind == 'r' or kind == 'x' then f[5] = tonumber(f[5]) + 1 end
+  return table.concat({f[1], f[2], string.format('%d', f[3]), string.format('%d', f[4]), string.format('%d', f[5])}, ' ')
+end
+
+-- Folds up to `limit` entries of the usage log into the rollups (each bucket at most
+-- `max_groups` groups, the rest in the unit's `other` group; each kept `retention_ms` after
+-- it ends) and deletes them. Returns how many were folded, and whether the log has more.
+local function fold_usage(log, max_groups, retention_ms, limit)
+  local entries = redis.call('XRANGE', log, '-', '+', 'COUNT', limit)
+  if #entries == 0 then return 0, false end
+  local prefix = KEY.prefix_of(log)
+  local touched = {}
+  local order = {}
+  for _, e in ipairs(entries) do
+    local f = {}
+    for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+    local kind, name = action_parts(f.a or '')
+    local group = table.concat({f.s or '', f.u or '', kind, name}, '\31')
+    local ms = tonumber(string.match(e[1], '^(%d+)'))
+    for _, b in ipairs(usage_buckets(ms)) do
+      local key = KEY.usage_bucket(prefix, b[1])
+      local t = touched[key]
+      if not t then
+        t = {ends = b[2], groups = {}, n = nil}
+        touched[key] = t
+        order[#order + 1] = key
+      end
+      local g = group
+      if t.groups[g] == nil then
+        -- a group the bucket does not hold yet: past the cap, the unit's `other` group
+        local held = redis.call('HGET', key, g)
+        if not held then
+          t.n = t.n or redis.call('HLEN', key)
+          if t.n >= max_groups then
+            g = table.concat({'other', f.u or '', 'other', 'other'}, '\31')
+            held = t.groups[g] or redis.call('HGET', key, g)
+          else
+            t.n = t.n + 1
+          end
+        end
+        if t.groups[g] == nil then t.groups[g] = held or false end
+      end
+      t.groups[g] = add_usage(t.groups[g] or nil, f.k or 'e', f.x or '0', f.e or '')
+    end
+  end
+  for _, key in ipairs(order) do
+    local t, set = touched[key], {}
+    for g, v in pairs(t.groups) do set[#set + 1] = g; set[#set + 1] = v end
+    redis.call('HSET', key, unpack(set))
+    redis.call('PEXPIREAT', key, string.format('%d', t.ends + retention_ms))
+  end
+  local more = #entries == limit
+  if more then
+    local ms, seq = string.match(entries[#entries][1], '^(%d+)-(%d+)$')
+    redis.call('XTRIM', log, 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+  else
+    -- (a charge since cannot be lost: this script is atomic with every charge of the slot)
+    redis.call('DEL', log)
+  end
+  return #entries, more
+end
