@@ -29,6 +29,8 @@ pub struct Config {
     pub template_idle: Duration,
     /// Spend analytics: how long rollups are kept and how many groups a bucket holds.
     pub usage: UsageOptions,
+    /// The S3 archive and the EventBridge alert bus.
+    pub export: ExportConfig,
     /// Pause between expiry sweeps (maintenance function and local gateway).
     pub sweep_interval: Duration,
     /// Reservations per sweep script call.
@@ -189,6 +191,11 @@ pub struct SweepOptions {
     pub template_idle: Duration,
     /// Spend analytics' rollups (folded by the sweep).
     pub usage: UsageOptions,
+    /// While an archive is configured, retention trims events, audit entries and the evidence
+    /// log only once exported.
+    pub export: ExportConfig,
+    /// Retention of evidence envelopes (the evidence log follows it).
+    pub evidence_retention: Duration,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
     /// The overview snapshot is rebuilt when older than this.
@@ -205,9 +212,36 @@ impl Default for SweepOptions {
             audit_retention: Duration::from_secs(365 * 86_400),
             template_idle: Duration::from_secs(30 * 86_400),
             usage: UsageOptions::default(),
+            export: ExportConfig::default(),
+            evidence_retention: Duration::from_secs(90 * 86_400),
             trim_tenants: 200,
             overview_refresh: Duration::from_secs(30),
         }
+    }
+}
+
+/// The archive and the alert bus (`jobs::export`), run by the maintenance function.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportConfig {
+    /// S3 bucket of the archive (`CYCLES_EXPORT_BUCKET`); None: no archive.
+    pub bucket: Option<String>,
+    /// Prefix of every object name (`CYCLES_EXPORT_PREFIX`, e.g. `cycles/`).
+    pub prefix: String,
+    /// EventBridge bus (name or ARN) the alert events go to (`CYCLES_ALERT_EVENT_BUS`).
+    pub alert_bus: Option<String>,
+}
+
+impl ExportConfig {
+    pub fn from_env() -> ExportConfig {
+        ExportConfig {
+            bucket: env("CYCLES_EXPORT_BUCKET"),
+            prefix: env("CYCLES_EXPORT_PREFIX").unwrap_or_default(),
+            alert_bus: env("CYCLES_ALERT_EVENT_BUS"),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.bucket.is_some() || self.alert_bus.is_some()
     }
 }
 
@@ -364,6 +398,8 @@ impl Config {
             audit_retention: self.audit_retention,
             template_idle: self.template_idle,
             usage: self.usage,
+            export: self.export.clone(),
+            evidence_retention: self.evidence.retention,
             trim_tenants: self.sweep_trim_tenants,
             overview_refresh: self.overview_max_age / 2,
         }
@@ -392,6 +428,7 @@ impl Config {
                 retention: env_ms("CYCLES_USAGE_RETENTION_MS", 400 * 24 * 3_600_000),
                 max_groups: env_count("CYCLES_USAGE_MAX_GROUPS", 1_000),
             },
+            export: ExportConfig::from_env(),
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),

@@ -302,6 +302,12 @@ tenant_keys! {
     /// ("h<epoch hour>", "d<epoch day>", "m<year * 12 + month - 1>").
     usage_log() => [":u"];
     usage_bucket(bucket) => [":u:" bucket];
+    /// The export's cursor of one of the owner's streams ("events", "audit", "bus": the alerts
+    /// put on EventBridge): `done` (the last entry id exported) and `pending` (`jobs::export`).
+    export_cursor(stream) => [":x:" stream];
+    /// The ids of the tenant's evidence envelopes in the order they were signed (a stream,
+    /// written only while an archive is configured, for the export).
+    evidence_log() => [":evlog"];
     /// When each rate-spike alert of the tenant was last raised.
     alerted() => [":alerted"];
     /// The audit stream of this owner (a tenant, or a sentinel of `ops::audit`).

@@ -14,6 +14,7 @@
 
 pub mod admin_cli;
 pub mod api;
+pub mod aws;
 pub mod config;
 pub mod domain;
 pub mod egress;

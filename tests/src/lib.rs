@@ -740,3 +740,50 @@ pub async fn send_with(
     let body = serde_json::from_str(&raw).unwrap_or(Value::Null);
     Resp { status, headers, body, raw }
 }
+
+/// A real S3 and EventBridge emulator (moto in server mode) on a free port, stopped when
+/// dropped: `moto_server` from PATH (`scripts/test` installs it from PyPI).
+pub struct Moto {
+    pub url: String,
+    child: std::process::Child,
+}
+
+impl Moto {
+    pub async fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = std::process::Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server (pip install 'moto[server]'; scripts/test installs it)");
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if reqwest::get(format!("{url}/moto-api/")).await.is_ok() {
+                return Moto { url, child };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("moto_server did not answer on {url}");
+    }
+
+    /// Credentials and endpoint for it (moto accepts any credentials).
+    pub fn aws(&self) -> cycles_shared::aws::Aws {
+        cycles_shared::aws::Aws::new(
+            "testing".into(),
+            "testing".into(),
+            None,
+            "us-east-1".into(),
+            Some(self.url.clone()),
+        )
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -119,14 +119,18 @@ pub fn reservation_refs(app: &App, ids: &std::collections::HashMap<String, Strin
 /// Signs and stores a receipt of `artifact` with `payload`; its reference, or None when it
 /// could not be made (the answer stands without one: the operation happened; the cause is
 /// logged).
-async fn issue(app: &App, ctx: &Ctx, artifact: &str, payload: Value, slot: &Slot) -> Option<Value> {
+async fn issue(app: &App, ctx: &Ctx, tenant: &str, artifact: &str, payload: Value, slot: &Slot) -> Option<Value> {
     let signer = app.config.evidence.signer.as_ref()?;
     let now = crate::domain::now_ms();
     let Some(sealed) = signer.seal(artifact, payload, now, &ctx.trace.trace_id) else {
         tracing::error!(request_id = %ctx.request_id, "no evidence signing key is in force; the answer carries no receipt");
         return None;
     };
-    match store::save(&app.store, &sealed.evidence_id, &sealed.text, slot, app.config.evidence.retention).await {
+    // with an archive, the envelope's id also goes to the tenant's evidence log (`jobs::export`)
+    let archived = app.config.export.bucket.is_some().then_some(tenant);
+    match store::save(&app.store, &sealed.evidence_id, &sealed.text, slot, app.config.evidence.retention, archived)
+        .await
+    {
         Ok(()) => Some(reference(app, &sealed.evidence_id)),
         Err(e) => {
             tracing::error!(request_id = %ctx.request_id, error = %e.message, cause = e.cause.as_deref().unwrap_or(""),
@@ -171,7 +175,7 @@ pub async fn answer<T: serde::Serialize>(
             }
         }
     } else {
-        issue(app, ctx, artifact, payload(&body), &slot).await
+        issue(app, ctx, tenant, artifact, payload(&body), &slot).await
     };
     if let Some(r) = reference {
         body["cycles_evidence"] = r;
@@ -204,7 +208,7 @@ pub async fn on_error(
     if let Some(id) = reservation_id {
         payload["reservation_id"] = json!(id);
     }
-    e.evidence = issue(app, ctx, "error", payload, &Slot::None).await;
+    e.evidence = issue(app, ctx, &tenant, "error", payload, &Slot::None).await;
     Err(e)
 }
 

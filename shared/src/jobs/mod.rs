@@ -3,4 +3,5 @@
 //! HTTP handlers do.
 
 pub mod dispatch;
+pub mod export;
 pub mod sweep;

@@ -16,6 +16,7 @@ use serde::Serialize;
 pub use crate::config::SweepOptions;
 use crate::domain::now_ms;
 use crate::error::{ApiError, ApiResult};
+use crate::jobs::export::{self, Kind};
 use crate::keys::{TenantKeys, SWEEP_SLOTS, TENANT_REGISTRY, TRIM_CURSOR};
 use crate::ops::listing::Backfill;
 use crate::ops::maintenance::{expire_reservations, roll_periods, schedule, Trim};
@@ -49,6 +50,9 @@ pub struct SweepReport {
     pub reclaimed_ledgers: u64,
     /// Usage entries folded into the spend rollups (`ops::usage::fold`).
     pub usage_folded: u64,
+    /// Objects written to the S3 archive and alerts put on the bus (`jobs::export`).
+    pub exported_objects: u64,
+    pub alerts_published: u64,
     pub duration_ms: u64,
 }
 
@@ -69,6 +73,8 @@ impl SweepReport {
             closes_converged = self.closes_converged,
             reclaimed_ledgers = self.reclaimed_ledgers,
             usage_folded = self.usage_folded,
+            exported_objects = self.exported_objects,
+            alerts_published = self.alerts_published,
             duration_ms = self.duration_ms,
             "{message}"
         );
@@ -78,6 +84,8 @@ impl SweepReport {
         self.tenants += other.tenants;
         self.reclaimed_ledgers += other.reclaimed_ledgers;
         self.usage_folded += other.usage_folded;
+        self.exported_objects += other.exported_objects;
+        self.alerts_published += other.alerts_published;
         self.trimmed_tenants += other.trimmed_tenants;
         self.expired += other.expired;
         self.rolled += other.rolled;
@@ -104,10 +112,14 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
     }
     crawl(store, opts, &mut report).await?;
     // system events and system-wide subscriptions' deliveries age out too
-    trim_tenant(store, crate::ops::events::SYSTEM_TENANT, opts, &mut report).await?;
+    let system = crate::ops::events::SYSTEM_TENANT;
+    archive(store, opts, system, &mut report).await;
+    trim_tenant(store, system, opts, &mut report).await?;
     // and so do the audit entries of admin-key and unauthenticated requests
     for owner in [crate::ops::audit::ADMIN_OWNER, crate::ops::audit::UNAUTH_OWNER] {
-        let horizon = now_ms() - opts.audit_retention.as_millis() as i64;
+        archive(store, opts, owner, &mut report).await;
+        let horizon =
+            kept_from(store, opts, owner, Kind::Audit, now_ms() - opts.audit_retention.as_millis() as i64).await?;
         report.trimmed_audit += crate::ops::audit::trim(store, owner, horizon).await?;
     }
     // the operator's overview stays fresh without a request paying for its rebuild
@@ -170,6 +182,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> 
     for tenant in tenants {
         report.trimmed_tenants += 1;
         backfill_listing(store, &tenant).await?;
+        archive(store, opts, &tenant, report).await;
         trim_tenant(store, &tenant, opts, report).await?;
         report.keys_expired += crate::ops::auth::expire_keys(store, &tenant).await?;
         schedule(store, &tenant, "ensure").await?;
@@ -253,7 +266,9 @@ const MAX_TRIM_BATCHES: usize = 50;
 async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     let keys = TenantKeys::new(tenant);
     let horizon_ms = (now_ms() - opts.retention.as_millis() as i64).max(0);
-    let event_horizon = (now_ms() - opts.event_retention.as_millis() as i64).max(0).to_string();
+    let event_horizon =
+        kept_from(store, opts, tenant, Kind::Events, now_ms() - opts.event_retention.as_millis() as i64).await?;
+    let event_horizon = event_horizon.max(0).to_string();
     let trim = |source: &str| Trim {
         created_stream: keys.created_stream(),
         created_index: keys.created_index(),
@@ -323,9 +338,53 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
     trim_deliveries(store, tenant, report).await?;
     report.reclaimed_ledgers +=
         crate::ops::maintenance::reclaim_template_ledgers(store, tenant, opts.template_idle, MAX_TRIM_BATCHES).await?;
-    let audit_horizon = now_ms() - opts.audit_retention.as_millis() as i64;
+    let audit_horizon =
+        kept_from(store, opts, tenant, Kind::Audit, now_ms() - opts.audit_retention.as_millis() as i64).await?;
     report.trimmed_audit += crate::ops::audit::trim(store, tenant, audit_horizon).await?;
+    // the evidence log (kept only while an archive is configured) lives as long as the envelopes
+    let evidence_horizon =
+        kept_from(store, opts, tenant, Kind::Evidence, now_ms() - opts.evidence_retention.as_millis() as i64).await?;
+    let _: u64 = redis::cmd("XTRIM")
+        .arg(keys.evidence_log())
+        .arg("MINID")
+        .arg(evidence_horizon.max(0))
+        .query_async(&mut store.conn())
+        .await?;
     Ok(())
+}
+
+/// The archive and the alert bus for one owner, when configured. A failure (S3 or EventBridge
+/// unreachable) is logged and retried next pass: it never stops the expiry sweep.
+async fn archive(store: &Store, opts: &SweepOptions, owner: &str, report: &mut SweepReport) {
+    if !opts.export.enabled() {
+        return;
+    }
+    let Some(aws) = crate::aws::Aws::from_env() else {
+        tracing::warn!("CYCLES_EXPORT_BUCKET or CYCLES_ALERT_EVENT_BUS is set but no AWS credentials are");
+        return;
+    };
+    match export::export_owner(store, &aws, &opts.export, owner).await {
+        Ok(n) => report.exported_objects += n,
+        Err(e) => tracing::warn!(owner, error = %e.message, "export failed; retried next pass"),
+    }
+    if let Some(bus) = &opts.export.alert_bus {
+        match export::publish_alerts(store, &aws, bus, owner).await {
+            Ok(n) => report.alerts_published += n,
+            Err(e) => tracing::warn!(owner, error = %e.message, "alert bus failed; retried next pass"),
+        }
+    }
+}
+
+/// Where retention may trim an owner's stream to: `horizon`, or earlier when an archive is
+/// configured and has not exported that far (nothing is trimmed before it is archived).
+async fn kept_from(store: &Store, opts: &SweepOptions, owner: &str, kind: Kind, horizon: i64) -> ApiResult<i64> {
+    if opts.export.bucket.is_none() {
+        return Ok(horizon);
+    }
+    let done = export::exported_up_to(store, owner, kind).await?;
+    // entries up to `done` are exported: trim below done's ms (an entry of that ms may follow it)
+    let exported = done.split('-').next().and_then(|m| m.parse::<i64>().ok()).unwrap_or(0);
+    Ok(horizon.min(exported))
 }
 
 /// Reservations backfilled into a tenant's listing index per crawl visit.

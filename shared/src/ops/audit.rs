@@ -111,7 +111,7 @@ pub async fn append(store: &Store, owner: &str, mut record: AuditRecord) -> ApiR
 }
 
 /// The wire `AuditLogEntry` of a stored entry (`log_id` names the owner and stream entry).
-fn wire(owner: &str, entry_id: &str, stored: &Value) -> Value {
+pub(crate) fn wire(owner: &str, entry_id: &str, stored: &Value) -> Value {
     let text = |name: &str| stored[name].as_str().filter(|s| !s.is_empty());
     let ms = stored["timestamp_ms"].as_i64().unwrap_or(0);
     let mut out = json!({

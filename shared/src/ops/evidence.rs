@@ -36,8 +36,16 @@ impl Slot {
 
 /// Stores an envelope (kept `retention`) and its replay slot in one more round trip: one
 /// pipeline on a standalone server; on a cluster (the envelope's key and the tenant's slot
-/// live on different nodes) two requests in flight at once.
-pub async fn save(store: &Store, id: &str, envelope: &str, slot: &Slot, retention: Duration) -> ApiResult<()> {
+/// live on different nodes) two requests in flight at once. With `archived` (an archive is
+/// configured), the id also goes to that tenant's evidence log, which the export reads.
+pub async fn save(
+    store: &Store,
+    id: &str,
+    envelope: &str,
+    slot: &Slot,
+    retention: Duration,
+    archived: Option<&str>,
+) -> ApiResult<()> {
     let ms = retention.as_millis() as u64;
     let mut put = redis::cmd("SET");
     put.arg(keys::evidence(id)).arg(envelope).arg("PX").arg(ms);
@@ -50,6 +58,9 @@ pub async fn save(store: &Store, id: &str, envelope: &str, slot: &Slot, retentio
             remember.cmd("SET").arg(key).arg(id).arg("PX").arg(ms);
         }
         Slot::None => {}
+    }
+    if let Some(tenant) = archived {
+        remember.cmd("XADD").arg(TenantKeys::new(tenant).evidence_log()).arg("*").arg("id").arg(id);
     }
     let mut conn = store.conn();
     if matches!(conn, Conn::Single(_)) {
@@ -65,8 +76,8 @@ pub async fn save(store: &Store, id: &str, envelope: &str, slot: &Slot, retentio
     // refuses a pipeline whose replies are all ignored: two requests in flight at once
     let mut other = store.conn();
     let note = async {
-        match slot {
-            Slot::None => Ok(()),
+        match (slot, archived) {
+            (Slot::None, None) => Ok(()),
             _ => remember.query_async::<redis::Value>(&mut other).await.map(|_| ()),
         }
     };

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod bulk;
 pub mod events;
 pub mod evidence;
+pub mod export;
 pub mod ledgers;
 pub mod listing;
 pub mod maintenance;
@@ -132,6 +133,7 @@ const SCRIPTS: &[Script] = &[
     transfer::ReadTenant::SCRIPT,
     transfer::WriteTenant::SCRIPT,
     usage::FoldUsage::SCRIPT,
+    export::MarkExport::SCRIPT,
     usage::ReadUsage::SCRIPT,
 ];
 
