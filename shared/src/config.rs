@@ -196,6 +196,9 @@ pub struct SweepOptions {
     pub export: ExportConfig,
     /// Retention of evidence envelopes (the evidence log follows it).
     pub evidence_retention: Duration,
+    /// Where the archive's and the bus's calls go: None for the environment's credentials
+    /// and endpoint (`aws::Aws::from_env`), read at each pass.
+    pub aws: Option<crate::aws::Aws>,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
     /// The overview snapshot is rebuilt when older than this.
@@ -214,6 +217,7 @@ impl Default for SweepOptions {
             usage: UsageOptions::default(),
             export: ExportConfig::default(),
             evidence_retention: Duration::from_secs(90 * 86_400),
+            aws: None,
             trim_tenants: 200,
             overview_refresh: Duration::from_secs(30),
         }
@@ -400,6 +404,7 @@ impl Config {
             usage: self.usage,
             export: self.export.clone(),
             evidence_retention: self.evidence.retention,
+            aws: None,
             trim_tenants: self.sweep_trim_tenants,
             overview_refresh: self.overview_max_age / 2,
         }

@@ -9,6 +9,7 @@ use std::io::Read;
 use cycles_shared::config::{ExportConfig, SweepOptions};
 use cycles_shared::jobs::export::{export_owner, publish_alerts, step, Kind, Stop};
 use cycles_shared::keys::TenantKeys;
+use cycles_shared::local::EmbeddedRedis;
 use cycles_tests::*;
 use redis::AsyncCommands;
 use serde_json::Value;
@@ -221,4 +222,31 @@ async fn signed_evidence_envelopes_are_archived_once_each() {
     // each line is the envelope as served: signed, verifiable
     let line = &objects.values().next().unwrap()[0];
     assert!(line["signature"].is_string() && line["signer_did"].is_string(), "{line}");
+}
+
+#[tokio::test]
+async fn the_sweep_archives_and_publishes_on_its_pass() {
+    // (a Redis of its own: the pass crawls every tenant of it)
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let (h, moto) = (Harness::start_with_redis(redis, |_| {}).await, Moto::start().await);
+    let aws = moto.aws();
+    aws.create_bucket("swept").await.unwrap();
+    aws.json_call("events", "AWSEvents.CreateEventBus", "1.1", &json!({"Name": "ops"})).await.unwrap();
+    let opts = SweepOptions {
+        export: ExportConfig { alert_bus: Some("ops".into()), ..archive("swept") },
+        aws: Some(aws.clone()),
+        ..Default::default()
+    };
+    let t = h.funded(10).await;
+    // the first pass starts the bus at the latest event and archives what there is
+    let first = cycles_shared::jobs::sweep::sweep(&h.store, &opts).await.unwrap();
+    assert!(first.exported_objects >= 2, "{first:?}");
+    denials(&h, &t, 2).await;
+    let body = json!({"idempotency_key": unique("ev"), "subject": {"tenant": t.id},
+        "action": {"kind": "tool.call", "name": "x"}, "actual": {"unit": "TOKENS", "amount": 10}});
+    assert_eq!(h.post(&t.key, "/v1/events", &body).await.status, 201);
+    let second = cycles_shared::jobs::sweep::sweep(&h.store, &opts).await.unwrap();
+    assert!(second.exported_objects >= 1 && second.alerts_published >= 1, "{second:?}");
+    let events = archived(&moto, "swept", &format!("cycles/events/tenant={}/", t.id)).await;
+    assert_eq!(ids(&events, "event_id").len(), h.all_events(&t.id).await.len());
 }

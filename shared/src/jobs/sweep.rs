@@ -359,7 +359,7 @@ async fn archive(store: &Store, opts: &SweepOptions, owner: &str, report: &mut S
     if !opts.export.enabled() {
         return;
     }
-    let Some(aws) = crate::aws::Aws::from_env() else {
+    let Some(aws) = opts.aws.clone().or_else(crate::aws::Aws::from_env) else {
         tracing::warn!("CYCLES_EXPORT_BUCKET or CYCLES_ALERT_EVENT_BUS is set but no AWS credentials are");
         return;
     };
