@@ -49,7 +49,7 @@ end
 
 local rec = r.rec
 give_back(r.sc.prefix, rec, charged)
-record_ending(r.sc, K.due_index, 'c', rec, charged)
+record_ending(r.sc, K.due_index, 'c', r, charged)
 if A.metadata ~= '' then
   -- (the record says it has metadata beside it: one set at the reserve, or this one)
   if not rec.m then rec = whole_record(rec); rec.m = '1' end

@@ -22,7 +22,7 @@ for i = 1, n do
   if r and not r.corrupt and r.status == 'ACTIVE' then
     list_status(K.listing_index, r, 'RELEASED')
     give_back(KEY.prefix_of(K.tenant), r.rec)
-    record_ending({prefix = KEY.prefix_of(K.tenant), name = tenant, now = now}, nil, 'r', r.rec)
+    record_ending({prefix = KEY.prefix_of(K.tenant), name = tenant, now = now}, nil, 'r', r)
     finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, meta)
     keep_finished(key, meta, r.rec, retention)
   end

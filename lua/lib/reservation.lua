@@ -46,7 +46,7 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
   give_back(sc.prefix, r.rec)
-  record_ending(sc, ix.due, 'x', r.rec)
+  record_ending(sc, ix.due, 'x', r)
   finish_record(ix.record, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
   keep_finished(ix.record, ix.meta, r.rec, retention_ms)
   redis.call('ZREM', ix.expiry, r.rid)

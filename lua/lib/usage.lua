@@ -26,11 +26,12 @@ local function record_usage(sc, due_index, kind, scope, unit, action, spent, est
   end
 end
 
--- The usage entry of a reservation that ended (`kind` c, r or x) from its record (read by
--- `head_record` or whole): an ACTIVE record's last field is its action.
-local function record_ending(sc, due_index, kind, rec, charged)
+-- The usage entry of a reservation `r` (`read_reservation`) that ended (`kind` c, r or x); its
+-- action from its record (read by `head_record` or whole: an ACTIVE record's last field).
+local function record_ending(sc, due_index, kind, r, charged)
+  local rec = r.rec or {}
   local action = rec.action or (rec.raw and string.match(rec.raw, '^.*\31([^\31]*)$'))
-  record_usage(sc, due_index, kind, rec.scope, rec.unit, action, charged or '0', rec.estimate)
+  record_usage(sc, due_index, kind, r.scope_path, r.unit, action, charged or '0', r.estimate)
 end
 
 -- The action's kind and name, from its JSON ('' when absent or unreadable).
