@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::Read;
 
 use cycles_shared::config::{ExportConfig, SweepOptions};
-use cycles_shared::jobs::export::{export_owner, publish_alerts, step, Kind, Stop};
+use cycles_shared::jobs::export::{export_owner, publish_alerts, step, Kind, Stepped, Stop};
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::local::EmbeddedRedis;
 use cycles_tests::*;
@@ -53,7 +53,10 @@ async fn each_entry_is_archived_exactly_once_across_a_crash_and_overlapping_runs
     let t = h.funded(10).await;
     denials(&h, &t, 4).await;
     // a crash after the upload: the batch stays pending
-    let first = step(&h.store, &aws, &cfg, &t.id, Kind::Events, Stop::AfterUpload).await.unwrap().unwrap();
+    let Stepped::Wrote(first) = step(&h.store, &aws, &cfg, &t.id, Kind::Events, Stop::AfterUpload).await.unwrap()
+    else {
+        panic!("nothing written")
+    };
     assert!(first.starts_with(&format!("cycles/events/tenant={}/date=", t.id)), "{first}");
     assert!(first.ends_with(".jsonl.gz"));
     denials(&h, &t, 3).await;

@@ -133,8 +133,18 @@ async fn range(store: &Store, key: &str, after: &str, to: &str, count: Option<us
     Ok(reply.ids)
 }
 
-/// One object of `owner`'s `kind`: the batch pending, else the next one. Returns the object's
-/// name, or None when everything is exported.
+/// What one step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stepped {
+    /// Everything is exported (or no archive is configured).
+    UpToDate,
+    /// This object was written.
+    Wrote(String),
+    /// The batch pending had nothing left to write (its entries were gone).
+    Skipped,
+}
+
+/// One object of `owner`'s `kind`: the batch pending, else the next one.
 pub async fn step(
     store: &Store,
     aws: &Aws,
@@ -142,37 +152,35 @@ pub async fn step(
     owner: &str,
     kind: Kind,
     stop: Stop,
-) -> ApiResult<Option<String>> {
-    let Some(bucket) = &cfg.bucket else { return Ok(None) };
+) -> ApiResult<Stepped> {
+    let Some(bucket) = &cfg.bucket else { return Ok(Stepped::UpToDate) };
     let keys = TenantKeys::new(owner);
     let stream = kind.key(&keys);
     let mut cursor = mark(store, owner, kind.name(), "read", "", "").await?;
     if cursor.pending.is_empty() {
         let next = range(store, &stream, &cursor.done, "+", Some(BATCH)).await?;
-        let Some(first) = next.first() else { return Ok(None) };
+        let Some(first) = next.first() else { return Ok(Stepped::UpToDate) };
         // an object holds one date
         let day = ms_of(&first.id).div_euclid(86_400_000);
         let last = next.iter().take_while(|e| ms_of(&e.id).div_euclid(86_400_000) == day).last().unwrap_or(first);
         cursor = mark(store, owner, kind.name(), "begin", &cursor.done, &last.id).await?;
     }
     let entries = range(store, &stream, &cursor.done, &cursor.pending, None).await?;
-    let name = match entries.first() {
+    let stepped = match entries.first() {
         Some(first) => {
             let name = object_name(&cfg.prefix, kind, owner, &first.id, &cursor.pending);
             let lines = kind.lines(store, owner, &entries).await?;
             aws.put_object(bucket, &name, gzip(lines.as_bytes()), "application/x-ndjson")
                 .await
                 .map_err(|e| ApiError::internal(format!("export upload failed: {e}")))?;
-            Some(name)
+            Stepped::Wrote(name)
         }
-        // (trimmed meanwhile: nothing left to write)
-        None => None,
+        None => Stepped::Skipped,
     };
-    if stop == Stop::AfterUpload {
-        return Ok(name);
+    if stop == Stop::Done {
+        mark(store, owner, kind.name(), "finish", "", &cursor.pending).await?;
     }
-    mark(store, owner, kind.name(), "finish", "", &cursor.pending).await?;
-    Ok(name.or(Some(String::new())))
+    Ok(stepped)
 }
 
 /// Exports what `owner` has not exported yet (at most `MAX_OBJECTS` objects per stream):
@@ -182,9 +190,9 @@ pub async fn export_owner(store: &Store, aws: &Aws, cfg: &ExportConfig, owner: &
     for kind in [Kind::Events, Kind::Audit, Kind::Evidence] {
         for _ in 0..MAX_OBJECTS {
             match step(store, aws, cfg, owner, kind, Stop::Done).await? {
-                Some(name) if !name.is_empty() => written += 1,
-                Some(_) => {}
-                None => break,
+                Stepped::Wrote(_) => written += 1,
+                Stepped::Skipped => {}
+                Stepped::UpToDate => break,
             }
         }
     }
