@@ -110,14 +110,14 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
         report.tenants += 1;
         expire_tenant(store, &tenant, opts, &mut report).await?;
     }
-    crawl(store, opts, &mut report).await?;
+    crawl(store, opts, &mut report, started).await?;
     // system events and system-wide subscriptions' deliveries age out too
     let system = crate::ops::events::SYSTEM_TENANT;
-    archive(store, opts, system, &mut report).await;
+    archive(store, opts, system, &mut report, started).await;
     trim_tenant(store, system, opts, &mut report).await?;
     // and so do the audit entries of admin-key and unauthenticated requests
     for owner in [crate::ops::audit::ADMIN_OWNER, crate::ops::audit::UNAUTH_OWNER] {
-        archive(store, opts, owner, &mut report).await;
+        archive(store, opts, owner, &mut report, started).await;
         let horizon =
             kept_from(store, opts, owner, Kind::Audit, now_ms() - opts.audit_retention.as_millis() as i64).await?;
         report.trimmed_audit += crate::ops::audit::trim(store, owner, horizon).await?;
@@ -169,7 +169,7 @@ async fn due_tenants(store: &Store) -> ApiResult<Vec<String>> {
 
 /// The retention crawl: up to `opts.trim_tenants` tenants of the registry, from where the
 /// last pass stopped; each is trimmed, its due time re-checked and its slot registered.
-async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport, started: Instant) -> ApiResult<()> {
     let mut conn = store.conn();
     let cursor: Option<u64> = conn.get(TRIM_CURSOR).await?;
     let (next, tenants): (u64, Vec<String>) = redis::cmd("SSCAN")
@@ -182,7 +182,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport) -> 
     for tenant in tenants {
         report.trimmed_tenants += 1;
         backfill_listing(store, &tenant).await?;
-        archive(store, opts, &tenant, report).await;
+        archive(store, opts, &tenant, report, started).await;
         trim_tenant(store, &tenant, opts, report).await?;
         report.keys_expired += crate::ops::auth::expire_keys(store, &tenant).await?;
         schedule(store, &tenant, "ensure").await?;
@@ -353,10 +353,15 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
     Ok(())
 }
 
-/// The archive and the alert bus for one owner, when configured. A failure (S3 or EventBridge
-/// unreachable) is logged and retried next pass: it never stops the expiry sweep.
-async fn archive(store: &Store, opts: &SweepOptions, owner: &str, report: &mut SweepReport) {
-    if !opts.export.enabled() {
+/// How long into a pass the archive may still start an owner's work: the rest waits for the
+/// next pass (a pass must end well within the maintenance function's timeout).
+const ARCHIVE_BUDGET: Duration = Duration::from_secs(20);
+
+/// The archive and the alert bus for one owner, when configured and the pass has time left. A
+/// failure (S3 or EventBridge unreachable) is logged and retried next pass: it never stops the
+/// expiry sweep.
+async fn archive(store: &Store, opts: &SweepOptions, owner: &str, report: &mut SweepReport, started: Instant) {
+    if !opts.export.enabled() || started.elapsed() > ARCHIVE_BUDGET {
         return;
     }
     let Some(aws) = opts.aws.clone().or_else(crate::aws::Aws::from_env) else {
