@@ -461,6 +461,16 @@ impl Answer {
         Answer { status, body, replayed: false, headers: vec![] }
     }
 
+    /// A body of another content type (a CSV report).
+    pub fn text(status: u16, content_type: &str, body: String) -> Answer {
+        Answer {
+            status,
+            body: body.into_bytes(),
+            replayed: false,
+            headers: vec![("content-type", content_type.to_string())],
+        }
+    }
+
     /// An answer without a body (204, 304).
     pub fn empty(status: u16) -> Answer {
         Answer { status, body: Vec::new(), replayed: false, headers: vec![] }

@@ -112,9 +112,7 @@ async fn report(app: &App, req: &ApiRequest, tenant: &str, key: Option<&super::a
     let (rows, next) = page(&app.store, tenant, reader, &report, at, app.config.usage).await?;
     let next_cursor = next.map(|p| URL_SAFE_NO_PAD.encode(format!("{bound}\n{}\n{}", p.bucket, p.skip)));
     if format == "csv" {
-        let mut answer = Answer::json(200, &());
-        answer.body = csv(granularity, &report.dims, &rows).into_bytes();
-        answer = answer.with_header("content-type", "text/csv; charset=utf-8".to_string());
+        let answer = Answer::text(200, "text/csv; charset=utf-8", csv(granularity, &report.dims, &rows));
         return Ok(match next_cursor {
             Some(c) => answer.with_header("x-cycles-next-cursor", c),
             None => answer,
