@@ -255,4 +255,9 @@ async fn a_scoped_key_sees_its_scopes_csv_pages_and_bad_input() {
     r.assert_error(403, "FORBIDDEN");
     let r = h.get("cyc_live_not-a-key", &format!("/v1/usage?{}", window(""))).await;
     assert_eq!(r.status, 401);
+    // a key without balances:read reads no spend
+    let writer = h.key(&t.id, Some(vec!["reservations:create".into()])).await;
+    let r = h.get(&writer.secret, &format!("/v1/usage?{}", window(""))).await;
+    r.assert_error(403, "FORBIDDEN");
+    assert!(r.body["message"].as_str().unwrap().contains("balances:read"), "{}", r.raw);
 }
