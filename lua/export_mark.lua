@@ -1,6 +1,5 @@
 -- The export cursor of one stream (`K.state`: `done`, the last entry id exported, and
--- `pending`, the last entry id of the batch being uploaded). `read`: where it stands.
--- `begin`: when nothing is pending and `done` is still `A.done`, the batch ending at `A.last`
+-- `pending`, the last entry id of the batch being uploaded). `begin`: when nothing is pending and `done` is still `A.done`, the batch ending at `A.last`
 -- becomes pending; answers the batch pending either way (an overlapping invocation's, to be
 -- finished first). `finish`: when `A.last` is pending, it becomes done. So each entry lands in
 -- exactly one object. `advance` (the alert bus, which keeps nothing pending): `done` becomes

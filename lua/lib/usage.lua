@@ -16,11 +16,9 @@
 -- the script has it), so the sweep folds it.
 local function record_usage(sc, due_index, kind, scope, unit, action, spent, estimate)
   local log = KEY.usage_log(sc.prefix)
-  if redis.call('XADD', log, 'NOMKSTREAM', '*', 'k', kind, 's', scope, 'u', unit, 'a', action or '', 'x', spent,
-      'e', estimate or '') then
-    return
-  end
-  redis.call('XADD', log, '*', 'k', kind, 's', scope, 'u', unit, 'a', action or '', 'x', spent, 'e', estimate or '')
+  local entry = {'k', kind, 's', scope, 'u', unit, 'a', action or '', 'x', spent, 'e', estimate or ''}
+  if redis.call('XADD', log, 'NOMKSTREAM', '*', unpack(entry)) then return end
+  redis.call('XADD', log, '*', unpack(entry))
   if due_index then
     redis.call('ZADD', due_index, 'LT', string.format('%d', sc.now), sc.name)
   end
@@ -53,20 +51,34 @@ local function usage_buckets(ms)
     {'m' .. (y * 12 + m - 1), month_end}}
 end
 
--- Adds one entry's figures to a rollup value.
+-- Adds one entry's figures to a rollup value (nil or false: none yet).
 local function add_usage(value, kind, spent, estimate)
-  local f = {0, 0, 0, 0, 0}
-  if value then
-    local i = 1
-    for v in string.gmatch(value, '%S+') do f[i] = v; i = i + 1 end
+  local f, i = {'0', '0', '0', '0', '0'}, 1
+  for v in string.gmatch(value or '', '%S+') do f[i] = v; i = i + 1 end
+  f[1] = d_add(f[1], spent)
+  if kind == 'c' or kind == 'e' then f[3] = d_add(f[3], '1') end
+  if kind ~= 'e' then f[2], f[4] = d_add(f[2], estimate), d_add(f[4], '1') end
+  if kind == 'r' or kind == 'x' then f[5] = d_add(f[5], '1') end
+  return table.concat(f, ' ')
+end
+
+-- The field an entry's `group` adds to in the bucket `key` (`t`: what this fold read and
+-- wrote of it): the group itself, or past `max_groups` the unit's `other` group. Each field's
+-- value is read once per fold.
+local function usage_field(t, key, group, unit, max_groups)
+  local g = t.route[group]
+  if g then return g end
+  g = group
+  if t.values[g] == nil then
+    local held = redis.call('HGET', key, g)
+    if not held then
+      t.n = t.n or redis.call('HLEN', key)
+      if t.n >= max_groups then g = table.concat({'other', unit, 'other', 'other'}, '\31') else t.n = t.n + 1 end
+    end
+    if t.values[g] == nil then t.values[g] = (g == group and held) or redis.call('HGET', key, g) or false end
   end
-  local charge, ended = kind == 'c' or kind == 'e', kind ~= 'e'
-  f[1] = d_add(tostring(f[1]), spent)
-  if ended and estimate ~= '' then f[2] = d_add(tostring(f[2]), estimate) end
-  if charge then f[3] = tonumber(f[3]) + 1 end
-  if ended then f[4] = tonumber(f[4]) + 1 end
-  if kind == 'r' or kind == 'x' then f[5] = tonumber(f[5]) + 1 end
-  return table.concat({f[1], f[2], string.format('%d', f[3]), string.format('%d', f[4]), string.format('%d', f[5])}, ' ')
+  t.route[group] = g
+  return g
 end
 
 -- Folds up to `limit` entries of the usage log into the rollups (each bucket at most
@@ -88,31 +100,17 @@ local function fold_usage(log, max_groups, retention_ms, limit)
       local key = KEY.usage_bucket(prefix, b[1])
       local t = touched[key]
       if not t then
-        t = {ends = b[2], groups = {}, n = nil}
+        t = {ends = b[2], values = {}, route = {}}
         touched[key] = t
         order[#order + 1] = key
       end
-      local g = group
-      if t.groups[g] == nil then
-        -- a group the bucket does not hold yet: past the cap, the unit's `other` group
-        local held = redis.call('HGET', key, g)
-        if not held then
-          t.n = t.n or redis.call('HLEN', key)
-          if t.n >= max_groups then
-            g = table.concat({'other', f.u or '', 'other', 'other'}, '\31')
-            held = t.groups[g] or redis.call('HGET', key, g)
-          else
-            t.n = t.n + 1
-          end
-        end
-        if t.groups[g] == nil then t.groups[g] = held or false end
-      end
-      t.groups[g] = add_usage(t.groups[g] or nil, f.k or 'e', f.x or '0', f.e or '')
+      local g = usage_field(t, key, group, f.u or '', max_groups)
+      t.values[g] = add_usage(t.values[g], f.k or 'e', f.x or '0', f.e or '')
     end
   end
   for _, key in ipairs(order) do
     local t, set = touched[key], {}
-    for g, v in pairs(t.groups) do set[#set + 1] = g; set[#set + 1] = v end
+    for g, v in pairs(t.values) do set[#set + 1] = g; set[#set + 1] = v end
     redis.call('HSET', key, unpack(set))
     redis.call('PEXPIREAT', key, string.format('%d', t.ends + retention_ms))
   end

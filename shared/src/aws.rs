@@ -146,7 +146,7 @@ impl Aws {
         body: Vec<u8>,
     ) -> Result<reqwest::Response, String> {
         let parsed = url::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
-        let now = chrono_now();
+        let now = amz_now();
         let payload_hash = hex::encode(Sha256::digest(&body));
         let mut all: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         all.push(("host".into(), host_of(&parsed)));
@@ -192,7 +192,7 @@ fn xml_unescape(s: &str) -> String {
 }
 
 /// UTC now as SigV4's `YYYYMMDD'T'HHMMSS'Z'`.
-fn chrono_now() -> String {
+fn amz_now() -> String {
     amz_date(crate::domain::now_ms())
 }
 

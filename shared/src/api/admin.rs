@@ -285,12 +285,7 @@ impl ListQuery {
 
     /// An RFC 3339 date-time parameter as epoch ms (blank = absent; malformed = 400).
     pub fn time(&self, name: &str) -> ApiResult<Option<i64>> {
-        self.get(name)
-            .map(|v| {
-                crate::domain::parse_rfc3339_ms(v)
-                    .ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
-            })
-            .transpose()
+        super::query_time(self.get(name), name)
     }
 
     /// Case-insensitive substring search over the given fields (true when no search is set).

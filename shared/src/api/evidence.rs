@@ -225,7 +225,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         return Err(not_found());
     }
     let text = store::read(&app.store, id).await?.ok_or_else(not_found)?;
-    Ok(Answer { status: 200, body: text.into_bytes(), replayed: false, headers: vec![] }
+    Ok(Answer::text(200, "application/json", text)
         .with_header("cache-control", "public, max-age=31536000, immutable".to_string()))
 }
 

@@ -302,6 +302,16 @@ pub fn parse_limit_clamped(value: Option<&String>, max: usize) -> ApiResult<usiz
     }
 }
 
+/// An RFC 3339 date-time query parameter as epoch ms (absent is `None`; malformed is 400).
+pub fn query_time(value: Option<&str>, name: &str) -> ApiResult<Option<i64>> {
+    value
+        .map(|v| {
+            crate::domain::parse_rfc3339_ms(v)
+                .ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
+        })
+        .transpose()
+}
+
 /// A boolean query parameter: exactly `true` or `false` (absent is `None`).
 pub fn query_bool(value: Option<&str>, name: &str) -> ApiResult<Option<bool>> {
     match value {
@@ -446,10 +456,12 @@ fn named_tenant(req: &ApiRequest) -> Option<String> {
     t.as_str().map(String::from)
 }
 
-/// A successful answer: status, JSON body, and whether it replays an earlier request's answer.
+/// A successful answer: status, body (JSON unless `content_type` says otherwise), and whether
+/// it replays an earlier request's answer.
 pub struct Answer {
     pub status: u16,
     pub body: Vec<u8>,
+    pub content_type: &'static str,
     pub replayed: bool,
     /// Headers of this answer beyond the ones every answer carries.
     pub headers: Vec<(&'static str, String)>,
@@ -458,22 +470,17 @@ pub struct Answer {
 impl Answer {
     pub fn json(status: u16, value: &impl Serialize) -> Answer {
         let body = serde_json::to_vec(value).expect("response types always serialize");
-        Answer { status, body, replayed: false, headers: vec![] }
+        Answer { status, body, content_type: JSON, replayed: false, headers: vec![] }
     }
 
     /// A body of another content type (a CSV report).
-    pub fn text(status: u16, content_type: &str, body: String) -> Answer {
-        Answer {
-            status,
-            body: body.into_bytes(),
-            replayed: false,
-            headers: vec![("content-type", content_type.to_string())],
-        }
+    pub fn text(status: u16, content_type: &'static str, body: String) -> Answer {
+        Answer { status, body: body.into_bytes(), content_type, replayed: false, headers: vec![] }
     }
 
     /// An answer without a body (204, 304).
     pub fn empty(status: u16) -> Answer {
-        Answer { status, body: Vec::new(), replayed: false, headers: vec![] }
+        Answer { status, body: Vec::new(), content_type: JSON, replayed: false, headers: vec![] }
     }
 
     pub fn with_header(mut self, name: &'static str, value: String) -> Answer {
@@ -677,12 +684,16 @@ pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
     res
 }
 
+const JSON: &str = "application/json";
+
 fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     let mut throttle = None;
     let mut own = vec![];
+    let mut content_type = JSON;
     let (status, body) = match outcome {
         Ok(a) => {
             own = a.headers;
+            content_type = a.content_type;
             (a.status, a.body)
         }
         Err(e) => {
@@ -700,10 +711,8 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
             (e.status(), serde_json::to_vec(&body).expect("error bodies always serialize"))
         }
     };
-    // (an answer may name its own content type: a CSV report)
-    let typed = own.iter().any(|(name, _)| *name == "content-type");
     let mut headers = vec![
-        ("content-type", "application/json".to_string()),
+        ("content-type", content_type.to_string()),
         ("x-request-id", ctx.request_id.clone()),
         ("x-cycles-trace-id", ctx.trace.trace_id.clone()),
     ];
@@ -712,9 +721,6 @@ fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
         headers.push(("x-cycles-tenant", t.clone()));
     }
     headers.extend(throttle.into_iter().flatten());
-    if typed {
-        headers.remove(0);
-    }
     headers.extend(own);
     ApiResponse { status, headers, body }
 }

@@ -4,14 +4,16 @@
 //! on the runtime plane). Rows per bucket and group, JSON or CSV, in pages bounded by the
 //! buckets and groups they read (`ops::usage::page`).
 
+use std::collections::HashMap;
+
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use super::admin::*;
-use super::{parse_limit, parse_query, Answer, ApiRequest, App, Ctx};
+use super::{parse_limit, parse_query, query_time, Answer, ApiRequest, App, Ctx};
 use crate::domain::usage::{csv, Dim, Granularity, Row, Selection};
-use crate::domain::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, Permission};
+use crate::domain::{format_rfc3339_ms, now_ms, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::keys::digest;
 use crate::model::Unit;
@@ -27,7 +29,7 @@ pub async fn tenant_get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult
         Caller::Admin => return Err(super::auth::rejected(super::auth::unauthorized(), "API_KEY_REQUIRED")),
     };
     ctx.act_for(&key.tenant)?;
-    report(app, req, &key.tenant, Some(&key)).await
+    report(app, &parse_query(&req.query)?, &key.tenant, Some(&key)).await
 }
 
 /// `GET /v1/admin/usage`: the admin key for `tenant_id`, or a tenant key for its own.
@@ -52,22 +54,20 @@ pub async fn admin_get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<
         Caller::Tenant(k) => Some(k),
         Caller::Admin => None,
     };
-    report(app, req, &tenant, key).await
+    report(app, &q, &tenant, key).await
 }
 
-async fn report(app: &App, req: &ApiRequest, tenant: &str, key: Option<&super::auth::TenantKey>) -> ApiResult<Answer> {
-    let q = parse_query(&req.query)?;
+async fn report(
+    app: &App,
+    q: &HashMap<String, String>,
+    tenant: &str,
+    key: Option<&super::auth::TenantKey>,
+) -> ApiResult<Answer> {
     let get = |name: &str| q.get(name).map(String::as_str).filter(|v| !v.is_empty());
     let granularity = Granularity::parse(get("granularity").unwrap_or("day"))?;
-    let time = |name: &str| {
-        get(name)
-            .map(|v| {
-                parse_rfc3339_ms(v).ok_or_else(|| ApiError::invalid(format!("{name} must be an RFC 3339 date-time")))
-            })
-            .transpose()
-    };
-    let to = time("to")?.unwrap_or_else(now_ms);
-    let from = time("from")?.ok_or_else(|| ApiError::invalid("from is required (an RFC 3339 date-time)"))?;
+    let to = query_time(get("to"), "to")?.unwrap_or_else(now_ms);
+    let from = query_time(get("from"), "from")?
+        .ok_or_else(|| ApiError::invalid("from is required (an RFC 3339 date-time)"))?;
     if from >= to {
         return Err(ApiError::invalid("from must be before to"));
     }

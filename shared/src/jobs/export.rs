@@ -17,7 +17,7 @@ use crate::config::ExportConfig;
 use crate::domain::format_rfc3339_ms;
 use crate::error::{ApiError, ApiResult};
 use crate::keys::TenantKeys;
-use crate::ops::export::mark;
+use crate::ops::export::{cursor, mark};
 use crate::store::Store;
 
 /// Entries per object at most (an object never spans two dates).
@@ -113,12 +113,12 @@ pub enum Stop {
 
 /// The object name of a batch: `<prefix><kind>/tenant=<owner>/date=<YYYY-MM-DD>/<first>_<last>.jsonl.gz`.
 pub fn object_name(prefix: &str, kind: Kind, owner: &str, first: &str, last: &str) -> String {
-    let ms: i64 = first.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
-    let date = &format_rfc3339_ms(ms)[..10];
+    let date = &format_rfc3339_ms(ms_of(first))[..10];
     format!("{prefix}{}/tenant={owner}/date={date}/{first}_{last}.jsonl.gz", kind.name())
 }
 
-fn ms_of(id: &str) -> i64 {
+/// The time (ms) of a stream entry id "<ms>-<seq>" (0 for '').
+pub fn ms_of(id: &str) -> i64 {
     id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0)
 }
 
@@ -140,7 +140,8 @@ pub enum Stepped {
     UpToDate,
     /// This object was written.
     Wrote(String),
-    /// The batch pending had nothing left to write (its entries were gone).
+    /// Nothing written this time: the batch pending had no entries left, or an overlapping
+    /// run moved the cursor first.
     Skipped,
 }
 
@@ -156,16 +157,29 @@ pub async fn step(
     let Some(bucket) = &cfg.bucket else { return Ok(Stepped::UpToDate) };
     let keys = TenantKeys::new(owner);
     let stream = kind.key(&keys);
-    let mut cursor = mark(store, owner, kind.name(), "read", "", "").await?;
+    let mut cursor = cursor(store, owner, kind.name()).await?;
+    let mut entries = Vec::new();
     if cursor.pending.is_empty() {
-        let next = range(store, &stream, &cursor.done, "+", Some(BATCH)).await?;
+        let mut next = range(store, &stream, &cursor.done, "+", Some(BATCH)).await?;
         let Some(first) = next.first() else { return Ok(Stepped::UpToDate) };
         // an object holds one date
         let day = ms_of(&first.id).div_euclid(86_400_000);
-        let last = next.iter().take_while(|e| ms_of(&e.id).div_euclid(86_400_000) == day).last().unwrap_or(first);
-        cursor = mark(store, owner, kind.name(), "begin", &cursor.done, &last.id).await?;
+        next.truncate(next.iter().take_while(|e| ms_of(&e.id).div_euclid(86_400_000) == day).count());
+        let last = next.last().expect("the first entry at least").id.clone();
+        let from = cursor.done.clone();
+        cursor = mark(store, owner, kind.name(), "begin", &from, &last).await?;
+        // (our batch, unless an overlapping run's was pending first: then that one is read)
+        if cursor.done == from && cursor.pending == last {
+            entries = next;
+        }
     }
-    let entries = range(store, &stream, &cursor.done, &cursor.pending, None).await?;
+    if cursor.pending.is_empty() {
+        // an overlapping run moved the cursor meanwhile: the caller steps again from there
+        return Ok(Stepped::Skipped);
+    }
+    if entries.is_empty() {
+        entries = range(store, &stream, &cursor.done, &cursor.pending, None).await?;
+    }
     let stepped = match entries.first() {
         Some(first) => {
             let name = object_name(&cfg.prefix, kind, owner, &first.id, &cursor.pending);
@@ -202,7 +216,7 @@ pub async fn export_owner(store: &Store, aws: &Aws, cfg: &ExportConfig, owner: &
 /// The stream id up to which `owner`'s `kind` is exported ('' for none): retention trims no
 /// further while an export is configured.
 pub async fn exported_up_to(store: &Store, owner: &str, kind: Kind) -> ApiResult<String> {
-    Ok(mark(store, owner, kind.name(), "read", "", "").await?.done)
+    Ok(cursor(store, owner, kind.name()).await?.done)
 }
 
 /// Puts `owner`'s new alert events on the bus (in order, ten per request), then moves its
@@ -210,7 +224,7 @@ pub async fn exported_up_to(store: &Store, owner: &str, kind: Kind) -> ApiResult
 /// up later starts at the owner's latest event (no history is replayed).
 pub async fn publish_alerts(store: &Store, aws: &Aws, bus: &str, owner: &str) -> ApiResult<u64> {
     let keys = TenantKeys::new(owner);
-    let cursor = mark(store, owner, "bus", "read", "", "").await?;
+    let cursor = cursor(store, owner, "bus").await?;
     let done = if cursor.done.is_empty() {
         let latest: StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(keys.events())

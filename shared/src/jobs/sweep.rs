@@ -110,14 +110,15 @@ pub async fn sweep(store: &Store, opts: &SweepOptions) -> ApiResult<SweepReport>
         report.tenants += 1;
         expire_tenant(store, &tenant, opts, &mut report).await?;
     }
-    crawl(store, opts, &mut report, started).await?;
+    let archive = Archive::for_pass(opts, started);
+    crawl(store, opts, &mut report, &archive).await?;
     // system events and system-wide subscriptions' deliveries age out too
     let system = crate::ops::events::SYSTEM_TENANT;
-    archive(store, opts, system, &mut report, started).await;
+    archive.owner(store, system, &mut report).await;
     trim_tenant(store, system, opts, &mut report).await?;
     // and so do the audit entries of admin-key and unauthenticated requests
     for owner in [crate::ops::audit::ADMIN_OWNER, crate::ops::audit::UNAUTH_OWNER] {
-        archive(store, opts, owner, &mut report, started).await;
+        archive.owner(store, owner, &mut report).await;
         let horizon =
             kept_from(store, opts, owner, Kind::Audit, now_ms() - opts.audit_retention.as_millis() as i64).await?;
         report.trimmed_audit += crate::ops::audit::trim(store, owner, horizon).await?;
@@ -169,7 +170,7 @@ async fn due_tenants(store: &Store) -> ApiResult<Vec<String>> {
 
 /// The retention crawl: up to `opts.trim_tenants` tenants of the registry, from where the
 /// last pass stopped; each is trimmed, its due time re-checked and its slot registered.
-async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport, started: Instant) -> ApiResult<()> {
+async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport, archive: &Archive<'_>) -> ApiResult<()> {
     let mut conn = store.conn();
     let cursor: Option<u64> = conn.get(TRIM_CURSOR).await?;
     let (next, tenants): (u64, Vec<String>) = redis::cmd("SSCAN")
@@ -182,7 +183,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport, sta
     for tenant in tenants {
         report.trimmed_tenants += 1;
         backfill_listing(store, &tenant).await?;
-        archive(store, opts, &tenant, report, started).await;
+        archive.owner(store, &tenant, report).await;
         trim_tenant(store, &tenant, opts, report).await?;
         report.keys_expired += crate::ops::auth::expire_keys(store, &tenant).await?;
         schedule(store, &tenant, "ensure").await?;
@@ -344,12 +345,7 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
     // the evidence log (kept only while an archive is configured) lives as long as the envelopes
     let evidence_horizon =
         kept_from(store, opts, tenant, Kind::Evidence, now_ms() - opts.evidence_retention.as_millis() as i64).await?;
-    let _: u64 = redis::cmd("XTRIM")
-        .arg(keys.evidence_log())
-        .arg("MINID")
-        .arg(evidence_horizon.max(0))
-        .query_async(&mut store.conn())
-        .await?;
+    crate::ops::trim_stream(store, &keys.evidence_log(), evidence_horizon).await?;
     Ok(())
 }
 
@@ -357,25 +353,37 @@ async fn trim_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &
 /// next pass (a pass must end well within the maintenance function's timeout).
 const ARCHIVE_BUDGET: Duration = Duration::from_secs(20);
 
-/// The archive and the alert bus for one owner, when configured and the pass has time left. A
-/// failure (S3 or EventBridge unreachable) is logged and retried next pass: it never stops the
-/// expiry sweep.
-async fn archive(store: &Store, opts: &SweepOptions, owner: &str, report: &mut SweepReport, started: Instant) {
-    if !opts.export.enabled() || started.elapsed() > ARCHIVE_BUDGET {
-        return;
+/// The archive and the alert bus of one pass: where their calls go (resolved once per pass),
+/// and when the pass started.
+struct Archive<'a> {
+    opts: &'a SweepOptions,
+    aws: Option<crate::aws::Aws>,
+    started: Instant,
+}
+
+impl<'a> Archive<'a> {
+    fn for_pass(opts: &'a SweepOptions, started: Instant) -> Archive<'a> {
+        let aws = opts.export.enabled().then(|| opts.aws.clone().or_else(crate::aws::Aws::from_env)).flatten();
+        if opts.export.enabled() && aws.is_none() {
+            tracing::warn!("CYCLES_EXPORT_BUCKET or CYCLES_ALERT_EVENT_BUS is set but no AWS credentials are");
+        }
+        Archive { opts, aws, started }
     }
-    let Some(aws) = opts.aws.clone().or_else(crate::aws::Aws::from_env) else {
-        tracing::warn!("CYCLES_EXPORT_BUCKET or CYCLES_ALERT_EVENT_BUS is set but no AWS credentials are");
-        return;
-    };
-    match export::export_owner(store, &aws, &opts.export, owner).await {
-        Ok(n) => report.exported_objects += n,
-        Err(e) => tracing::warn!(owner, error = %e.message, "export failed; retried next pass"),
-    }
-    if let Some(bus) = &opts.export.alert_bus {
-        match export::publish_alerts(store, &aws, bus, owner).await {
-            Ok(n) => report.alerts_published += n,
-            Err(e) => tracing::warn!(owner, error = %e.message, "alert bus failed; retried next pass"),
+
+    /// One owner's archive and alerts, when configured and the pass has time left. A failure
+    /// (S3 or EventBridge unreachable) is logged and retried next pass: it never stops the
+    /// expiry sweep.
+    async fn owner(&self, store: &Store, owner: &str, report: &mut SweepReport) {
+        let Some(aws) = self.aws.as_ref().filter(|_| self.started.elapsed() <= ARCHIVE_BUDGET) else { return };
+        match export::export_owner(store, aws, &self.opts.export, owner).await {
+            Ok(n) => report.exported_objects += n,
+            Err(e) => tracing::warn!(owner, error = %e.message, "export failed; retried next pass"),
+        }
+        if let Some(bus) = &self.opts.export.alert_bus {
+            match export::publish_alerts(store, aws, bus, owner).await {
+                Ok(n) => report.alerts_published += n,
+                Err(e) => tracing::warn!(owner, error = %e.message, "alert bus failed; retried next pass"),
+            }
         }
     }
 }
@@ -388,8 +396,7 @@ async fn kept_from(store: &Store, opts: &SweepOptions, owner: &str, kind: Kind, 
     }
     let done = export::exported_up_to(store, owner, kind).await?;
     // entries up to `done` are exported: trim below done's ms (an entry of that ms may follow it)
-    let exported = done.split('-').next().and_then(|m| m.parse::<i64>().ok()).unwrap_or(0);
-    Ok(horizon.min(exported))
+    Ok(horizon.min(export::ms_of(&done)))
 }
 
 /// Reservations backfilled into a tenant's listing index per crawl visit.

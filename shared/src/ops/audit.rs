@@ -188,12 +188,7 @@ pub async fn entries(store: &Store, owner: &str, from: Option<i64>, to: Option<i
 /// Drops an owner's entries older than `horizon_ms` (retention); returns how many went.
 pub async fn trim(store: &Store, owner: &str, horizon_ms: i64) -> ApiResult<u64> {
     let keys = TenantKeys::new(owner);
-    let dropped: u64 = redis::cmd("XTRIM")
-        .arg(keys.audit_log())
-        .arg("MINID")
-        .arg(horizon_ms.max(0))
-        .query_async(&mut store.conn())
-        .await?;
+    let dropped = super::trim_stream(store, &keys.audit_log(), horizon_ms).await?;
     // the list from before the stream is in time order: drop its expired head
     let legacy = keys.legacy_audit_log();
     let mut old = 0;

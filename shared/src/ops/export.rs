@@ -8,7 +8,7 @@ use crate::keys::TenantKeys;
 use crate::store::Store;
 
 script! {
-    /// The export cursor of one stream (`lua/export_mark.lua`): `mode` begin or finish.
+    /// The export cursor of one stream (`lua/export_mark.lua`): `mode` begin, finish or advance.
     pub struct MarkExport = export_mark -> ExportCursor {
         keys: [state],
         args: [mode, done, last],
@@ -20,6 +20,17 @@ script! {
 pub struct ExportCursor {
     pub done: String,
     pub pending: String,
+}
+
+/// Where `owner`'s `stream` stands (one read; moving it takes `mark`).
+pub async fn cursor(store: &Store, owner: &str, stream: &str) -> ApiResult<ExportCursor> {
+    let (done, pending): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(TenantKeys::new(owner).export_cursor(stream))
+        .arg("done")
+        .arg("pending")
+        .query_async(&mut store.conn())
+        .await?;
+    Ok(ExportCursor { done: done.unwrap_or_default(), pending: pending.unwrap_or_default() })
 }
 
 /// Moves the cursor of `owner`'s `stream`: `begin` a batch ending at `last` (when `done` is

@@ -223,6 +223,11 @@ pub(crate) fn lua_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> 
     })
 }
 
+/// Drops a stream's entries older than `horizon_ms` (retention): how many went.
+pub async fn trim_stream(store: &crate::store::Store, key: &str, horizon_ms: i64) -> crate::error::ApiResult<u64> {
+    Ok(redis::cmd("XTRIM").arg(key).arg("MINID").arg(horizon_ms.max(0)).query_async(&mut store.conn()).await?)
+}
+
 /// An answer that carries nothing but its status.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Nothing {}
