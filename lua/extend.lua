@@ -19,11 +19,7 @@ local expires = itoa(expires_at)
 local token = token_of(r.rid)
 redis.call('ZREM', K.listing_index, 'x' .. padded(r.rec.expires, 13) .. token)
 redis.call('ZADD', K.listing_index, 0, 'x' .. padded(expires, 13) .. token)
--- the reserve's answer keeps the expiry it was given
-local rec = whole_record(r.rec)
-rec.first_expires = rec.first_expires or rec.expires
-rec.expires, rec.ext = expires, itoa(r.extensions + 1)
-save_record(K.reservation, rec, K.meta)
+save_extension(K.reservation, r.rec, expires, itoa(r.extensions + 1), K.meta)
 redis.call('ZADD', K.expiry_index, expires_at + r.grace, r.rid)
 local result = cjson.encode({expires_at_ms = expires})
 redis.call('HSET', K.extend_record, 'payload_hash', A.payload_hash, 'result', result)

@@ -15,7 +15,7 @@ for i, key in ipairs(K.budgets) do
     redis.call('ZREM', K.template_ledgers, code)
   else
     -- when it last changed: its view's update time (the ledger table leaves it out)
-    local touched = tonumber(({string.match(f[4] or '', LEDGER_VIEW_PATTERN)})[11] or f[3]) or now
+    local touched = tonumber(({string.match(f[4] or '', LEDGER_VIEW.pattern)})[11] or f[3]) or now
     if touched + idle > now then
       redis.call('ZADD', K.template_ledgers, touched, code)
     elseif b.reserved ~= '0' or b.debt ~= '0' then

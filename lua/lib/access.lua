@@ -53,12 +53,6 @@ local function scope_path_of(subject)
   return table.concat(parts, '/')
 end
 
--- The request's scope path (its deepest derived scope), from the last "<scope>|<code>"
--- argument the handler passes; a subject always has at least one level.
-local function request_scope(scopes)
-  return string.match(scopes[#scopes], '^(.*)|')
-end
-
 -- A key's scope_filter (JSON array of `kind:value` / `kind:*` segments, as `authorize`
 -- returns it), decoded and lower-cased; nil when it admits every scope.
 local function scope_filter(raw)

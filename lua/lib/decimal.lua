@@ -9,28 +9,23 @@
 -- Amounts are int64 decimal strings: they never pass through Lua doubles except on the
 -- fast path, where both operands have at most 15 characters and every result is exact.
 
-local INT64_MAX = '9223372036854775807'
-local INT64_MIN_MAG = '9223372036854775808'
+-- The digit-string path, for operands the fast path cannot take: magnitudes are non-negative
+-- digit strings without leading zeros.
+local digit_path = {INT64_MAX = '9223372036854775807', INT64_MIN_MAG = '9223372036854775808'}
 
-local function split_sign(s)
-  if string.sub(s, 1, 1) == '-' then return true, string.sub(s, 2) end
-  return false, s
-end
-
--- compares two non-negative digit strings without leading zeros
-local function mag_cmp(a, b)
+function digit_path.cmp(a, b)
   if #a ~= #b then return (#a < #b) and -1 or 1 end
   if a == b then return 0 end
   return (a < b) and -1 or 1
 end
 
-local function strip(m)
+function digit_path.strip(m)
   local s = string.gsub(m, '^0+', '')
   if s == '' then return '0' end
   return s
 end
 
-local function mag_add(a, b)
+function digit_path.add(a, b)
   local out, carry = {}, 0
   local i, j = #a, #b
   while i > 0 or j > 0 or carry > 0 do
@@ -41,11 +36,11 @@ local function mag_add(a, b)
     carry = math.floor(s / 10)
     i, j = i - 1, j - 1
   end
-  return strip(string.reverse(table.concat(out)))
+  return digit_path.strip(string.reverse(table.concat(out)))
 end
 
 -- a >= b
-local function mag_sub(a, b)
+function digit_path.sub(a, b)
   local out, borrow = {}, 0
   local i, j = #a, #b
   while i > 0 do
@@ -55,7 +50,14 @@ local function mag_sub(a, b)
     out[#out + 1] = string.char(48 + x - y)
     i, j = i - 1, j - 1
   end
-  return strip(string.reverse(table.concat(out)))
+  return digit_path.strip(string.reverse(table.concat(out)))
+end
+
+-- Signed decimal strings as (negative, magnitude), -0 as 0.
+function digit_path.parts(a)
+  local neg = string.sub(a, 1, 1) == '-'
+  local m = digit_path.strip(neg and string.sub(a, 2) or a)
+  return neg and m ~= '0', m
 end
 
 -- Integers as strings, without a float format: '%d' costs half of '%.0f', and arithmetic on
@@ -68,29 +70,25 @@ local function d_cmp(a, b)
     local x, y = a + 0, b + 0
     if x < y then return -1 elseif x > y then return 1 else return 0 end
   end
-  local na, ma = split_sign(a)
-  local nb, mb = split_sign(b)
-  ma, mb = strip(ma), strip(mb)
-  if ma == '0' then na = false end
-  if mb == '0' then nb = false end
+  local na, ma = digit_path.parts(a)
+  local nb, mb = digit_path.parts(b)
   if na ~= nb then return na and -1 or 1 end
-  local c = mag_cmp(ma, mb)
+  local c = digit_path.cmp(ma, mb)
   if na then return 0 - c end -- (never -0)
   return c
 end
 
 local function d_add(a, b)
   if #a <= 15 and #b <= 15 then return itoa(a + b) end
-  local na, ma = split_sign(a)
-  local nb, mb = split_sign(b)
-  ma, mb = strip(ma), strip(mb)
+  local na, ma = digit_path.parts(a)
+  local nb, mb = digit_path.parts(b)
   local neg, mag
   if na == nb then
-    neg, mag = na, mag_add(ma, mb)
+    neg, mag = na, digit_path.add(ma, mb)
   else
-    local c = mag_cmp(ma, mb)
+    local c = digit_path.cmp(ma, mb)
     if c == 0 then return '0' end
-    if c > 0 then neg, mag = na, mag_sub(ma, mb) else neg, mag = nb, mag_sub(mb, ma) end
+    if c > 0 then neg, mag = na, digit_path.sub(ma, mb) else neg, mag = nb, digit_path.sub(mb, ma) end
   end
   if mag == '0' then return '0' end
   if neg then return '-' .. mag end
@@ -118,8 +116,6 @@ end
 -- fails half way through its mutations)
 local function d_fits(a)
   if #a <= 18 then return true end -- 18 digits, or a sign and 17, always fit (the common case)
-  local neg, m = split_sign(a)
-  m = strip(m)
-  if neg then return mag_cmp(m, INT64_MIN_MAG) <= 0 end
-  return mag_cmp(m, INT64_MAX) <= 0
+  local neg, m = digit_path.parts(a)
+  return digit_path.cmp(m, neg and digit_path.INT64_MIN_MAG or digit_path.INT64_MAX) <= 0
 end

@@ -11,8 +11,7 @@
 -- (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
 -- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
 
--- The effective observe mode, decided here only: the request's, else the tenant's OBSERVE
--- (DISABLED is ENFORCE).
+-- The effective observe mode, decided here only: the request's, else the tenant's (DISABLED: ENFORCE).
 local function observing(A, tenant)
   if A.observe ~= '' then return A.observe == 'OBSERVE' end
   return type(tenant) == 'table' and tenant.observe == 'OBSERVE'
@@ -30,13 +29,11 @@ local function has_policies(ask)
   return not (type(t) == 'table' and t.policies == 0)
 end
 
--- The policies in force for the request's scope (read once; nothing for a tenant without any).
+-- The policies in force for the request's scope (read once; none for a tenant without any).
 local NO_POLICIES = {}
 local function policies_of(ask)
-  if not ask.pol then
-    ask.pol = has_policies(ask) and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant,
-      ask.mode ~= 'charge' and governance_of(ask)) or NO_POLICIES
-  end
+  ask.pol = ask.pol or has_policies(ask) and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant,
+    ask.mode ~= 'charge' and governance_of(ask)) or NO_POLICIES
   return ask.pol
 end
 
@@ -68,66 +65,7 @@ local function deny_detail(reason, b, ask, scope)
   return d
 end
 
--- 1. The tenant accepts new spending: an evaluation answers DENY, a hold or a charge refuses.
-local function tenant_status(ask)
-  local t = ask.tenant
-  if t == 'MALFORMED' then return {fail = err('INTERNAL_ERROR', MSG.TENANT_MALFORMED)} end
-  if type(t) ~= 'table' or t.status == 'ACTIVE' then return nil end
-  if ask.mode == 'evaluate' then
-    local reason = 'TENANT_' .. t.status
-    return {deny = deny_detail(reason, nil, ask, 'tenant:' .. ask.sc.name)}
-  end
-  if t.status == 'CLOSED' then return {fail = err('TENANT_CLOSED', MSG.TENANT_CLOSED)} end
-  return {fail = err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)}
-end
-
--- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
-local function rate_limit(ask)
-  if ask.mode ~= 'hold' then return nil end
-  local setting = policies_of(ask).rl_r
-  local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc.name, ask.scope), ask.now,
-    ask.A.reclaimed == '')
-  return limited and {fail = limited}
-end
-
--- A live reserve's attempt is counted for the denial-rate alert (once: not its reclaim retry),
--- an event as another API-key write.
-local function attempt(ask)
-  if ask.A.digest == '' then return nil end
-  if ask.mode == 'hold' and ask.A.reclaimed == '' then count(ask.sc, 'n') end
-  if ask.mode == 'charge' then count(ask.sc, 'a') end
-  return nil
-end
-
--- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas.
-local function action_access(ask)
-  local G = ruled_action(ask)
-  local d = G and access_denial(policies_of(ask), G, ask.scope)
-  return d and {deny = d}
-end
-
-local function quota_step(setting_of, by_risk)
-  return function(ask)
-    local G = ruled_action(ask)
-    if not G then return nil end
-    ask.staged = ask.staged or {}
-    local d, bad = quota_denial(ask.sc, setting_of(policies_of(ask)), by_risk and G.risk_label or G.kind, by_risk, G,
-      ask.scope, ask.staged)
-    if bad then return {fail = bad} end
-    return d and {deny = d}
-  end
-end
-
--- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
--- per minute and per hour (a hold or an evaluation; an event only counts its spend).
-local function guards(ask)
-  if ask.mode == 'charge' or not has_policies(ask) then return nil end
-  return guard_denial(ask, policies_of(ask))
-end
-
--- 7. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
--- evaluation: one condition at a time across the scopes, the earliest condition first, then
--- the shallowest scope), or (a charge) none is frozen or closed.
+-- What a ledger may deny a request for, in precedence order (`denial` answers the index).
 local DENIALS = {
   {'BUDGET_FROZEN', MSG.BUDGET_FROZEN},
   {'BUDGET_CLOSED', MSG.BUDGET_CLOSED},
@@ -187,7 +125,69 @@ local function scoped_budgets(ask)
   return nil
 end
 
-local function budget_checks(ask)
+local check = {} -- the checks, numbered in their order (CHECKS, below)
+
+-- 1. The tenant accepts new spending: an evaluation answers DENY, a hold or a charge refuses.
+function check.tenant_status(ask)
+  local t = ask.tenant
+  if t == 'MALFORMED' then return {fail = err('INTERNAL_ERROR', MSG.TENANT_MALFORMED)} end
+  if type(t) ~= 'table' or t.status == 'ACTIVE' then return nil end
+  if ask.mode == 'evaluate' then
+    local reason = 'TENANT_' .. t.status
+    return {deny = deny_detail(reason, nil, ask, 'tenant:' .. ask.sc.name)}
+  end
+  if t.status == 'CLOSED' then return {fail = err('TENANT_CLOSED', MSG.TENANT_CLOSED)} end
+  return {fail = err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)}
+end
+
+-- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
+function check.rate_limit(ask)
+  if ask.mode ~= 'hold' then return nil end
+  local setting = policies_of(ask).rl_r
+  local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc.name, ask.scope), ask.now,
+    ask.A.reclaimed == '')
+  return limited and {fail = limited}
+end
+
+-- A live reserve's attempt is counted for the denial-rate alert (once: not its reclaim retry),
+-- an event as another API-key write.
+function check.attempt(ask)
+  if ask.A.digest == '' then return nil end
+  if ask.mode == 'hold' and ask.A.reclaimed == '' then count(ask.sc, 'n') end
+  if ask.mode == 'charge' then count(ask.sc, 'a') end
+  return nil
+end
+
+-- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas.
+function check.action_access(ask)
+  local G = ruled_action(ask)
+  local d = G and access_denial(policies_of(ask), G, ask.scope)
+  return d and {deny = d}
+end
+
+function check.quotas(setting_of, by_risk)
+  return function(ask)
+    local G = ruled_action(ask)
+    if not G then return nil end
+    ask.staged = ask.staged or {}
+    local d, bad = quota_denial(ask.sc, setting_of(policies_of(ask)), by_risk and G.risk_label or G.kind, by_risk, G,
+      ask.scope, ask.staged)
+    if bad then return {fail = bad} end
+    return d and {deny = d}
+  end
+end
+
+-- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
+-- per minute and per hour (a hold or an evaluation; an event only counts its spend).
+function check.guards(ask)
+  if ask.mode == 'charge' or not has_policies(ask) then return nil end
+  return guard_denial(ask, policies_of(ask))
+end
+
+-- 7. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
+-- evaluation: one condition at a time across the scopes, the earliest condition first, then
+-- the shallowest scope), or (a charge) none is frozen or closed.
+function check.budgets(ask)
   local e, bad, verdict = scoped_budgets(ask)
   if bad then return {fail = bad} end
   if verdict then return verdict end
@@ -208,7 +208,7 @@ local function budget_checks(ask)
 end
 
 -- 8. Caps: a matching policy's over those of the deepest derived scope's budget (when it has one).
-local function caps_in_force(ask)
+function check.caps(ask)
   if ask.mode == 'charge' then return nil end
   local pol = policies_of(ask)
   if pol.caps then
@@ -224,15 +224,15 @@ end
 -- quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent guards
 -- before the budgets; caps last).
 local CHECKS = {
-  tenant_status,
-  rate_limit,
-  attempt,
-  action_access,
-  quota_step(function(pol) return pol.rq end, true),
-  quota_step(function(pol) return pol.aq end, false),
-  guards,
-  budget_checks,
-  caps_in_force,
+  check.tenant_status,
+  check.rate_limit,
+  check.attempt,
+  check.action_access,
+  check.quotas(function(pol) return pol.rq end, true),
+  check.quotas(function(pol) return pol.aq end, false),
+  check.guards,
+  check.budgets,
+  check.caps,
 }
 
 local function decide(ask)

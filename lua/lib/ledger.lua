@@ -2,7 +2,7 @@
 -- needs: decimal, reply
 
 -- A ledger keeps what changes with every charge in one field, `v`: its view, the fields of
--- LEDGER_VIEW (the header has them from `ops::ledgers::VIEW_FIELDS`) joined by \31: scope,
+-- LEDGER_VIEW.fields (the header has them from `ops::ledgers::VIEW_FIELDS`) joined by \31: scope,
 -- unit, status, allocated, remaining, reserved, spent, debt, overdraft_limit, '1' when over the
 -- limit, updated_at_ms, roll_at (the end of its period when it recurs; `roll_period`), the
 -- commit overage policy, caps (JSON) and the burn window (`track_burn`), '' where it has none.
@@ -27,13 +27,13 @@ local function read_budget(key, scope)
   local raw = redis.call('HGET', key, 'v')
   local b
   if raw then
-    local f = {string.match(raw, LEDGER_VIEW_PATTERN)}
+    local f = {string.match(raw, LEDGER_VIEW.pattern)}
     if #f == 0 then error('malformed ledger view at ' .. key) end
     b = ledger_of(key, f)
   else
-    local f = redis.call('HMGET', key, unpack(LEDGER_VIEW))
+    local f = redis.call('HMGET', key, unpack(LEDGER_VIEW.fields))
     if not f[2] then return nil end
-    for i = 1, #LEDGER_VIEW do f[i] = f[i] or '' end
+    for i = 1, #LEDGER_VIEW.fields do f[i] = f[i] or '' end
     f[10] = (f[10] == 'true') and '1' or ''
     b = ledger_of(key, f)
     b.legacy = true
@@ -53,7 +53,7 @@ end
 local function save_view(b, now_s)
   redis.call('HSET', b.key, 'v', view_of(b, now_s))
   if b.legacy then
-    redis.call('HDEL', b.key, unpack(LEDGER_VIEW, 3))
+    redis.call('HDEL', b.key, unpack(LEDGER_VIEW.fields, 3))
     b.legacy = nil
   end
 end

@@ -28,33 +28,31 @@ local function segments_match(pattern, path)
   return walk(1, 1)
 end
 
--- Whether a pattern matches a scope path, remembered per pair in the script VM (as decoded
--- rules are, below): at most MATCHES_MAX pairs are kept (then it starts over).
-local MATCHES_MAX = 4096
-local matches_known, matches_kept = {}, 0
+-- Whether a pattern matches a scope path, remembered per pair in the script VM (the library's
+-- top level outlives a call under Functions): at most `max` pairs are kept (then it starts over).
+local MATCHES = {max = 4096, kept = 0, known = {}}
 local function pattern_matches(pattern, path)
-  local known = matches_known[pattern]
+  local known = MATCHES.known[pattern]
   local m = known and known[path]
   if m ~= nil then return m end
   m = segments_match(pattern, path)
-  if matches_kept >= MATCHES_MAX then matches_known, matches_kept = {}, 0 end
-  known = matches_known[pattern] or {}
-  matches_known[pattern], known[path], matches_kept = known, m, matches_kept + 1
+  if MATCHES.kept >= MATCHES.max then MATCHES.known, MATCHES.kept = {}, 0 end
+  known = MATCHES.known[pattern] or {}
+  MATCHES.known[pattern], known[path], MATCHES.kept = known, m, MATCHES.kept + 1
   return m
 end
 
 -- Decoded policy rules by their stored text, so a rule is decoded once per script VM rather
--- than once per request (the library's top level outlives a call under Functions). The text is
--- the key, so a changed rule is another entry and nothing can be stale; entries are only read,
--- never changed; at most RULES_CACHE_MAX are kept (then it starts over).
-local RULES_CACHE_MAX = 512
-local rules_decoded, rules_cached = {}, 0
+-- than once per request. The text is the key, so a changed rule is another entry and nothing
+-- can be stale; entries are only read, never changed; at most `max` are kept (then it starts
+-- over).
+local RULES_DECODED = {max = 512, kept = 0, known = {}}
 local function decoded_rule(row)
-  local p = rules_decoded[row]
+  local p = RULES_DECODED.known[row]
   if p then return p end
   p = cjson.decode(row)
-  if rules_cached >= RULES_CACHE_MAX then rules_decoded, rules_cached = {}, 0 end
-  rules_decoded[row], rules_cached = p, rules_cached + 1
+  if RULES_DECODED.kept >= RULES_DECODED.max then RULES_DECODED.known, RULES_DECODED.kept = {}, 0 end
+  RULES_DECODED.known[row], RULES_DECODED.kept = p, RULES_DECODED.kept + 1
   return p
 end
 

@@ -15,9 +15,14 @@
 -- in `<prefix>:quotas:due` (each new counter prunes up to two dead ones, so the indexes hold
 -- about the live counters only).
 
-local QUOTA_TTL_MS = {per_minute_tumbling = 120000, per_hour_tumbling = 3660000, per_day_tumbling = 90000000,
-  per_tenant_per_day = 90000000}
-local BUCKET_LEN = {per_minute_tumbling = 16, per_hour_tumbling = 13, per_day_tumbling = 10, per_tenant_per_day = 10}
+-- Each tumbling window: how long its counter outlives it, and the length of the ISO 8601
+-- prefix that names its bucket.
+local QUOTA_WINDOWS = {
+  per_minute_tumbling = {ttl_ms = 120000, bucket_len = 16},
+  per_hour_tumbling = {ttl_ms = 3660000, bucket_len = 13},
+  per_day_tumbling = {ttl_ms = 90000000, bucket_len = 10},
+  per_tenant_per_day = {ttl_ms = 90000000, bucket_len = 10},
+}
 
 local function governance(raw)
   local decoded, G = pcall(cjson.decode, raw or '')
@@ -58,7 +63,7 @@ end
 -- The window instance of a quota at `now` (UTC calendar buckets; per_run: the run id).
 local function quota_bucket(window, now, run)
   if window == 'per_run' then return run end
-  return string.sub(iso8601(now), 1, BUCKET_LEN[window])
+  return string.sub(iso8601(now), 1, QUOTA_WINDOWS[window].bucket_len)
 end
 
 -- A per-kind quota applies when each of its non-empty allowlists lists the request's key of
@@ -149,7 +154,7 @@ local function count_actions(sc, staged)
     redis.call('HSET', s.key, 'lim', itoa(q.n), 'pol', s.policy, 'last', itoa(sc.now))
     if q.w == 'per_run' then runs[#runs + 1] = s.member end
     if n == 1 or q.w == 'per_run' then
-      local ttl = q.ttl or QUOTA_TTL_MS[q.w]
+      local ttl = q.ttl or QUOTA_WINDOWS[q.w].ttl_ms
       redis.call('PEXPIRE', s.key, ttl)
       if q.ttl then redis.call('HSET', s.key, 'ttl', q.ttl) end
       local due = KEY.quota_due(sc.prefix)

@@ -1,7 +1,7 @@
 -- The reservation record: one string per reservation, its own idempotency record too.
 -- needs: decimal, access
 --
--- A record is its fields joined by \31, in the order of RECORD (the header has it from
+-- A record is its fields joined by \31, in the order of RECORD.fields (the header has it from
 -- `ops::reservations::RECORD_FIELDS`, which reads the same layout): no names, no nesting and
 -- no escaping, so a finished reservation keeps a few hundred bytes. '' stands for none. The status is one character at a fixed place (the
 -- third), and an ACTIVE reservation's record ends after `qrun`: finishing one changes that
@@ -74,7 +74,7 @@ local function upgraded(old)
     local decoded, subject = pcall(cjson.decode, old.subject)
     if decoded and type(subject) == 'table' then rec.scope = scope_path_of(subject) end
   end
-  for _, name in ipairs(RECORD) do
+  for _, name in ipairs(RECORD.fields) do
     if rec[name] == '' then rec[name] = nil end
   end
   return rec
@@ -87,11 +87,11 @@ local function decoded_record(raw)
     if not decoded or type(old) ~= 'table' then return {} end
     return upgraded(old)
   end
-  local f = {string.match(raw, string.sub(raw, 3, 3) == 'A' and RECORD_ACTIVE_PATTERN or RECORD_FINISHED_PATTERN)}
+  local f = {string.match(raw, string.sub(raw, 3, 3) == 'A' and RECORD.active or RECORD.finished)}
   if #f == 0 then return {} end
   local rec = {version = '2'}
   for i = 1, #f do
-    if f[i] ~= '' then rec[RECORD[i + 1]] = f[i] end
+    if f[i] ~= '' then rec[RECORD.fields[i + 1]] = f[i] end
   end
   rec.status = STATUS_OF[rec.status]
   return rec
@@ -105,15 +105,15 @@ local function load_record(key)
   return decoded_record(raw), raw
 end
 
--- What a script on one reservation reads of it: the head fields (the rest, `tail`, read only
--- when needed: `whole_record`), or the whole record of the first layout.
+-- What a script on one reservation reads of it: the head fields (the rest, from `tail_at`,
+-- read only when needed: `whole_record`), or the whole record of the first layout.
 local function head_record(raw)
-  local s, codes, estimate, unit, policy, created, expires, grace, ext, max_ext, scope, m, qrun, subject =
-    string.match(raw, RECORD_HEAD_PATTERN)
+  local s, codes, estimate, unit, policy, created, expires, grace, ext, max_ext, scope, m, qrun, subject, tail_at =
+    string.match(raw, RECORD.head)
   if not s then return decoded_record(raw) end
   local rec = {status = STATUS_OF[s], codes = codes, estimate = estimate, unit = unit, policy = policy, created = created,
     expires = expires, grace = grace, ext = ext, max_ext = max_ext, scope = scope, m = m, qrun = qrun, subject = subject,
-    raw = raw, head_only = true}
+    raw = raw, tail_at = tail_at, head_only = true}
   for k, v in pairs(rec) do if v == '' then rec[k] = nil end end
   return rec
 end
@@ -136,14 +136,33 @@ local function record_text(rec, meta_key)
     redis.call('HSET', meta_key, unpack(moved))
     rec.metadata, rec.cmeta, rec.m = nil, nil, '1'
   end
-  local n = rec.status == 'ACTIVE' and RECORD_ACTIVE_FIELDS or #RECORD
+  local n = rec.status == 'ACTIVE' and RECORD.active_fields or #RECORD.fields
   local out = {'2', STATUS_CODE[rec.status]}
-  for i = 3, n do out[i] = rec[RECORD[i]] or '' end
+  for i = 3, n do out[i] = rec[RECORD.fields[i]] or '' end
   return table.concat(out, '\31')
 end
 
 local function save_record(key, rec, meta_key)
   redis.call('SET', key, record_text(whole_record(rec), meta_key), 'KEEPTTL')
+end
+
+-- Saves an ACTIVE record with a new expiry and extension count; the first extension keeps the
+-- expiry the reserve gave as first_expires (its answer's). A record read by `head_record` is
+-- spliced: its head written anew, the rest kept as stored (no whole decode and re-encode).
+local function save_extension(key, rec, expires, ext, meta_key)
+  if not rec.head_only then
+    rec.first_expires = rec.first_expires or rec.expires
+    rec.expires, rec.ext = expires, ext
+    return save_record(key, rec, meta_key)
+  end
+  -- the rest: ik, ph, decision, caps, first_expires, and the fields after it
+  local lead, first, rest =
+    string.match(string.sub(rec.raw, rec.tail_at), '^([^\31]*\31[^\31]*\31[^\31]*\31[^\31]*\31)([^\31]*)(.*)$')
+  if first == '' then first = rec.expires end
+  rec.expires, rec.ext = expires, ext
+  local head = {'2', 'A'}
+  for i = 3, RECORD.head_fields do head[i] = rec[RECORD.fields[i]] or '' end
+  redis.call('SET', key, table.concat(head, '\31') .. '\31' .. lead .. first .. rest, 'KEEPTTL')
 end
 
 -- Finishes an ACTIVE reservation's record (read by `head_record`): its status becomes `status`

@@ -24,14 +24,6 @@ local function reservation_settings(tenant)
     default_policy = RULES.DEFAULT_OVERAGE_POLICY }
 end
 
--- A SUSPENDED tenant may settle what it started but not start new spending.
-local function suspended_guard(tenant)
-  if tenant and tenant ~= 'MALFORMED' and tenant.status == 'SUSPENDED' then
-    return err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)
-  end
-  return nil
-end
-
 -- The closed-tenant guard of the persisting surface (mutations).
 local function tenant_guard(t)
   if t == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end

@@ -56,6 +56,9 @@ async fn extend_moves_expiry_relative_to_the_current_one() {
     let created = r.assert_ok().clone();
     let rid = created["reservation_id"].as_str().unwrap();
     let before = h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok().clone();
+    let key = cycles_shared::keys::TenantKeys::new(&t.id).reservation(rid.split('.').nth(1).unwrap());
+    let stored = || async { redis::cmd("GET").arg(&key).query_async::<String>(&mut h.store.conn()).await.unwrap() };
+    let mut unextended = record_fields(&stored().await);
     let e = h.extend(&t, rid, 5000).await;
     let b = e.assert_ok();
     // Extend moves the expiry from the current one and keeps the reservation active.
@@ -76,8 +79,6 @@ async fn extend_moves_expiry_relative_to_the_current_one() {
 
     // The stored record changes in three fields only: the expiry, the extension count, and (set
     // by the first extend, kept by the next) the expiry the reserve answered.
-    let key = cycles_shared::keys::TenantKeys::new(&t.id).reservation(rid.split('.').nth(1).unwrap());
-    let stored = || async { redis::cmd("GET").arg(&key).query_async::<String>(&mut h.store.conn()).await.unwrap() };
     let mut once = record_fields(&stored().await);
     h.extend(&t, rid, 1000).await.assert_ok();
     let mut twice = record_fields(&stored().await);
@@ -86,9 +87,13 @@ async fn extend_moves_expiry_relative_to_the_current_one() {
     assert_eq!(twice.remove("ext").as_deref(), Some("2"));
     assert_eq!(twice.remove("first_expires"), Some(first.clone()));
     assert_eq!(once.remove("first_expires"), Some(first));
-    once.remove("expires");
-    once.remove("ext");
+    for fields in [&mut unextended, &mut once] {
+        fields.remove("expires");
+        fields.remove("ext");
+    }
+    assert_eq!(unextended.remove("first_expires"), None);
     assert_eq!(once, twice, "an extend changed another field of the record");
+    assert_eq!(unextended, once, "the first extend changed another field of the record");
     // and the reserve's replay still answers the expiry it was given
     let replay = h.reserve(&t, 10, request).await;
     assert_eq!(replay.body["reservation_id"], rid);

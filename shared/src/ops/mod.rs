@@ -148,10 +148,11 @@ fn library_header() -> String {
     // a record by position: the version, then the status character, then the rest
     let record_pattern = |n: usize| format!("^2\\31(.)\\31{}$", joined(n - 2));
     format!(
-        "{}{}{}local LEDGER_VIEW, LEDGER_VIEW_PATTERN = {{{}}}, '^{}$'\n\
-         local RECORD, RECORD_ACTIVE_FIELDS = {{{}}}, {}\n\
-         local RECORD_ACTIVE_PATTERN, RECORD_FINISHED_PATTERN = '{}', '{}'\n\
-         local RECORD_HEAD_FIELDS, RECORD_HEAD_PATTERN = {}, '^2\\31(.)\\31{}\\31'\n",
+        "{}{}{}local LEDGER_VIEW = {{fields = {{{}}}, pattern = '^{}$'}}\n\
+         local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {},\n  \
+         active = '{}',\n  \
+         finished = '{}',\n  \
+         head = '^2\\31(.)\\31{}\\31()'}}\n",
         crate::domain::rules::lua_table(),
         crate::domain::messages::lua_table(),
         crate::keys::lua_table(),
@@ -159,9 +160,9 @@ fn library_header() -> String {
         joined(ledgers::VIEW_FIELDS.len()),
         names(record),
         reservations::RECORD_ACTIVE_FIELDS,
+        reservations::RECORD_HEAD_FIELDS,
         record_pattern(reservations::RECORD_ACTIVE_FIELDS),
         record_pattern(record.len()),
-        reservations::RECORD_HEAD_FIELDS,
         joined(reservations::RECORD_HEAD_FIELDS - 2),
     )
 }
@@ -329,7 +330,7 @@ impl<'de> Deserialize<'de> for LedgerState {
 mod tests {
     use std::collections::{HashMap, HashSet};
 
-    use super::{MODULES, SCRIPTS};
+    use super::{helpers, MODULES, SCRIPTS};
     use crate::store::{definitions, identifiers};
 
     /// Keys are spelled in `keys.rs` only: Lua gets them as its keys or from the generated `KEY`
@@ -348,6 +349,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Lua (5.1, as Redis runs it) allows 200 locals in one function, and the library's top
+    /// level is one function: past the limit FUNCTION LOAD fails and every script falls back to
+    /// EVALSHA, which costs more per call. The bound keeps room for growth and for a script body
+    /// evaluated with the whole library (as the decimal tests do); past it, group constants
+    /// into a table or a helper's private functions under one name (as `digit_path`).
+    #[test]
+    fn the_library_top_level_keeps_room_under_the_lua_local_limit() {
+        let names: usize = definitions(&helpers()).iter().map(|(names, _)| names.len()).sum();
+        assert!(names <= 180, "the library's top level defines {names} locals (at most 180)");
     }
 
     /// Every helper a module uses is its own (defined before the use) or comes from a module its
