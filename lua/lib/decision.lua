@@ -1,7 +1,6 @@
--- The decision: the checks every request that may spend goes through, in one ordered table
--- (CHECKS), and how each kind of request answers them: a live reserve holds or refuses, an
--- evaluation (dry_run, decide, a reserve in observe mode) answers a decision, an event charges
--- or refuses.
+-- The decision: the checks every request that may spend goes through, in one ordered table (CHECKS),
+-- and how each kind of request answers them: a live reserve holds or refuses, an evaluation
+-- (dry_run, decide, a reserve in observe mode) answers a decision, an event charges or refuses.
 -- needs: decimal, reply, record, tenant, events, ledger, alerts, periods, policies, quotas, guards
 
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
@@ -24,23 +23,24 @@ local function governance_of(ask)
 end
 
 -- Whether the tenant may have policies (its record counts them; one without a record is read).
-local function has_policies(ask)
-  local t = ask.tenant
-  return not (type(t) == 'table' and t.policies == 0)
-end
+local function has_policies(ask) return not (type(ask.tenant) == 'table' and ask.tenant.policies == 0) end
 
 -- The policies in force for the request's scope (read once; none for a tenant without any).
 local NO_POLICIES = {}
 local function policies_of(ask)
-  ask.pol = ask.pol or has_policies(ask) and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant,
-    ask.mode ~= 'charge' and governance_of(ask)) or NO_POLICIES
+  ask.pol = ask.pol or has_policies(ask) and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant) or NO_POLICIES
   return ask.pol
 end
 
--- The request's action, where v0.1.26 rules may apply to it (a hold or an evaluation of a
--- tenant with policies).
+-- The request's action, where v0.1.26 rules apply to it (a hold or an evaluation, and a
+-- policy in force with such rules), with those rules in `ask.pol`; decoded only then.
 local function ruled_action(ask)
-  return ask.mode ~= 'charge' and has_policies(ask) and governance_of(ask)
+  if ask.ruled == nil then
+    local pol = ask.mode ~= 'charge' and has_policies(ask) and policies_of(ask)
+    ask.ruled = pol and pol.ruled and governance_of(ask) or false
+    if ask.ruled then action_rules(pol, ask.ruled) end
+  end
+  return ask.ruled
 end
 
 -- The DenyDetail of a budget or tenant denial (`b`: the ledger that denied).

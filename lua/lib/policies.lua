@@ -57,28 +57,20 @@ local function decoded_rule(row)
 end
 
 -- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
--- rl_r, rl_c, and the guards ma, sm, sh) from the highest-priority ACTIVE policy in effect now that matches the path and
--- sets it (equal priority: the later-created policy, whose id sorts higher). Each entry is
--- {value, id}. `tenant` (its record, already read) says how many policies it has: none, and
--- nothing more is read. Given the request's `action` ({kind, risk}), also its v0.1.26 rules,
--- each from the highest-priority policy that has one for it (rules are never merged across
--- policies): `ac` the allow/deny lists (value: the policy row), `rq` the risk-class quotas of
--- the action's class, `aq` the quotas of its kind (values: the policy's lists). `tpls`: every
--- ACTIVE policy in effect with a budget template, whatever its pattern.
+-- rl_r, rl_c, and the guards ma, sm, sh) from the highest-priority ACTIVE policy in effect now
+-- that matches the path and sets it (equal priority: the later-created policy, whose id sorts
+-- higher). Each entry is {value, id, at}. `tenant` (its record, already read) says how many
+-- policies it has: none, and nothing more is read. `ruled`: the matching policies with
+-- v0.1.26 rules (`action_rules` picks the action's); `tpls`: every ACTIVE policy in effect with
+-- a budget template, whatever its pattern.
 local POLICY_SETTINGS = {'caps', 'ov', 'ttl_d', 'ttl_m', 'ttl_x', 'rl_r', 'rl_c', 'ma', 'sm', 'sh'}
-local function names_rule(quotas, label)
-  for _, q in ipairs(quotas or {}) do
-    if q.k == label then return true end
-  end
-  return false
+local function prefer(best, f, p)
+  local b = best[f]
+  if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
 end
-local function policy_settings(rules_key, scope_path, now, tenant, action)
+local function policy_settings(rules_key, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
-  local best, tpls = {}, {}
-  local function consider(f, p)
-    local b = best[f]
-    if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
-  end
+  local best, tpls, ruled = {}, {}, {}
   for _, row in ipairs(redis.call('HVALS', rules_key)) do
     local p = decoded_rule(row)
     local live = p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
@@ -86,18 +78,32 @@ local function policy_settings(rules_key, scope_path, now, tenant, action)
     if live and p.tpl then tpls[#tpls + 1] = p end
     if live and pattern_matches(p.pat, scope_path) then
       for _, f in ipairs(POLICY_SETTINGS) do
-        if p[f] ~= nil then consider(f, p) end
+        if p[f] ~= nil then prefer(best, f, p) end
       end
-      if action then
-        if p.allow or p.deny then consider('ac', p) end
-        if names_rule(p.rq, action.risk_label) then consider('rq', p) end
-        if names_rule(p.aq, action.kind) then consider('aq', p) end
-      end
+      if p.allow or p.deny or p.rq or p.aq then ruled[#ruled + 1] = p end
     end
   end
-  local out = {tpls = (#tpls > 0) and tpls or nil}
-  for f, p in pairs(best) do out[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
+  local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
+  for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
   return out
+end
+
+-- The v0.1.26 rules of an action ({kind, risk_label}) into `pol` (as `policy_settings` answered
+-- it): each from the highest-priority policy that has one for it (rules are never merged across
+-- policies): `ac` the allow/deny lists (value: the policy row), `rq` the risk-class quotas of
+-- the action's class, `aq` the quotas of its kind (values: the policy's lists).
+local function names_rule(quotas, label)
+  for _, q in ipairs(quotas or {}) do if q.k == label then return true end end
+  return false
+end
+local function action_rules(pol, action)
+  local best = {}
+  for _, p in ipairs(pol.ruled or {}) do
+    if p.allow or p.deny then prefer(best, 'ac', p) end
+    if names_rule(p.rq, action.risk_label) then prefer(best, 'rq', p) end
+    if names_rule(p.aq, action.kind) then prefer(best, 'aq', p) end
+  end
+  for f, p in pairs(best) do pol[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
 end
 
 -- Where a setting's counts (quotas, rate limits) are kept for a request on `scope_path`: its
