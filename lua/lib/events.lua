@@ -1,45 +1,63 @@
 -- Events and audit entries, written in the same script as the change they record.
 -- needs: calendar
 
+-- The entry id each event stream last took from this script VM (the library's top level
+-- outlives a call under Functions), so an event's id is known without reading the stream:
+-- `now`-0, or the next after the last when that is at or past `now`. A guess the stream refuses
+-- (an entry written from elsewhere, or nothing known yet) is corrected from its last entry, so
+-- ids stay monotonic even if TIME steps back. Forgotten every `max` events (a guess is cheap).
+local LAST_ENTRY = {max = 1024, kept = 0, ms = {}, seq = {}}
+
+-- XADDs an event at <ms>-<seq>, which its id (evt_<ms>-<seq>.<tenant>, so getEvent finds it with
+-- one read) and its JSON (`body`: what follows the id) carry. The JSON, and the error when the
+-- stream refuses the id. (The inbound traceparent flags travel beside the closed Event.)
+local function add_event(events_key, ms, seq, event_type, tenant, body, flags)
+  local entry = string.format('%d-%d', ms, seq)
+  local json = '{"event_id":' .. cjson.encode('evt_' .. entry .. '.' .. tenant) .. body
+  local added
+  if flags and flags ~= '' then
+    added = redis.pcall('XADD', events_key, entry, 'type', event_type, 'event', json, 'flags', flags)
+  else
+    added = redis.pcall('XADD', events_key, entry, 'type', event_type, 'event', json)
+  end
+  return json, type(added) == 'table' and added.err
+end
+
 -- Appends an event (the spec's `Event` JSON) to the tenant's event stream, in the same script
 -- as the state change that causes it. `data_json` is pre-built JSON (amounts as raw digits).
 -- `ctx` carries the causing request (request_id, trace_id, actor, key_id, tenant); nil for
 -- system work such as the expiry sweep.
 local function emit(events_key, event_type, tenant, scope, ctx, source, data_json, now)
-  -- The id names the stream entry and the tenant (evt_<ms>-<seq>.<tenant>), so getEvent finds
-  -- an event with one read; the entry id is chosen here (monotonic even if TIME steps back).
-  local last = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
-  local ms, seq = now, 0
-  if last then
-    local lms, lseq = string.match(last[1], '^(%d+)-(%d+)$')
-    lms, lseq = tonumber(lms), tonumber(lseq)
-    if lms >= now then ms, seq = lms, lseq + 1 end
-  end
-  local entry = string.format('%d-%d', ms, seq)
-  local event_id = 'evt_' .. entry .. '.' .. tenant
   -- quota.* (v0.1.26) and policy.limit_reached belong to the reservation path that causes
   -- them (EventCategory has no `quota`; `ops::events::category_of` says the same)
   local category = string.match(event_type, '^([^.]+)')
   if category == 'quota' or event_type == 'policy.limit_reached' then category = 'reservation' end
   local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
   if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
-  local json = '{"event_id":' .. cjson.encode(event_id) .. ',"event_type":' .. cjson.encode(event_type) ..
+  local body = ',"event_type":' .. cjson.encode(event_type) ..
     ',"category":' .. cjson.encode(category) .. ',"timestamp":"' .. iso8601(now) .. '","tenant_id":' ..
     cjson.encode(tenant) .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
     ',"actor":' .. actor .. '},"source":' .. cjson.encode(source) .. ',"data":' .. data_json
   if ctx then
-    if ctx.request_id and ctx.request_id ~= '' then json = json .. ',"request_id":' .. cjson.encode(ctx.request_id) end
-    if ctx.trace_id and ctx.trace_id ~= '' then json = json .. ',"trace_id":' .. cjson.encode(ctx.trace_id) end
-    if ctx.correlation_id then json = json .. ',"correlation_id":' .. cjson.encode(ctx.correlation_id) end
+    if ctx.request_id and ctx.request_id ~= '' then body = body .. ',"request_id":' .. cjson.encode(ctx.request_id) end
+    if ctx.trace_id and ctx.trace_id ~= '' then body = body .. ',"trace_id":' .. cjson.encode(ctx.trace_id) end
+    if ctx.correlation_id then body = body .. ',"correlation_id":' .. cjson.encode(ctx.correlation_id) end
   end
-  json = json .. '}'
-  -- the inbound traceparent flags travel beside the (closed) Event, for the outbound traceparent
+  body = body .. '}'
   local flags = ctx and ctx.trace_flags
-  if flags and flags ~= '' then
-    redis.call('XADD', events_key, entry, 'type', event_type, 'event', json, 'flags', flags)
-  else
-    redis.call('XADD', events_key, entry, 'type', event_type, 'event', json)
+  local ms, seq = LAST_ENTRY.ms[events_key], LAST_ENTRY.seq[events_key]
+  if not ms or ms < now then ms, seq = now, -1 end
+  local json, taken = add_event(events_key, ms, seq + 1, event_type, tenant, body, flags)
+  if taken then
+    local last = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
+    local lms, lseq = string.match(last and last[1] or '0-0', '^(%d+)-(%d+)$')
+    ms, seq = tonumber(lms), tonumber(lseq)
+    if ms < now then ms, seq = now, -1 end
+    json, taken = add_event(events_key, ms, seq + 1, event_type, tenant, body, flags)
+    if taken then error(taken) end
   end
+  if LAST_ENTRY.kept >= LAST_ENTRY.max then LAST_ENTRY.ms, LAST_ENTRY.seq, LAST_ENTRY.kept = {}, {}, 0 end
+  LAST_ENTRY.ms[events_key], LAST_ENTRY.seq[events_key], LAST_ENTRY.kept = ms, seq + 1, LAST_ENTRY.kept + 1
   -- The overview's counters (`ops::overview`), kept with the event so that it never reads the
   -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
   -- lives two hours), and the ten latest denials and expiries.

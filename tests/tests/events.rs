@@ -144,3 +144,41 @@ async fn budget_events_fire_on_transitions_only() {
         h.events(&t2.id).await.iter().map(|e| e["event_type"].as_str().unwrap().to_string()).collect();
     assert_eq!(types, vec!["budget.exhausted", "budget.over_limit_entered"]);
 }
+
+/// An event's id is guessed from what the script VM last wrote to its stream; a guess the stream
+/// refuses (an entry written from elsewhere: another script VM, or before the clock stepped back)
+/// is corrected from the stream's last entry, so ids stay monotonic and each is found by its id.
+#[tokio::test]
+async fn event_ids_stay_monotonic_past_entries_the_scripts_did_not_write() {
+    let h = Harness::start().await;
+    let t = h.funded(10).await;
+    let events = cycles_shared::keys::TenantKeys::new(&t.id).events();
+    h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    // an entry an hour ahead, which the scripts did not write (removed again: the stream keeps
+    // its last id)
+    let ahead = cycles_shared::domain::now_ms() + 3_600_000;
+    let mut conn = h.store.conn();
+    let _: String = redis::cmd("XADD")
+        .arg(&events)
+        .arg(format!("{ahead}-5"))
+        .arg("type")
+        .arg("x")
+        .arg("event")
+        .arg("{}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    }
+    let _: i64 = redis::cmd("XDEL").arg(&events).arg(format!("{ahead}-5")).query_async(&mut conn).await.unwrap();
+    let denied = h.admin_events(&t.id, "reservation.denied").await;
+    let ids: Vec<&str> = denied.iter().map(|e| e["event_id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[1], format!("evt_{ahead}-6.{}", t.id));
+    assert_eq!(ids[2], format!("evt_{ahead}-7.{}", t.id));
+    for id in ids {
+        let r = h.admin("GET", &format!("/v1/admin/events/{id}?tenant_id={}", t.id), None).await;
+        assert_eq!(r.assert_ok()["event_id"], id);
+    }
+}
