@@ -1,18 +1,23 @@
 -- Events and audit entries, written in the same script as the change they record.
--- needs: calendar
+-- needs: reply, calendar
 
--- The entry id each event stream last took from this script VM (the library's top level
--- outlives a call under Functions), so an event's id is known without reading the stream:
--- `now`-0, or the next after the last when that is at or past `now`. A guess the stream refuses
--- (an entry written from elsewhere, or nothing known yet) is corrected from its last entry, so
--- ids stay monotonic even if TIME steps back. Forgotten every `max` events (a guess is cheap).
-local LAST_ENTRY = {max = 1024, kept = 0, ms = {}, seq = {}}
+-- The entry id each event stream last took from this script VM, so an event's id is known
+-- without reading the stream. A guess the stream refuses (an entry written from elsewhere, or
+-- nothing remembered yet) is corrected from its last entry.
+local LAST_ENTRY = {max = 1024, kept = 0, known = {}}
 
--- XADDs an event at <ms>-<seq>, which its id (evt_<ms>-<seq>.<tenant>, so getEvent finds it with
--- one read) and its JSON (`body`: what follows the id) carry. The JSON, and the error when the
+-- The entry id after `last` ("<ms>-<seq>", or nil): `now`-0, or the next after the last when
+-- that is at or past `now` (so ids stay monotonic even if TIME steps back).
+local function next_entry(last, now)
+  local ms, seq = string.match(last or '0-0', '^(%d+)-(%d+)$')
+  if tonumber(ms) < now then return string.format('%d-0', now) end
+  return ms .. '-' .. (seq + 1)
+end
+
+-- XADDs an event at `entry`, which its id (evt_<entry>.<tenant>, so getEvent finds it with one
+-- read) and its JSON (`body`: what follows the id) carry. The JSON, and the error when the
 -- stream refuses the id. (The inbound traceparent flags travel beside the closed Event.)
-local function add_event(events_key, ms, seq, event_type, tenant, body, flags)
-  local entry = string.format('%d-%d', ms, seq)
+local function add_event(events_key, entry, event_type, tenant, body, flags)
   local json = '{"event_id":' .. cjson.encode('evt_' .. entry .. '.' .. tenant) .. body
   local added
   if flags and flags ~= '' then
@@ -45,23 +50,18 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   end
   body = body .. '}'
   local flags = ctx and ctx.trace_flags
-  local ms, seq = LAST_ENTRY.ms[events_key], LAST_ENTRY.seq[events_key]
-  if not ms or ms < now then ms, seq = now, -1 end
-  local json, taken = add_event(events_key, ms, seq + 1, event_type, tenant, body, flags)
+  local entry = next_entry(LAST_ENTRY.known[events_key], now)
+  local json, taken = add_event(events_key, entry, event_type, tenant, body, flags)
   if taken then
-    local last = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
-    local lms, lseq = string.match(last and last[1] or '0-0', '^(%d+)-(%d+)$')
-    ms, seq = tonumber(lms), tonumber(lseq)
-    if ms < now then ms, seq = now, -1 end
-    json, taken = add_event(events_key, ms, seq + 1, event_type, tenant, body, flags)
+    entry = next_entry((redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1] or {})[1], now)
+    json, taken = add_event(events_key, entry, event_type, tenant, body, flags)
     if taken then error(taken) end
   end
-  if LAST_ENTRY.kept >= LAST_ENTRY.max then LAST_ENTRY.ms, LAST_ENTRY.seq, LAST_ENTRY.kept = {}, {}, 0 end
-  LAST_ENTRY.ms[events_key], LAST_ENTRY.seq[events_key], LAST_ENTRY.kept = ms, seq + 1, LAST_ENTRY.kept + 1
+  remember(LAST_ENTRY, events_key, entry)
   -- The overview's counters (`ops::overview`), kept with the event so that it never reads the
   -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
   -- lives two hours), and the ten latest denials and expiries.
-  local minute = math.floor(ms / 60000)
+  local minute = math.floor(tonumber(string.match(entry, '^%d+')) / 60000)
   local prefix = KEY.prefix_of(events_key)
   local stats = KEY.event_stats(prefix, math.floor(minute / 60))
   -- (a new hash's first count is 1: only then may it lack its lifetime)

@@ -28,32 +28,21 @@ local function segments_match(pattern, path)
   return walk(1, 1)
 end
 
--- Whether a pattern matches a scope path, remembered per pair in the script VM (the library's
--- top level outlives a call under Functions): at most `max` pairs are kept (then it starts over).
+-- Whether a pattern matches a scope path, remembered per pair in the script VM.
 local MATCHES = {max = 4096, kept = 0, known = {}}
 local function pattern_matches(pattern, path)
-  local known = MATCHES.known[pattern]
-  local m = known and known[path]
-  if m ~= nil then return m end
-  m = segments_match(pattern, path)
-  if MATCHES.kept >= MATCHES.max then MATCHES.known, MATCHES.kept = {}, 0 end
-  known = MATCHES.known[pattern] or {}
-  MATCHES.known[pattern], known[path], MATCHES.kept = known, m, MATCHES.kept + 1
+  local pair = pattern .. '\0' .. path
+  local m = MATCHES.known[pair]
+  if m == nil then m = remember(MATCHES, pair, segments_match(pattern, path)) end
   return m
 end
 
 -- Decoded policy rules by their stored text, so a rule is decoded once per script VM rather
 -- than once per request. The text is the key, so a changed rule is another entry and nothing
--- can be stale; entries are only read, never changed; at most `max` are kept (then it starts
--- over).
+-- can be stale; entries are only read, never changed.
 local RULES_DECODED = {max = 512, kept = 0, known = {}}
 local function decoded_rule(row)
-  local p = RULES_DECODED.known[row]
-  if p then return p end
-  p = cjson.decode(row)
-  if RULES_DECODED.kept >= RULES_DECODED.max then RULES_DECODED.known, RULES_DECODED.kept = {}, 0 end
-  RULES_DECODED.known[row], RULES_DECODED.kept = p, RULES_DECODED.kept + 1
-  return p
+  return RULES_DECODED.known[row] or remember(RULES_DECODED, row, cjson.decode(row))
 end
 
 -- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,

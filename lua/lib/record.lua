@@ -126,6 +126,13 @@ local function whole_record(rec)
   return whole
 end
 
+-- The first `n` fields of a record's text: the layout's version, the status, then by name.
+local function record_fields(rec, n)
+  local out = {'2', STATUS_CODE[rec.status]}
+  for i = 3, n do out[i] = rec[RECORD.fields[i]] or '' end
+  return table.concat(out, '\31')
+end
+
 -- The record's text (today's layout). A record of the first layout that held its metadata
 -- inline gives it up here: `meta_key` receives it.
 local function record_text(rec, meta_key)
@@ -136,10 +143,7 @@ local function record_text(rec, meta_key)
     redis.call('HSET', meta_key, unpack(moved))
     rec.metadata, rec.cmeta, rec.m = nil, nil, '1'
   end
-  local n = rec.status == 'ACTIVE' and RECORD.active_fields or #RECORD.fields
-  local out = {'2', STATUS_CODE[rec.status]}
-  for i = 3, n do out[i] = rec[RECORD.fields[i]] or '' end
-  return table.concat(out, '\31')
+  return record_fields(rec, rec.status == 'ACTIVE' and RECORD.active_fields or #RECORD.fields)
 end
 
 local function save_record(key, rec, meta_key)
@@ -155,14 +159,10 @@ local function save_extension(key, rec, expires, ext, meta_key)
     rec.expires, rec.ext = expires, ext
     return save_record(key, rec, meta_key)
   end
-  -- the rest: ik, ph, decision, caps, first_expires, and the fields after it
-  local lead, first, rest =
-    string.match(string.sub(rec.raw, rec.tail_at), '^([^\31]*\31[^\31]*\31[^\31]*\31[^\31]*\31)([^\31]*)(.*)$')
+  local lead, first, rest = string.match(string.sub(rec.raw, rec.tail_at), RECORD.before_first_expires)
   if first == '' then first = rec.expires end
   rec.expires, rec.ext = expires, ext
-  local head = {'2', 'A'}
-  for i = 3, RECORD.head_fields do head[i] = rec[RECORD.fields[i]] or '' end
-  redis.call('SET', key, table.concat(head, '\31') .. '\31' .. lead .. first .. rest, 'KEEPTTL')
+  redis.call('SET', key, record_fields(rec, RECORD.head_fields) .. '\31' .. lead .. first .. rest, 'KEEPTTL')
 end
 
 -- Finishes an ACTIVE reservation's record (read by `head_record`): its status becomes `status`

@@ -9,6 +9,15 @@ local function now_ms()
   return now, itoa(now)
 end
 
+-- A memo kept in the script VM across calls ({max, kept, known}; the library's top level
+-- outlives a call under Functions): `value` stored under `key` and returned; at most `max`
+-- entries, then it starts over.
+local function remember(memo, key, value)
+  if memo.kept >= memo.max then memo.known, memo.kept = {}, 0 end
+  memo.known[key], memo.kept = value, memo.kept + 1
+  return value
+end
+
 -- The replies every script gives: `ok` (the result, a table or JSON text, with the record's
 -- status where it has one), `replayed` (the stored answer of an earlier identical request), or
 -- `err` (an error code the Rust side knows, a message, optional JSON `details`, and an HTTP

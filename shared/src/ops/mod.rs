@@ -147,12 +147,14 @@ fn library_header() -> String {
     let record = &reservations::RECORD_FIELDS;
     // a record by position: the version, then the status character, then the rest
     let record_pattern = |n: usize| format!("^2\\31(.)\\31{}$", joined(n - 2));
+    let first_expires = record.iter().position(|f| *f == "first_expires").expect("a record field");
     format!(
         "{}{}{}local LEDGER_VIEW = {{fields = {{{}}}, pattern = '^{}$'}}\n\
          local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {},\n  \
          active = '{}',\n  \
          finished = '{}',\n  \
-         head = '^2\\31(.)\\31{}\\31()'}}\n",
+         head = '^2\\31(.)\\31{}\\31()',\n  \
+         before_first_expires = '^({})([^\\31]*)(.*)$'}}\n",
         crate::domain::rules::lua_table(),
         crate::domain::messages::lua_table(),
         crate::keys::lua_table(),
@@ -164,6 +166,8 @@ fn library_header() -> String {
         record_pattern(reservations::RECORD_ACTIVE_FIELDS),
         record_pattern(record.len()),
         joined(reservations::RECORD_HEAD_FIELDS - 2),
+        // the fields between the head and first_expires (an extension rewrites that one)
+        "[^\\31]*\\31".repeat(first_expires - reservations::RECORD_HEAD_FIELDS),
     )
 }
 
