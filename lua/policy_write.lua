@@ -31,6 +31,7 @@ redis.call('HSET', K.rules, A.policy_id, A.rule)
 redis.call('HSET', K.names, A.name_key, A.policy_id)
 -- the runtime scripts read the rules only when the tenant record says there are some
 redis.call('HSET', K.tenant, 'policies', redis.call('HLEN', K.rules))
+refresh_tenant(K.tenant)
 
 local p = cjson.decode(record)
 local kind = (A.expected == '') and 'policy.created' or 'policy.updated'

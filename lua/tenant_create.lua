@@ -11,6 +11,7 @@ if existing then
 end
 fields.status, fields.created_at_ms, fields.updated_at_ms = 'ACTIVE', now_s, now_s
 write_fields(K.tenant, fields)
+refresh_tenant(K.tenant)
 emit(K.events, 'tenant.created', fields.tenant_id, nil, ctx, 'cycles-admin',
   '{"tenant_id":' .. cjson.encode(fields.tenant_id) .. ',"new_status":"ACTIVE"}', now)
 audit(K.audit_log, ctx, 'tenant.create', 'tenant', fields.tenant_id, now)

@@ -40,6 +40,7 @@ end
 if #changed == 0 and not status_event then return ok(record_json(K.tenant), from, now_s) end
 updates.updated_at_ms = now_s
 write_fields(K.tenant, updates)
+refresh_tenant(K.tenant)
 
 local fields_json = csv_json(',' .. table.concat(changed, ',') .. ',')
 local tid = cjson.encode(tenant_id)

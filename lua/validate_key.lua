@@ -12,7 +12,7 @@ if f[2] ~= 'ACTIVE' then
 elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then
   reason = 'EXPIRED'
 else
-  local tenant = tenant_record(K.tenant)
+  local tenant = tenant_record(K.tenant, true)
   if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
   if tenant and tenant.status ~= 'ACTIVE' then reason = 'TENANT_' .. tenant.status end
 end

@@ -35,11 +35,13 @@ local function keep_alert_settings()
   end
   if not cfg then
     redis.call('HDEL', K.tenant, 'alerts')
+    refresh_tenant(K.tenant)
     return
   end
   table.sort(union)
   cfg.th = union
   redis.call('HSET', K.tenant, 'alerts', cjson.encode(cfg))
+  refresh_tenant(K.tenant)
 end
 
 local function lifecycle(kind, previous, new, changed)

@@ -1,20 +1,55 @@
 -- The tenant record: its status and reservation settings, and the guards of each surface.
 -- needs: reply
 
--- Tenant record: nil when absent (not governed), else its status and reservation settings
--- (each at its default where the record has none); 'MALFORMED' when the status cannot be
--- determined (fail closed with 500).
-local function tenant_record(key)
-  local f = redis.call('HMGET', key, 'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms',
-    'max_reservation_extensions', 'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode')
-  if not f[1] then
-    if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
-    return nil
-  end
+-- The fields of a tenant record every runtime request reads, and the packed copy of them the
+-- record keeps in its `runtime` field (joined by \31, '' for none; cjson escapes a \31 in
+-- `alerts`): one field crosses into the script instead of eight, and each distinct copy is
+-- decoded once per script VM (`memo`; the decoded record is shared, so never changed). Every
+-- script that writes one of the fields calls `refresh_tenant` after.
+local TENANT = {fields = {'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms', 'max_reservation_extensions',
+  'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode'},
+  packed = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$',
+  memo = {known = {}, kept = 0, max = 1000}}
+
+-- A tenant record from its fields in TENANT.fields order (nil or false where absent), or
+-- 'MALFORMED' when its status is none of the three.
+local function tenant_of(f)
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
   return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
     max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
     policies = tonumber(f[6]) or 0, alerts = f[7], observe = f[8] }
+end
+
+-- Writes the packed copy of a tenant record's runtime fields (after a write of any of them).
+local function refresh_tenant(key)
+  local f = redis.call('HMGET', key, unpack(TENANT.fields))
+  -- no status, no copy: such a record reads as today (absent, or malformed)
+  if not f[1] then redis.call('HDEL', key, 'runtime') return end
+  for i = 1, #TENANT.fields do f[i] = f[i] or '' end
+  redis.call('HSET', key, 'runtime', table.concat(f, '\31'))
+end
+
+-- Tenant record: nil when absent (not governed), else its status and reservation settings
+-- (each at its default where the record has none); 'MALFORMED' when the status cannot be
+-- determined (fail closed with 500). A record written before the packed copy is read field by
+-- field, and given its copy unless the script is `read_only`.
+local function tenant_record(key, read_only)
+  local packed = redis.call('HGET', key, 'runtime')
+  if packed then
+    local known = TENANT.memo.known[packed]
+    if known then return known end
+    local f = {string.match(packed, TENANT.packed)}
+    for i = 1, #TENANT.fields do if f[i] == '' then f[i] = false end end
+    return remember(TENANT.memo, packed, tenant_of(f))
+  end
+  local f = redis.call('HMGET', key, unpack(TENANT.fields))
+  if not f[1] then
+    if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
+    return nil
+  end
+  local t = tenant_of(f)
+  if t ~= 'MALFORMED' and not read_only then refresh_tenant(key) end
+  return t
 end
 
 -- The settings a reservation takes from its tenant (the defaults for a tenant without a record).

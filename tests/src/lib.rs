@@ -538,8 +538,12 @@ impl Harness {
         let _: () = self.store.conn().hset(&key, "v", view_of(&spread)).await.unwrap();
     }
 
+    /// Writes fields of a tenant record as a raw write would (no script): its packed runtime
+    /// copy is dropped too, so the scripts read the fields as written (and fold them again).
     pub async fn set_tenant(&self, tenant: &str, fields: &[(&str, &str)]) {
-        let _: () = self.store.conn().hset_multiple(TenantKeys::new(tenant).tenant(), fields).await.unwrap();
+        let key = TenantKeys::new(tenant).tenant();
+        let _: () = self.store.conn().hset_multiple(&key, fields).await.unwrap();
+        let _: () = self.store.conn().hdel(&key, "runtime").await.unwrap();
     }
 
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Resp {

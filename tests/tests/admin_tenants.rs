@@ -238,3 +238,84 @@ async fn an_interrupted_close_is_converged_by_the_sweep() {
     let pending: Vec<String> = h.store.conn().zrange(CLOSING, 0, -1).await.unwrap();
     assert!(!pending.contains(&t.id));
 }
+
+/// The packed copy of a tenant's runtime fields (`runtime`, read by every runtime script
+/// instead of the eight fields) as the fields say it should be.
+async fn runtime_copy(h: &Harness, tenant: &str) -> (Option<String>, String) {
+    const FIELDS: [&str; 8] = [
+        "status",
+        "default_reservation_ttl_ms",
+        "max_reservation_ttl_ms",
+        "max_reservation_extensions",
+        "default_commit_overage_policy",
+        "policies",
+        "alerts",
+        "observe_mode",
+    ];
+    let key = TenantKeys::new(tenant).tenant();
+    let stored: Option<String> = h.store.conn().hget(&key, "runtime").await.unwrap();
+    let fields: Vec<Option<String>> =
+        redis::cmd("HMGET").arg(&key).arg(&FIELDS[..]).query_async(&mut h.store.conn()).await.unwrap();
+    let expected = fields.into_iter().map(Option::unwrap_or_default).collect::<Vec<_>>().join("\u{1f}");
+    (stored, expected)
+}
+
+#[tokio::test]
+async fn every_write_of_a_tenants_runtime_fields_refreshes_its_packed_copy() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let check = |step: &'static str| {
+        let (h, id) = (&h, t.id.clone());
+        async move {
+            let (stored, expected) = runtime_copy(h, &id).await;
+            assert_eq!(stored.as_deref(), Some(expected.as_str()), "after {step}");
+        }
+    };
+    check("create").await;
+    let patch = json!({"default_reservation_ttl_ms": 120000, "max_reservation_extensions": 3,
+        "default_commit_overage_policy": "REJECT"});
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&patch)).await.assert_ok();
+    check("a settings update").await;
+    let body = json!({"tenant_id": t.id, "name": "cap", "scope_pattern": format!("tenant:{}", t.id),
+        "rate_limits": {"max_active_reservations": 5}});
+    assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201);
+    check("a policy").await;
+    let sub = json!({"url": "http://127.0.0.1:9/x", "event_types": ["budget.threshold_crossed"],
+        "thresholds": {"budget_utilization": [0.5]}});
+    let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", t.id), Some(&sub)).await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    check("a subscription with thresholds").await;
+    let id = r.body["subscription"]["subscription_id"].as_str().unwrap().to_string();
+    h.admin("DELETE", &format!("/v1/admin/webhooks/{id}"), None).await;
+    check("the subscription's deletion").await;
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"status": "SUSPENDED"}))).await.assert_ok();
+    check("a suspension").await;
+    // and the runtime reads the copy: a suspended tenant starts no new work
+    h.reserve(&t, 1, json!({})).await.assert_error(403, "FORBIDDEN");
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"status": "ACTIVE"}))).await.assert_ok();
+    check("a reactivation").await;
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"observe_mode": "OBSERVE"})))
+        .await
+        .assert_ok();
+    check("observe mode").await;
+    // observing, a denial is answered as an evaluation
+    h.admin("PATCH", &format!("/v1/admin/tenants/{}", t.id), Some(&json!({"status": "SUSPENDED"}))).await.assert_ok();
+    assert_eq!(h.reserve(&t, 1, json!({})).await.assert_ok()["decision"], "DENY");
+}
+
+#[tokio::test]
+async fn a_tenant_record_without_its_packed_copy_is_read_by_fields_and_given_one() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    // a record as written before the copy existed
+    let key = TenantKeys::new(&t.id).tenant();
+    let _: () = h.store.conn().hdel(&key, "runtime").await.unwrap();
+    h.set_tenant(&t.id, &[("max_reservation_ttl_ms", "1000")]).await;
+    let r = h.reserve(&t, 1, json!({"ttl_ms": 5000})).await;
+    let body = r.assert_ok();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let ttl = body["expires_at_ms"].as_i64().unwrap() - now;
+    assert!(ttl <= 1000, "the field as written caps the TTL (ttl {ttl})");
+    let (stored, expected) = runtime_copy(&h, &t.id).await;
+    assert_eq!(stored.as_deref(), Some(expected.as_str()), "the reserve folded the fields into the copy");
+}

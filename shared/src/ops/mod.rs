@@ -454,14 +454,16 @@ mod reserve_size {
     /// with the script VM's caches of decoded policy rules and pattern matches (2-6% of a
     /// reserve with policies), 1,427 with spend analytics' two keys in the `KEY` table, 1,429
     /// with the archive's two (every script carries the whole table), 1,440 with an event's id
-    /// guessed from the script VM's memory of its stream (one XREVRANGE less per event), against
-    /// a target of 700 that the engine work has not reached yet.
+    /// guessed from the script VM's memory of its stream (one XREVRANGE less per event), 1,461
+    /// with the tenant record's packed runtime copy (one field read instead of eight, decoded
+    /// once per script VM: -8% Redis instructions per reserve), against a target of 700 that
+    /// the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_440, "a reserve as run is {code} lines of code (at most 1,440; target 700)");
+        assert!(code <= 1_461, "a reserve as run is {code} lines of code (at most 1,461; target 700)");
     }
 }
