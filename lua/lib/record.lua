@@ -127,9 +127,11 @@ local function whole_record(rec)
 end
 
 -- The first `n` fields of a record's text: the layout's version, the status, then by name.
+-- The list is made at its full size at once (from RECORD.blank), not grown field by field.
 local function record_fields(rec, n)
-  local out = {'2', STATUS_CODE[rec.status]}
-  for i = 3, n do out[i] = rec[RECORD.fields[i]] or '' end
+  local out, names = {unpack(RECORD.blank, 1, n)}, RECORD.fields
+  out[2] = STATUS_CODE[rec.status]
+  for i = 3, n do out[i] = rec[names[i]] or '' end
   return table.concat(out, '\31')
 end
 

@@ -150,7 +150,7 @@ fn library_header() -> String {
     let first_expires = record.iter().position(|f| *f == "first_expires").expect("a record field");
     format!(
         "{}{}{}local LEDGER_VIEW = {{fields = {{{}}}, pattern = '^{}$'}}\n\
-         local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {},\n  \
+         local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {}, blank = {{'2'{}}},\n  \
          active = '{}',\n  \
          finished = '{}',\n  \
          head = '^2\\31(.)\\31{}\\31()',\n  \
@@ -163,6 +163,8 @@ fn library_header() -> String {
         names(record),
         reservations::RECORD_ACTIVE_FIELDS,
         reservations::RECORD_HEAD_FIELDS,
+        // a record's fields before they are filled: the version, then '' (a table made whole at once)
+        ", ''".repeat(record.len() - 1),
         record_pattern(reservations::RECORD_ACTIVE_FIELDS),
         record_pattern(record.len()),
         joined(reservations::RECORD_HEAD_FIELDS - 2),
