@@ -1,6 +1,6 @@
 -- Alerts: the scene a script works in, utilization thresholds, burn-rate windows, windowed
 -- rate counters and their spikes, and the budget events of a write.
--- needs: decimal, events
+-- needs: decimal, reply, events
 
 -- ---------------------------------------------------------------------------------------------
 -- Alerts and budget periods. A script that changes ledgers carries a scene: its tenant's event
@@ -79,17 +79,23 @@ end
 -- included). When this window's spend reaches burn_rate_multiplier x the baseline (after
 -- RULES.ALERTS.min_burn_windows windows of history), `b.anomaly` is set for
 -- budget.burn_rate_anomaly, once per window.
-local BURN_WEIGHT = 1 / 12
+local BURN = {weight = 1 / 12, memo = {known = {}, kept = 0, max = 2000}}
 local function track_burn(sc, b, delta)
   local cfg = alert_settings(sc)
   local w, now = cfg.bw * 1000, sc.now
-  local ws, spend, base, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
-  ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base), tonumber(n)
+  local ws, spend, base, n, alerted
+  local last = BURN.memo.known[b.key]
+  if last and last.text == b.burn then
+    ws, spend, base, n, alerted = unpack(last.values)
+  else
+    ws, spend, base, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
+    ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base), tonumber(n)
+  end
   if not (ws and spend and base and n) then ws, spend, base, n, alerted = now - now % w, 0, 0, 0, '0' end
   if now >= ws + w then
     local k = math.floor((now - ws) / w)
-    if n == 0 then base = spend else base = base + BURN_WEIGHT * (spend - base) end
-    base = base * (1 - BURN_WEIGHT) ^ (k - 1)
+    if n == 0 then base = spend else base = base + BURN.weight * (spend - base) end
+    base = base * (1 - BURN.weight) ^ (k - 1)
     ws, spend, n, alerted = ws + k * w, 0, n + k, '0'
   end
   spend = spend + tonumber(delta)
@@ -103,6 +109,9 @@ local function track_burn(sc, b, delta)
       ',"projected_exhaustion_minutes":' .. string.format('%.4f', math.max(tonumber(b.remaining), 0) / rate) .. '}'
   end
   b.burn = string.format('%d:%.17g:%.17g:%d:%s', ws, spend, base, n, alerted)
+  -- the ledger's window as this VM last wrote it (%.17g gives every double back exactly, so the
+  -- remembered numbers are the text's)
+  remember(BURN.memo, b.key, {text = b.burn, values = {ws, spend, base, n, alerted}})
 end
 
 -- Before a write that charges: each ledger whose spent grew moves its burn window.

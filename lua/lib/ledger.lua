@@ -11,12 +11,17 @@
 -- requests. Ledgers written before the view keep those values in fields of the same names,
 -- read as such until the next write folds them into the view.
 
--- A ledger from its fields in view order (strings; '' for none).
+-- LEDGER_VIEW.memo: the last view this script VM wrote or read of each ledger, with its decoded
+-- fields (used only while the stored text is that one, so never stale; shared, so never
+-- changed): the next request on a ledger finds its view here instead of matching it again.
+
+-- A ledger from its fields in view order (strings; '' or nil for none; `f` is left as it is).
 local function ledger_of(key, f)
-  for i = 3, 15 do if f[i] == '' then f[i] = nil end end
-  local b = {key = key, scope = f[1], unit = f[2], status = f[3] or 'ACTIVE', allocated = f[4] or '0',
-    remaining = f[5] or '0', reserved = f[6] or '0', spent = f[7] or '0', debt = f[8] or '0',
-    overdraft_limit = f[9] or '0', over = (f[10] == '1'), roll_at = f[12], policy = f[13], caps = f[14], burn = f[15]}
+  local b = {key = key, scope = f[1], unit = f[2], status = f[3] ~= '' and f[3] or 'ACTIVE',
+    allocated = f[4] ~= '' and f[4] or '0', remaining = f[5] ~= '' and f[5] or '0', reserved = f[6] ~= '' and f[6] or '0',
+    spent = f[7] ~= '' and f[7] or '0', debt = f[8] ~= '' and f[8] or '0', overdraft_limit = f[9] ~= '' and f[9] or '0',
+    over = (f[10] == '1'), roll_at = f[12] ~= '' and f[12] or nil, policy = f[13] ~= '' and f[13] or nil,
+    caps = f[14] ~= '' and f[14] or nil, burn = f[15] ~= '' and f[15] or nil}
   b.before = {allocated = b.allocated, remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt,
     over = b.over, burn = b.burn}
   return b
@@ -27,8 +32,13 @@ local function read_budget(key, scope)
   local raw = redis.call('HGET', key, 'v')
   local b
   if raw then
-    local f = {string.match(raw, LEDGER_VIEW.pattern)}
-    if #f == 0 then error('malformed ledger view at ' .. key) end
+    local last = LEDGER_VIEW.memo.known[key]
+    local f = last and last.raw == raw and last.f
+    if not f then
+      f = {string.match(raw, LEDGER_VIEW.pattern)}
+      if #f == 0 then error('malformed ledger view at ' .. key) end
+      remember(LEDGER_VIEW.memo, key, {raw = raw, f = f})
+    end
     b = ledger_of(key, f)
   else
     local f = redis.call('HMGET', key, unpack(LEDGER_VIEW.fields))
@@ -42,10 +52,13 @@ local function read_budget(key, scope)
   return b
 end
 
--- A ledger's view as stored (`now_s`: the update time's digits).
+-- A ledger's view as stored (`now_s`: the update time's digits), remembered decoded.
 local function view_of(b, now_s)
-  return table.concat({b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
-    b.overdraft_limit, b.over and '1' or '', now_s, b.roll_at or '', b.policy or '', b.caps or '', b.burn or ''}, '\31')
+  local f = {b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
+    b.overdraft_limit, b.over and '1' or '', now_s, b.roll_at or '', b.policy or '', b.caps or '', b.burn or ''}
+  local raw = table.concat(f, '\31')
+  remember(LEDGER_VIEW.memo, b.key, {raw = raw, f = f})
+  return raw
 end
 
 -- Writes a ledger's view; a ledger read from its old fields drops them, so the view is its

@@ -3,6 +3,7 @@
 use cycles_shared::model::{OveragePolicy, Unit};
 use cycles_shared::provision::{NewBudget, NewTenant};
 use cycles_tests::*;
+use redis::AsyncCommands;
 
 #[tokio::test]
 async fn reserve_holds_the_estimate_on_every_budgeted_scope() {
@@ -330,4 +331,23 @@ async fn duplicate_json_keys_are_refused_at_any_depth() {
     let r = h.send_to(&h.admin_base, "POST", &path, &[("x-admin-api-key", &h.admin_key)], Some(body)).await;
     r.assert_error(400, "INVALID_REQUEST");
     assert_eq!(h.root(&t).await, before, "nothing was funded");
+}
+
+/// The scripts remember each ledger's last view decoded; a view changed by anything else (an
+/// import, an operator's hand) is read as stored, never as remembered.
+#[tokio::test]
+async fn a_ledger_view_changed_outside_the_scripts_is_read_as_stored() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    h.reserve_ok(&t, 100, json!({})).await;
+    let key = cycles_shared::keys::TenantKeys::new(&t.id).budget(&format!("tenant:{}", t.id), Unit::Tokens);
+    let view: String = h.store.conn().hget(&key, "v").await.unwrap();
+    let mut fields: Vec<&str> = view.split('\u{1f}').collect();
+    assert_eq!(fields[4], "900", "remaining is the view's fifth field");
+    // allocated 1000 -> 150 behind the scripts' back: 50 remain
+    (fields[3], fields[4]) = ("150", "50");
+    let _: () = h.store.conn().hset(&key, "v", fields.join("\u{1f}")).await.unwrap();
+    h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    h.reserve_ok(&t, 50, json!({})).await;
+    assert_eq!(h.root(&t).await.remaining, 0);
 }
