@@ -33,10 +33,9 @@ local function list_members(token, status, subject, estimate, scope, expires)
     'p' .. scope .. '\0' .. token, 'x' .. padded(expires, 13) .. token}
 end
 
-local function list_add(list_key, members)
-  local args = {}
-  for _, m in ipairs(members) do args[#args + 1] = '0'; args[#args + 1] = m end
-  redis.call('ZADD', list_key, unpack(args))
+-- A reservation's four members (`list_members`) into the index, in one command.
+local function list_add(list_key, m)
+  redis.call('ZADD', list_key, '0', m[1], '0', m[2], '0', m[3], '0', m[4])
 end
 
 -- A new reservation (`token`, its record `rec`) in the tenant's created stream (its entry id
