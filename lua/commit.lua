@@ -16,7 +16,7 @@ end
 
 -- a policy's commit rate limit on the reservation's scope (a limited commit changes nothing)
 local commit_rate = policy_settings(K.policies, r.scope_path, now, r.tenant).rl_c
-local limited = rate_check(K.policies, commit_rate, 'commits', counted_scope(commit_rate, r.sc.name, r.scope_path), now, true)
+local limited = rate_check(K.policies, commit_rate, 'commits', counted_scope(commit_rate, r.sc, r.scope_path), now, true)
 if limited then return limited end
 
 local budgets = read_budgets(K.budgets, r.sc)

@@ -84,9 +84,9 @@ local function track_burn(sc, b, delta)
   local cfg = alert_settings(sc)
   local w, now = cfg.bw * 1000, sc.now
   local ws, spend, base, n, alerted
-  local last = BURN.memo.known[b.key]
-  if last and last.text == b.burn then
-    ws, spend, base, n, alerted = unpack(last.values)
+  local known = recall(BURN.memo, b.key, b.burn)
+  if known then
+    ws, spend, base, n, alerted = unpack(known)
   else
     ws, spend, base, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
     ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base), tonumber(n)
@@ -111,7 +111,7 @@ local function track_burn(sc, b, delta)
   b.burn = string.format('%d:%.17g:%.17g:%d:%s', ws, spend, base, n, alerted)
   -- the ledger's window as this VM last wrote it (%.17g gives every double back exactly, so the
   -- remembered numbers are the text's)
-  remember(BURN.memo, b.key, {text = b.burn, values = {ws, spend, base, n, alerted}})
+  remember(BURN.memo, b.key, {text = b.burn, value = {ws, spend, base, n, alerted}})
 end
 
 -- Before a write that charges: each ledger whose spent grew moves its burn window.

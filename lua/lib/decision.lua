@@ -142,9 +142,9 @@ end
 
 -- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
 function check.rate_limit(ask)
-  local setting = ask.mode == 'hold' and policies_of(ask).rl_r
-  if not setting then return nil end
-  local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc.name, ask.scope), ask.now,
+  if ask.mode ~= 'hold' then return nil end
+  local setting = policies_of(ask).rl_r
+  local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
     ask.A.reclaimed == '')
   return limited and {fail = limited}
 end

@@ -63,7 +63,7 @@ local function guard_denial(ask, pol)
   local guarded = {}
   local s = pol.ma
   if s then
-    local scope = counted_scope(s, sc.name, ask.scope)
+    local scope = counted_scope(s, sc, ask.scope)
     local field = s.id .. '|' .. scope
     local n = tonumber(redis.call('HGET', KEY.active_holds(sc.prefix), field) or '0')
     if n >= s.value then
@@ -79,7 +79,7 @@ local function guard_denial(ask, pol)
   for _, w in ipairs(SPEND_WINDOWS) do
     s = pol[w[1]]
     if s and s.value.u == A.unit then
-      local scope = counted_scope(s, sc.name, ask.scope)
+      local scope = counted_scope(s, sc, ask.scope)
       local field = s.id .. '|' .. scope
       local n = math.floor(sc.now / w[3])
       local window = w[4] .. n
@@ -124,7 +124,7 @@ local function count_spend(sc, pol, scope_path, unit, amount)
     local s = pol[w[1]]
     if s and s.value.u == unit and amount ~= '0' then
       local key = KEY.spend_window(sc.prefix, w[4] .. math.floor(sc.now / w[3]))
-      redis.call('HINCRBY', key, s.id .. '|' .. counted_scope(s, sc.name, scope_path), amount)
+      redis.call('HINCRBY', key, s.id .. '|' .. counted_scope(s, sc, scope_path), amount)
       redis.call('PEXPIRE', key, w[3] * 2)
     end
   end

@@ -32,12 +32,11 @@ local function read_budget(key, scope)
   local raw = redis.call('HGET', key, 'v')
   local b
   if raw then
-    local last = LEDGER_VIEW.memo.known[key]
-    local f = last and last.raw == raw and last.f
+    local f = recall(LEDGER_VIEW.memo, key, raw)
     if not f then
       f = {string.match(raw, LEDGER_VIEW.pattern)}
       if #f == 0 then error('malformed ledger view at ' .. key) end
-      remember(LEDGER_VIEW.memo, key, {raw = raw, f = f})
+      remember(LEDGER_VIEW.memo, key, {text = raw, value = f})
     end
     b = ledger_of(key, f)
   else
@@ -57,7 +56,7 @@ local function view_of(b, now_s)
   local f = {b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
     b.overdraft_limit, b.over and '1' or '', now_s, b.roll_at or '', b.policy or '', b.caps or '', b.burn or ''}
   local raw = table.concat(f, '\31')
-  remember(LEDGER_VIEW.memo, b.key, {raw = raw, f = f})
+  remember(LEDGER_VIEW.memo, b.key, {text = raw, value = f})
   return raw
 end
 

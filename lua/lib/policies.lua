@@ -97,10 +97,11 @@ end
 
 -- Where a setting's counts (quotas, rate limits) are kept for a request on `scope_path`: its
 -- policy's anchor when the policy counts there (`at`; '' is the tenant's root), so invented
--- paths under a pattern share one count, else the scope path itself.
-local function counted_scope(setting, tenant, scope_path)
+-- paths under a pattern share one count, else the scope path itself. The scene `sc` is asked
+-- for the tenant's name only then (working it out costs).
+local function counted_scope(setting, sc, scope_path)
   if not setting or setting.at == nil then return scope_path end
-  if setting.at == '' then return 'tenant:' .. tenant end
+  if setting.at == '' then return 'tenant:' .. sc.name end
   return setting.at
 end
 

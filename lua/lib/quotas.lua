@@ -106,7 +106,7 @@ local function quota_denial(sc, setting, label, by_risk, G, scope_path, staged)
         return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. setting.id ..
           ' has a per_run quota on ' .. label)
       end
-      local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or counted_scope(setting, sc.name, scope_path)
+      local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or counted_scope(setting, sc, scope_path)
       local bucket = quota_bucket(q.w, sc.now, G.run)
       local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
       local key = KEY.quota_counter(sc.prefix, member)

@@ -18,6 +18,14 @@ local function remember(memo, key, value)
   return value
 end
 
+-- The value remembered for `key` with `remember(memo, key, {text = ..., value = ...})` while
+-- the stored text is still `text` (the same string), else nil: a memo never stale whatever
+-- else writes the text.
+local function recall(memo, key, text)
+  local last = memo.known[key]
+  return last and last.text == text and last.value or nil
+end
+
 -- The replies every script gives: `ok` (the result, a table or JSON text, with the record's
 -- status where it has one), `replayed` (the stored answer of an earlier identical request), or
 -- `err` (an error code the Rust side knows, a message, optional JSON `details`, and an HTTP
