@@ -16,12 +16,18 @@ if denied then return denied end
 local order, count = A.order, tonumber(A.count)
 local index = K.index
 
+-- The listing index is read with its compact chunks; the created index alone.
+local function lex(from, to, rev, n)
+  if A.walk == 'lex' then return CHUNKED.range(index, from, to, rev, n) end
+  return CHUNKED.lex(index, from, to, rev, n)
+end
+
 local function range(lo, hi, pos)
   if order == 'asc' then
-    return redis.call('ZRANGE', index, pos ~= '' and ('(' .. pos) or lo, hi, 'BYLEX', 'LIMIT', 0, count)
+    return lex(pos ~= '' and ('(' .. pos) or lo, hi, false, count)
   end
   if order == 'desc' then
-    return redis.call('ZRANGE', index, pos ~= '' and ('(' .. pos) or hi, lo, 'BYLEX', 'REV', 'LIMIT', 0, count)
+    return lex(pos ~= '' and ('(' .. pos) or hi, lo, true, count)
   end
   -- desc-ties-asc: first the rest of the position's group, then groups highest first, each
   -- with its tokens ascending: a batch read in reverse holds whole groups (put back in token
@@ -29,13 +35,13 @@ local function range(lo, hi, pos)
   local out, upper = {}, hi
   if pos ~= '' then
     local value = string.sub(pos, 1, -15)
-    for _, m in ipairs(redis.call('ZRANGE', index, '(' .. pos, '[' .. value .. '\255', 'BYLEX', 'LIMIT', 0, count)) do
+    for _, m in ipairs(lex('(' .. pos, '[' .. value .. '\255', false, count)) do
       out[#out + 1] = m
     end
     upper = '(' .. value
   end
   while #out < count do
-    local batch = redis.call('ZRANGE', index, upper, lo, 'BYLEX', 'REV', 'LIMIT', 0, count - #out + 1)
+    local batch = lex(upper, lo, true, count - #out + 1)
     if #batch == 0 then break end
     local i = 1
     while i <= #batch and #out < count do
@@ -43,7 +49,7 @@ local function range(lo, hi, pos)
       local j = i
       while j < #batch and string.sub(batch[j + 1], 1, -15) == value do j = j + 1 end
       if j == #batch then
-        local group = redis.call('ZRANGE', index, '[' .. value, '[' .. value .. '\255', 'BYLEX', 'LIMIT', 0, count - #out)
+        local group = lex('[' .. value, '[' .. value .. '\255', false, count - #out)
         for _, m in ipairs(group) do out[#out + 1] = m end
       else
         for k = j, i, -1 do

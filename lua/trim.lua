@@ -23,9 +23,7 @@ for i = 1, #A.entries, 2 do
     removed = removed + 1
   elseif rec.status ~= 'ACTIVE' and STATUS_MARK[rec.status] and finished and finished + retention <= now
       and rec.estimate and rec.expires then
-    for _, m in ipairs(list_members(token, rec.status, rec.subject, rec.estimate, rec.scope, rec.expires)) do
-      redis.call('ZREM', K.listing_index, m)
-    end
+    CHUNKED.remove(K.listing_index, list_members(token, rec.status, rec.subject, rec.estimate, rec.scope, rec.expires))
     redis.call('DEL', record, meta)
     drop(entry)
     removed = removed + 1

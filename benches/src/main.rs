@@ -392,8 +392,12 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     for id in &ids {
         assert_eq!(h.commit(&t, id, 80).await.status, 200);
     }
+    let before_compaction = (used_memory(h).await - before) / n as i64;
+    // what a finished reservation keeps once the sweep has compacted the listing (within a pass)
+    cycles_shared::ops::listing::compact(&h.store, &t.id, usize::MAX).await.expect("compaction");
     let per_reservation = (used_memory(h).await - before) / n as i64;
-    // The same, attributed key by key: the records plus the tenant's created stream and listing index.
+    // The same, attributed key by key: the records plus the tenant's created stream, listing
+    // index and listing chunks.
     let keys = cycles_shared::keys::TenantKeys::new(&t.id);
     let mut attributed: i64 = 0;
     for id in &ids {
@@ -406,7 +410,9 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
             .unwrap();
         attributed += usage.unwrap_or(0);
     }
-    for index in [keys.created_stream(), keys.listing_index()] {
+    let chunks: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}*", keys.listing_chunks())).query_async(&mut h.store.conn()).await.unwrap();
+    for index in [keys.created_stream(), keys.listing_index()].into_iter().chain(chunks) {
         let usage: Option<i64> = redis::cmd("MEMORY")
             .arg("USAGE")
             .arg(index)
@@ -429,6 +435,7 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     let secs = started.elapsed().as_secs_f64();
     assert_eq!(report.expired, n as u64);
     json!({"finished_reservations": n, "memory_bytes_per_finished_reservation": per_reservation,
+        "memory_bytes_per_finished_reservation_before_compaction": before_compaction,
         "memory_bytes_per_finished_reservation_by_key": attributed,
         "expiries": report.expired, "expiries_per_second": (report.expired as f64 / secs).round(),
         "evidence_seal_us": seal_us()})

@@ -95,7 +95,7 @@ local function d_add(a, b)
   return mag
 end
 
-local function d_neg(a)
+function digit_path.neg(a)
   if a == '0' then return '0' end
   if string.sub(a, 1, 1) == '-' then return string.sub(a, 2) end
   return '-' .. a
@@ -103,7 +103,7 @@ end
 
 local function d_sub(a, b)
   if #a <= 15 and #b <= 15 then return itoa(a - b) end
-  return d_add(a, d_neg(b))
+  return d_add(a, digit_path.neg(b))
 end
 local function d_min(a, b) if d_cmp(a, b) <= 0 then return a end return b end
 local function d_max(a, b) if d_cmp(a, b) >= 0 then return a end return b end

@@ -53,3 +53,128 @@ local function list_status(list_key, r, to)
   redis.call('ZREM', list_key, STATUS_MARK[r.status] .. t .. token)
   redis.call('ZADD', list_key, '0', STATUS_MARK[to] .. t .. token)
 end
+
+-- The compacted part of the listing index. Finished reservations never change again, so the
+-- sweep moves their members out of the index (a skiplist: ~120 B of pointers per member) into
+-- chunks: small sorted sets of at most CHUNKED.max members, each kept in Redis's compact
+-- listpack form (a few bytes per member). The directory (`KEY.listing_chunks`, scores 0, read
+-- BYLEX) holds each chunk's lower bound: a member, or a kind's first letter for its first
+-- chunk; a chunk holds the members from its bound up to the next bound, under the key named by
+-- its bound's digest. A member lives in the index or in a chunk, never both; reads merge the
+-- two (`CHUNKED.range`), so every sort order still walks from a position, a page at a time.
+local CHUNKED = {max = 128, piece = 64, longest = 64}
+
+-- The directory and the chunk key of bound `b`, for the listing index `index`.
+function CHUNKED.directory(index) return KEY.listing_chunks(KEY.prefix_of(index)) end
+function CHUNKED.key(dir, b) return KEY.listing_chunk(KEY.prefix_of(dir), redis.sha1hex(b)) end
+
+-- Whether `a` sorts before `b` byte by byte (Lua's `<` follows the server's locale).
+function CHUNKED.before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- ZRANGE `key` `from` `to` BYLEX [REV] LIMIT 0 `n` (`to` the low bound when `rev`).
+function CHUNKED.lex(key, from, to, rev, n)
+  if rev then return redis.call('ZRANGE', key, from, to, 'BYLEX', 'REV', 'LIMIT', 0, n) end
+  return redis.call('ZRANGE', key, from, to, 'BYLEX', 'LIMIT', 0, n)
+end
+
+-- The bound of the chunk that holds (or would hold) member `m`: the greatest bound not after it.
+function CHUNKED.bound_of(dir, m)
+  return CHUNKED.lex(dir, '[' .. m, '-', true, 1)[1]
+end
+
+-- Members within ZRANGE BYLEX bounds `from`..`to` of the chunks (in reading order: `from` is
+-- the high bound when `rev`), at most `n`, chunk after chunk from the one that holds `from`.
+function CHUNKED.walk(dir, from, to, rev, n)
+  local open, limit = from == '-' or from == '+', to ~= '-' and to ~= '+' and string.sub(to, 2) or nil
+  local b = not open and CHUNKED.bound_of(dir, string.sub(from, 2)) or nil
+  -- from the first chunk when `from` is open, or (ascending) below every bound
+  if b == nil and (open or not rev) then b = CHUNKED.lex(dir, rev and '+' or '-', rev and '-' or '+', rev, 1)[1] end
+  local out = {}
+  while b and #out < n do
+    -- ascending, a chunk whose bound is past `to` holds nothing in range, nor do those after it
+    if not rev and limit and (CHUNKED.before(limit, b) or (limit == b and string.sub(to, 1, 1) == '(')) then break end
+    for _, m in ipairs(CHUNKED.lex(CHUNKED.key(dir, b), from, to, rev, n - #out)) do out[#out + 1] = m end
+    -- descending, the chunks before one whose bound is not past `to` hold nothing in range
+    if rev and limit and not CHUNKED.before(limit, b) then break end
+    b = CHUNKED.lex(dir, '(' .. b, rev and '-' or '+', rev, 1)[1]
+  end
+  return out
+end
+
+-- CHUNKED.lex on the listing index `index` and its chunks together: both read, merged in
+-- the reading order (a member found in both, as a repeated backfill can leave, once).
+function CHUNKED.range(index, from, to, rev, n)
+  local live = CHUNKED.lex(index, from, to, rev, n)
+  local dir = CHUNKED.directory(index)
+  if redis.call('EXISTS', dir) == 0 then return live end
+  local packed = CHUNKED.walk(dir, from, to, rev, n)
+  local out, i, j = {}, 1, 1
+  while #out < n and (live[i] or packed[j]) do
+    local a, b = live[i], packed[j]
+    if a == b then j = j + 1 end
+    if b == nil or a == b or (a and CHUNKED.before(a, b) ~= rev) then
+      out[#out + 1] = a; i = i + 1
+    else
+      out[#out + 1] = b; j = j + 1
+    end
+  end
+  return out
+end
+
+-- Adds `members` to a chunk (a slice at a time: Lua's unpack is bounded).
+function CHUNKED.put(key, members, from, to)
+  for i = from, to, 200 do
+    local args = {}
+    for k = i, math.min(i + 199, to) do args[#args + 1] = 0; args[#args + 1] = members[k] end
+    redis.call('ZADD', key, unpack(args))
+  end
+end
+
+-- Moves `members` (none of them in the index any more) into the chunks: each to the chunk that
+-- holds its place; a chunk grown past CHUNKED.max is rewritten as pieces of CHUNKED.piece
+-- members, each a new chunk after the first (made whole at once, so each is compact again).
+function CHUNKED.add(dir, members)
+  local groups, bounds = {}, {}
+  for _, m in ipairs(members) do
+    local b = CHUNKED.bound_of(dir, m)
+    if b == nil or string.byte(b) ~= string.byte(m) then
+      -- a kind's first chunk starts at its letter
+      b = string.sub(m, 1, 1)
+      redis.call('ZADD', dir, 0, b)
+    end
+    if not groups[b] then groups[b] = {}; bounds[#bounds + 1] = b end
+    table.insert(groups[b], m)
+  end
+  for _, b in ipairs(bounds) do
+    local key = CHUNKED.key(dir, b)
+    CHUNKED.put(key, groups[b], 1, #groups[b])
+    if redis.call('ZCARD', key) > CHUNKED.max then
+      local all = redis.call('ZRANGE', key, 0, -1)
+      redis.call('DEL', key)
+      for i = 1, #all, CHUNKED.piece do
+        local bound = i == 1 and b or all[i]
+        if i > 1 then redis.call('ZADD', dir, 0, bound) end
+        CHUNKED.put(CHUNKED.key(dir, bound), all, i, math.min(i + CHUNKED.piece - 1, #all))
+      end
+    end
+  end
+end
+
+-- Removes `members` from the listing index `index` and from its chunks (a chunk left empty
+-- leaves the directory).
+function CHUNKED.remove(index, members)
+  redis.call('ZREM', index, unpack(members))
+  local dir = CHUNKED.directory(index)
+  if redis.call('EXISTS', dir) == 0 then return end
+  for _, m in ipairs(members) do
+    local b = CHUNKED.bound_of(dir, m)
+    local key = b and CHUNKED.key(dir, b)
+    if key and redis.call('ZREM', key, m) == 1 and redis.call('EXISTS', key) == 0 then redis.call('ZREM', dir, b) end
+  end
+end

@@ -249,6 +249,11 @@ tenant_keys! {
     /// How far the listing index backfill of reservations written before it has come: the last
     /// created-index member done, or `done`.
     listing_backfill() => [":li:backfill"];
+    /// The listing index's compacted part: the directory of its chunks (each chunk's lower
+    /// bound, scored 0) and a chunk (a small sorted set named by its bound's SHA-1), see
+    /// `CHUNKED` in `lua/lib/listing.lua`.
+    listing_chunks() => [":lc"];
+    listing_chunk(bound_sha) => [":lc:" bound_sha];
     /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
     expiry_index() => [":exp"];
     /// The tenant's reservations in the order they were created: a stream whose entry ids are

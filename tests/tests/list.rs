@@ -341,3 +341,111 @@ async fn every_sort_order_matches_a_full_sort_with_ascending_ties() {
         }
     }
 }
+
+/// Every sort order of a tenant's listing, both directions, walked with small pages.
+async fn every_walk(h: &Harness, key: &str) -> Vec<Vec<String>> {
+    let mut walks = Vec::new();
+    for sort in ["reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms", "created_at_ms"] {
+        for dir in ["asc", "desc"] {
+            for limit in [7, 200] {
+                walks
+                    .push(walk(h, key, &format!("/v1/reservations?sort_by={sort}&sort_dir={dir}&limit={limit}")).await);
+            }
+        }
+    }
+    walks
+}
+
+/// The listing index's compacted part and what stays in the index itself.
+async fn chunks(h: &Harness, tenant: &str) -> (Vec<String>, Vec<String>) {
+    let keys = cycles_shared::keys::TenantKeys::new(tenant);
+    let mut conn = h.store.conn();
+    let bounds: Vec<String> =
+        redis::cmd("ZRANGE").arg(keys.listing_chunks()).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+    let live: Vec<String> =
+        redis::cmd("ZRANGE").arg(keys.listing_index()).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+    (bounds, live)
+}
+
+/// Finished reservations' listing members move into compact chunks (the sweep's compaction):
+/// every sort order walks the same before, during (part moved) and after, with reservations
+/// finished after a compaction; each chunk stays a compact listpack of at most 128 members;
+/// only live reservations and members too long for a chunk stay in the index; a second pass
+/// moves nothing; retention removes the members from the chunks too, leaving no chunk behind.
+#[tokio::test]
+async fn compacting_the_listing_keeps_every_sort_order() {
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000_000).await;
+    let long_scope = "a-workspace-whose-name-is-long-enough-for-the-index";
+    let keys = cycles_shared::keys::TenantKeys::new(&t.id);
+    let mut made = Vec::new();
+    for i in 0..330i64 {
+        let mut subject = json!({"tenant": t.id});
+        match i % 5 {
+            0 => subject["workspace"] = json!("w1"),
+            1 => subject["workspace"] = json!(long_scope),
+            _ => {}
+        }
+        let extra = json!({"subject": subject, "ttl_ms": 60_000 + (i % 4) * 1000});
+        made.push(h.reserve_ok(&t, 1 + (i * 7919) % 97, extra).await);
+    }
+    for (i, id) in made.iter().enumerate() {
+        match i % 6 {
+            0..=2 => h.commit(&t, id, 1).await.assert_ok(),
+            3 => h.release(&t, id).await.assert_ok(),
+            _ => continue,
+        };
+    }
+    let before = every_walk(&h, &t.key).await;
+    assert_eq!(before[0].len(), 330);
+    // part of them (one call moves 200), then the rest
+    let moved = cycles_shared::ops::listing::compact(&h.store, &t.id, 1).await.unwrap();
+    assert_eq!(moved, 200);
+    assert_eq!(every_walk(&h, &t.key).await, before, "partly compacted");
+    assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 20);
+    assert_eq!(every_walk(&h, &t.key).await, before, "compacted");
+    let (bounds, live) = chunks(&h, &t.id).await;
+    assert!(bounds.len() > 6, "chunks split as they filled: {}", bounds.len());
+    let mut conn = h.store.conn();
+    let mut packed = 0;
+    for bound in &bounds {
+        let sha: String = redis::cmd("EVAL")
+            .arg("return redis.sha1hex(ARGV[1])")
+            .arg(0)
+            .arg(bound)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let chunk = keys.listing_chunk(sha);
+        let encoding: String = redis::cmd("OBJECT").arg("ENCODING").arg(&chunk).query_async(&mut conn).await.unwrap();
+        let card: usize = redis::cmd("ZCARD").arg(&chunk).query_async(&mut conn).await.unwrap();
+        assert_eq!(encoding, "listpack", "{bound:?}");
+        assert!((1..=128).contains(&card), "{bound:?}: {card}");
+        packed += card;
+    }
+    // 220 finished: 4 members each, but for the 44 with the long workspace the scope member
+    // stays; the 110 live reservations keep their 4 members each in the index
+    assert_eq!(packed, 220 * 4 - 44);
+    assert_eq!(live.len(), 110 * 4 + 44);
+    assert!(live.iter().all(|m| !m.starts_with(['C', 'E', 'R'])), "no finished status member stays");
+    assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 0);
+    // reservations finished after a compaction: moved by the next one
+    for id in made.iter().skip(4).step_by(6) {
+        h.commit(&t, id, 2).await.assert_ok();
+    }
+    let before = every_walk(&h, &t.key).await;
+    assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 55);
+    assert_eq!(every_walk(&h, &t.key).await, before, "compacted again");
+    let r = h.get(&t.key, "/v1/reservations?status=ACTIVE&limit=200").await;
+    assert_eq!(ids(&r).len(), 55);
+    // retention: every finished reservation goes, with its members in the chunks
+    let opts =
+        cycles_shared::config::SweepOptions { retention: Duration::from_millis(1), batch: 1000, ..Default::default() };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.sweep_tenant(&t, &opts).await;
+    let (bounds, live) = chunks(&h, &t.id).await;
+    assert!(bounds.is_empty(), "{bounds:?}");
+    assert_eq!(live.len(), 55 * 4);
+    let left = walk(&h, &t.key, "/v1/reservations?sort_by=reserved&limit=50").await;
+    assert_eq!(left.len(), 55);
+}

@@ -37,6 +37,8 @@ pub struct SweepReport {
     pub keys_expired: u64,
     /// Index entries of reservations already finalized or gone.
     pub dropped: u64,
+    /// Finished reservations whose listing members moved into the compact chunks.
+    pub compacted: u64,
     pub quarantined: u64,
     /// Created-index entries of reservations whose records are gone.
     pub trimmed_index: u64,
@@ -91,6 +93,7 @@ impl SweepReport {
         self.rolled += other.rolled;
         self.keys_expired += other.keys_expired;
         self.dropped += other.dropped;
+        self.compacted += other.compacted;
         self.quarantined += other.quarantined;
         self.trimmed_index += other.trimmed_index;
         self.trimmed_events += other.trimmed_events;
@@ -183,6 +186,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport, arc
     for tenant in tenants {
         report.trimmed_tenants += 1;
         backfill_listing(store, &tenant).await?;
+        report.compacted += crate::ops::listing::compact(store, &tenant, MAX_COMPACT_BATCHES).await? as u64;
         archive.owner(store, &tenant, report).await;
         trim_tenant(store, &tenant, opts, report).await?;
         report.keys_expired += crate::ops::auth::expire_keys(store, &tenant).await?;
@@ -253,9 +257,14 @@ pub async fn expire_tenant(
 pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     expire_tenant(store, tenant, opts, report).await?;
     trim_tenant(store, tenant, opts, report).await?;
+    report.compacted += crate::ops::listing::compact(store, tenant, MAX_COMPACT_BATCHES).await? as u64;
     report.keys_expired += crate::ops::auth::expire_keys(store, tenant).await?;
     Ok(())
 }
+
+/// Most compaction calls for one tenant per visit (`ops::listing::compact`: 10,000 finished
+/// reservations; more wait for the next visit, costing only memory until then).
+const MAX_COMPACT_BATCHES: usize = 50;
 
 /// Most created-index batches one tenant's trim walks per sweep (bounds a sweep's work).
 const MAX_TRIM_BATCHES: usize = 50;

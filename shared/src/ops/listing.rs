@@ -102,6 +102,43 @@ pub struct MetadataRow {
 }
 
 script! {
+    /// Moves the listing members of up to `batch` finished reservations into the index's
+    /// compact chunks (`lua/list_compact.lua`).
+    pub struct Compact = list_compact -> Compacted {
+        keys: [listing_index, listing_chunks],
+        args: [batch],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Compacted {
+    /// Finished reservations looked at (fewer than the batch: none is left to compact).
+    pub looked: usize,
+}
+
+/// Finished reservations one compaction call looks at (a few ms of script time).
+pub const COMPACT_BATCH: usize = 200;
+
+/// Compacts `tenant`'s listing index, up to `batches` calls; answers the reservations moved.
+pub async fn compact(store: &Store, tenant: &str, batches: usize) -> ApiResult<usize> {
+    let keys = TenantKeys::new(tenant);
+    let mut moved = 0;
+    for _ in 0..batches {
+        let call = Compact {
+            listing_index: keys.listing_index(),
+            listing_chunks: keys.listing_chunks(),
+            batch: COMPACT_BATCH.to_string(),
+        };
+        let looked = store.run(call).await?.value.looked;
+        moved += looked;
+        if looked < COMPACT_BATCH {
+            break;
+        }
+    }
+    Ok(moved)
+}
+
+script! {
     /// Puts reservations written before the listing index into it (`lua/list_backfill.lua`).
     pub struct Backfill = list_backfill -> super::Nothing {
         keys: [listing_index; records],

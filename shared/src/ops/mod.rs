@@ -95,6 +95,7 @@ const SCRIPTS: &[Script] = &[
     listing::ReadRecords::SCRIPT,
     listing::ReadMetadata::SCRIPT,
     listing::Backfill::SCRIPT,
+    listing::Compact::SCRIPT,
     ledgers::ListLedgers::SCRIPT,
     ledgers::ReadLedgers::SCRIPT,
     ledgers::CreateBudget::SCRIPT,
@@ -460,13 +461,14 @@ mod reserve_size {
     /// with the tenant record's packed runtime copy (one field read instead of eight, decoded
     /// once per script VM: -8% Redis instructions per reserve), 1,471 with the script VM's
     /// memory of each ledger's last view and burn window, decoded (-3 to -6% per request),
-    /// against a target of 700 that the engine work has not reached yet.
+    /// 1,473 with the listing chunks' two keys in the `KEY` table (the compaction that brings a
+    /// finished reservation from ~1,150 to ~700 B; a reserve runs none of it), against a target of 700 that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_471, "a reserve as run is {code} lines of code (at most 1,471; target 700)");
+        assert!(code <= 1_473, "a reserve as run is {code} lines of code (at most 1,473; target 700)");
     }
 }
