@@ -8,10 +8,11 @@ local prefix = KEY.prefix_of(K.listing_index)
 local looked, moving, dropping = 0, {}, {}
 for _, range in ipairs({{'[C', '(D'}, {'[E', '(F'}, {'[R', '(S'}}) do
   if looked >= batch then break end
-  for _, s in ipairs(redis.call('ZRANGE', K.listing_index, range[1], range[2], 'BYLEX', 'LIMIT', 0, batch - looked)) do
+  for _, s in ipairs(CHUNKED.lex(K.listing_index, range[1], range[2], false, batch - looked)) do
     looked = looked + 1
     local token = string.sub(s, 3)
-    local rec = load_record(KEY.reservation(prefix, token))
+    local raw = redis.call('GET', KEY.reservation(prefix, token))
+    local rec = raw and head_record(raw)
     if rec and rec.estimate and rec.expires and rec.scope and rec.subject then
       local m = list_members(token, rec.status, rec.subject, rec.estimate, rec.scope, rec.expires)
       m[1] = s

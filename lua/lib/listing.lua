@@ -57,16 +57,16 @@ end
 -- The compacted part of the listing index. Finished reservations never change again, so the
 -- sweep moves their members out of the index (a skiplist: ~120 B of pointers per member) into
 -- chunks: small sorted sets of at most CHUNKED.max members, each kept in Redis's compact
--- listpack form (a few bytes per member). The directory (`KEY.listing_chunks`, scores 0, read
+-- listpack form (a few bytes per member; an insert scans the chunk, so chunks stay small). The directory (`KEY.listing_chunks`, scores 0, read
 -- BYLEX) holds each chunk's lower bound: a member, or a kind's first letter for its first
 -- chunk; a chunk holds the members from its bound up to the next bound, under the key named by
--- its bound's digest. A member lives in the index or in a chunk, never both; reads merge the
+-- its bound's digest (80 bits of its SHA-1). A member lives in the index or in a chunk, never both; reads merge the
 -- two (`CHUNKED.range`), so every sort order still walks from a position, a page at a time.
-local CHUNKED = {max = 128, piece = 64, longest = 64}
+local CHUNKED = {max = 32, piece = 16, longest = 64}
 
 -- The directory and the chunk key of bound `b`, for the listing index `index`.
 function CHUNKED.directory(index) return KEY.listing_chunks(KEY.prefix_of(index)) end
-function CHUNKED.key(dir, b) return KEY.listing_chunk(KEY.prefix_of(dir), redis.sha1hex(b)) end
+function CHUNKED.key(dir, b) return KEY.listing_chunk(KEY.prefix_of(dir), string.sub(redis.sha1hex(b), 1, 20)) end
 
 -- Whether `a` sorts before `b` byte by byte (Lua's `<` follows the server's locale).
 function CHUNKED.before(a, b)
@@ -77,15 +77,17 @@ function CHUNKED.before(a, b)
   return #a < #b
 end
 
--- ZRANGE `key` `from` `to` BYLEX [REV] LIMIT 0 `n` (`to` the low bound when `rev`).
+-- ZRANGE `key` `from` `to` BYLEX [REV] LIMIT 0 `n` (`to` the low bound when `rev`; numbers go
+-- to Redis as digits: a Lua number costs a float formatting).
 function CHUNKED.lex(key, from, to, rev, n)
-  if rev then return redis.call('ZRANGE', key, from, to, 'BYLEX', 'REV', 'LIMIT', 0, n) end
-  return redis.call('ZRANGE', key, from, to, 'BYLEX', 'LIMIT', 0, n)
+  if type(n) == 'number' then n = string.format('%d', n) end
+  if rev then return redis.call('ZRANGE', key, from, to, 'BYLEX', 'REV', 'LIMIT', '0', n) end
+  return redis.call('ZRANGE', key, from, to, 'BYLEX', 'LIMIT', '0', n)
 end
 
 -- The bound of the chunk that holds (or would hold) member `m`: the greatest bound not after it.
 function CHUNKED.bound_of(dir, m)
-  return CHUNKED.lex(dir, '[' .. m, '-', true, 1)[1]
+  return CHUNKED.lex(dir, '[' .. m, '-', true, '1')[1]
 end
 
 -- Members within ZRANGE BYLEX bounds `from`..`to` of the chunks (in reading order: `from` is
@@ -94,7 +96,7 @@ function CHUNKED.walk(dir, from, to, rev, n)
   local open, limit = from == '-' or from == '+', to ~= '-' and to ~= '+' and string.sub(to, 2) or nil
   local b = not open and CHUNKED.bound_of(dir, string.sub(from, 2)) or nil
   -- from the first chunk when `from` is open, or (ascending) below every bound
-  if b == nil and (open or not rev) then b = CHUNKED.lex(dir, rev and '+' or '-', rev and '-' or '+', rev, 1)[1] end
+  if b == nil and (open or not rev) then b = CHUNKED.lex(dir, rev and '+' or '-', rev and '-' or '+', rev, '1')[1] end
   local out = {}
   while b and #out < n do
     -- ascending, a chunk whose bound is past `to` holds nothing in range, nor do those after it
@@ -102,7 +104,7 @@ function CHUNKED.walk(dir, from, to, rev, n)
     for _, m in ipairs(CHUNKED.lex(CHUNKED.key(dir, b), from, to, rev, n - #out)) do out[#out + 1] = m end
     -- descending, the chunks before one whose bound is not past `to` hold nothing in range
     if rev and limit and not CHUNKED.before(limit, b) then break end
-    b = CHUNKED.lex(dir, '(' .. b, rev and '-' or '+', rev, 1)[1]
+    b = CHUNKED.lex(dir, '(' .. b, rev and '-' or '+', rev, '1')[1]
   end
   return out
 end
@@ -131,7 +133,7 @@ end
 function CHUNKED.put(key, members, from, to)
   for i = from, to, 200 do
     local args = {}
-    for k = i, math.min(i + 199, to) do args[#args + 1] = 0; args[#args + 1] = members[k] end
+    for k = i, math.min(i + 199, to) do args[#args + 1] = '0'; args[#args + 1] = members[k] end
     redis.call('ZADD', key, unpack(args))
   end
 end
@@ -146,7 +148,7 @@ function CHUNKED.add(dir, members)
     if b == nil or string.byte(b) ~= string.byte(m) then
       -- a kind's first chunk starts at its letter
       b = string.sub(m, 1, 1)
-      redis.call('ZADD', dir, 0, b)
+      redis.call('ZADD', dir, '0', b)
     end
     if not groups[b] then groups[b] = {}; bounds[#bounds + 1] = b end
     table.insert(groups[b], m)
@@ -159,7 +161,7 @@ function CHUNKED.add(dir, members)
       redis.call('DEL', key)
       for i = 1, #all, CHUNKED.piece do
         local bound = i == 1 and b or all[i]
-        if i > 1 then redis.call('ZADD', dir, 0, bound) end
+        if i > 1 then redis.call('ZADD', dir, '0', bound) end
         CHUNKED.put(CHUNKED.key(dir, bound), all, i, math.min(i + CHUNKED.piece - 1, #all))
       end
     end

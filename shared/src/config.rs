@@ -37,6 +37,8 @@ pub struct Config {
     pub sweep_batch: usize,
     /// Tenants the retention crawl visits per sweep pass.
     pub sweep_trim_tenants: usize,
+    /// Whether the sweep compacts the listing index of finished reservations.
+    pub sweep_compact_listing: bool,
     /// Webhook delivery settings.
     pub webhooks: WebhookConfig,
     /// How old the overview snapshot may be before a request rebuilds it (the sweep rebuilds it
@@ -201,6 +203,9 @@ pub struct SweepOptions {
     pub aws: Option<crate::aws::Aws>,
     /// Tenants the retention crawl visits per pass.
     pub trim_tenants: usize,
+    /// Moves finished reservations' listing members into compact chunks (`ops::listing::compact`:
+    /// ~330 B less Redis memory per finished reservation for ~250,000 Redis instructions once).
+    pub compact_listing: bool,
     /// The overview snapshot is rebuilt when older than this.
     pub overview_refresh: Duration,
 }
@@ -219,6 +224,7 @@ impl Default for SweepOptions {
             evidence_retention: Duration::from_secs(90 * 86_400),
             aws: None,
             trim_tenants: 200,
+            compact_listing: true,
             overview_refresh: Duration::from_secs(30),
         }
     }
@@ -406,6 +412,7 @@ impl Config {
             evidence_retention: self.evidence.retention,
             aws: None,
             trim_tenants: self.sweep_trim_tenants,
+            compact_listing: self.sweep_compact_listing,
             overview_refresh: self.overview_max_age / 2,
         }
     }
@@ -437,6 +444,7 @@ impl Config {
             sweep_interval: env_ms("CYCLES_SWEEP_INTERVAL_MS", 2_000),
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),
+            sweep_compact_listing: env("CYCLES_LISTING_COMPACTION").is_none_or(|v| v != "off"),
             webhooks: WebhookConfig::from_env(&key_pepper),
             overview_max_age: env_ms("CYCLES_OVERVIEW_MAX_AGE_MS", 60_000),
             admin_allowed_cidrs: env("CYCLES_ADMIN_ALLOWED_CIDRS")

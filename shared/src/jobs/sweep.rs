@@ -186,7 +186,7 @@ async fn crawl(store: &Store, opts: &SweepOptions, report: &mut SweepReport, arc
     for tenant in tenants {
         report.trimmed_tenants += 1;
         backfill_listing(store, &tenant).await?;
-        report.compacted += crate::ops::listing::compact(store, &tenant, MAX_COMPACT_BATCHES).await? as u64;
+        compact_listing(store, &tenant, opts, report).await?;
         archive.owner(store, &tenant, report).await;
         trim_tenant(store, &tenant, opts, report).await?;
         report.keys_expired += crate::ops::auth::expire_keys(store, &tenant).await?;
@@ -257,7 +257,7 @@ pub async fn expire_tenant(
 pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
     expire_tenant(store, tenant, opts, report).await?;
     trim_tenant(store, tenant, opts, report).await?;
-    report.compacted += crate::ops::listing::compact(store, tenant, MAX_COMPACT_BATCHES).await? as u64;
+    compact_listing(store, tenant, opts, report).await?;
     report.keys_expired += crate::ops::auth::expire_keys(store, tenant).await?;
     Ok(())
 }
@@ -265,6 +265,14 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
 /// Most compaction calls for one tenant per visit (`ops::listing::compact`: 10,000 finished
 /// reservations; more wait for the next visit, costing only memory until then).
 const MAX_COMPACT_BATCHES: usize = 50;
+
+/// Compacts the listing index of one tenant's finished reservations, unless switched off.
+async fn compact_listing(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    if opts.compact_listing {
+        report.compacted += crate::ops::listing::compact(store, tenant, MAX_COMPACT_BATCHES).await? as u64;
+    }
+    Ok(())
+}
 
 /// Most created-index batches one tenant's trim walks per sweep (bounds a sweep's work).
 const MAX_TRIM_BATCHES: usize = 50;
