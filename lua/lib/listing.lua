@@ -109,12 +109,12 @@ function CHUNKED.walk(dir, from, to, rev, n)
   return out
 end
 
--- CHUNKED.lex on the listing index `index` and its chunks together: both read, merged in
--- the reading order (a member found in both, as a repeated backfill can leave, once).
-function CHUNKED.range(index, from, to, rev, n)
+-- CHUNKED.lex on the listing index `index` and on the chunks of directory `dir` together
+-- (nil: there are none), merged in the reading order (a member found in both, as a repeated
+-- backfill can leave, once).
+function CHUNKED.range(index, dir, from, to, rev, n)
   local live = CHUNKED.lex(index, from, to, rev, n)
-  local dir = CHUNKED.directory(index)
-  if redis.call('EXISTS', dir) == 0 then return live end
+  if not dir then return live end
   local packed = CHUNKED.walk(dir, from, to, rev, n)
   local out, i, j = {}, 1, 1
   while #out < n and (live[i] or packed[j]) do
