@@ -289,8 +289,7 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
         None => super::compare::build_current(),
     };
     // builds older than the flag run their background loops (a little noise in the counts)
-    let help = std::process::Command::new(&binary).arg("--help").output().map(|o| o.stderr).unwrap_or_default();
-    let quiet = String::from_utf8_lossy(&help).contains("--no-background");
+    let quiet = super::compare::knows_no_background(&binary);
     let dir = std::env::temp_dir().join(format!("cycles-costs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let redis_port = free_port().unwrap();

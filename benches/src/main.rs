@@ -393,8 +393,11 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
         assert_eq!(h.commit(&t, id, 80).await.status, 200);
     }
     let before_compaction = (used_memory(h).await - before) / n as i64;
-    // what a finished reservation keeps once the sweep has compacted the listing (within a pass)
-    cycles_shared::ops::listing::compact(&h.store, &t.id, usize::MAX).await.expect("compaction");
+    // what a finished reservation keeps once the sweep has visited its tenant (within a pass:
+    // the listing compacted, the usage log folded)
+    let opts = cycles_shared::config::SweepOptions::default();
+    let mut report = cycles_shared::jobs::sweep::SweepReport::default();
+    cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.expect("sweep");
     let per_reservation = (used_memory(h).await - before) / n as i64;
     // The same, attributed key by key: the records plus the tenant's created stream, listing
     // index and listing chunks.
