@@ -455,3 +455,34 @@ async fn compacting_the_listing_keeps_every_sort_order() {
     let left = walk(&h, &t.key, "/v1/reservations?sort_by=reserved&limit=50").await;
     assert_eq!(left.len(), 55);
 }
+
+/// Compacted, a page still costs work in proportion to the page: with 400 finished reservations
+/// in chunks, a one-row page of every sort order reads a handful of records and of sorted-set
+/// ranges (the chunk that holds the position and its neighbours, never the whole directory).
+#[tokio::test]
+async fn compacted_listing_work_is_bounded_by_the_page() {
+    let redis = cycles_shared::local::EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(1_000_000_000).await;
+    for i in 0..400 {
+        let id = h.reserve_ok(&t, 1000 + (i * 7919) % 401, json!({})).await;
+        h.commit(&t, &id, 1).await.assert_ok();
+    }
+    assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 400);
+    let (bounds, live) = chunks(&h, &t.id).await;
+    assert!(bounds.len() > 40 && live.is_empty(), "{} chunks, {} live members", bounds.len(), live.len());
+    for sort in ["reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms"] {
+        for dir in ["asc", "desc"] {
+            let (gets, ranges) = (calls(&h, "get").await, calls(&h, "zrange").await);
+            let r = h.get(&t.key, &format!("/v1/reservations?sort_by={sort}&sort_dir={dir}&limit=1")).await;
+            assert_eq!(r.assert_ok()["reservations"].as_array().unwrap().len(), 1, "{sort} {dir}");
+            let got = calls(&h, "get").await - gets;
+            assert!(got <= 8, "{sort} {dir}: {got} records read for a one-row page");
+            let ranges = calls(&h, "zrange").await - ranges;
+            // each of a chunk's ~20 neighbours read would show: the status-member sorts walk
+            // eight ranges (four statuses, with and without a tenant), the others one
+            let most = if ["reservation_id", "tenant", "status"].contains(&sort) { 40 } else { 10 };
+            assert!(ranges <= most, "{sort} {dir}: {ranges} range reads for a one-row page");
+        }
+    }
+}
