@@ -57,11 +57,12 @@ end
 -- The compacted part of the listing index. Finished reservations never change again, so the
 -- sweep moves their members out of the index (a skiplist: ~120 B of pointers per member) into
 -- chunks: small sorted sets of at most CHUNKED.max members, each kept in Redis's compact
--- listpack form (a few bytes per member; an insert scans the chunk, so chunks stay small). The directory (`KEY.listing_chunks`, scores 0, read
--- BYLEX) holds each chunk's lower bound: a member, or a kind's first letter for its first
--- chunk; a chunk holds the members from its bound up to the next bound, under the key named by
--- its bound's digest (80 bits of its SHA-1). A member lives in the index or in a chunk, never both; reads merge the
--- two (`CHUNKED.range`), so every sort order still walks from a position, a page at a time.
+-- listpack form (a few bytes per member; an insert scans its chunk, so chunks stay small). The
+-- directory (`KEY.listing_chunks`, scores 0, read BYLEX) holds each chunk's lower bound: a
+-- member, or a kind's first letter for its first chunk; a chunk holds the members from its
+-- bound up to the next bound, under the key named by its bound's digest (80 bits of its SHA-1).
+-- A member lives in the index or in a chunk, never both; reads merge the two
+-- (`CHUNKED.range`), so every sort order still walks from a position, a page at a time.
 local CHUNKED = {max = 32, piece = 16, longest = 64}
 
 -- The directory and the chunk key of bound `b`, for the listing index `index`.
@@ -157,7 +158,7 @@ function CHUNKED.add(dir, members)
     local key = CHUNKED.key(dir, b)
     CHUNKED.put(key, groups[b], 1, #groups[b])
     if redis.call('ZCARD', key) > CHUNKED.max then
-      local all = redis.call('ZRANGE', key, 0, -1)
+      local all = redis.call('ZRANGE', key, '0', '-1')
       redis.call('DEL', key)
       for i = 1, #all, CHUNKED.piece do
         local bound = i == 1 and b or all[i]
