@@ -396,8 +396,14 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     // what a finished reservation keeps once the sweep has visited its tenant (within a pass:
     // the listing compacted, the usage log folded)
     let opts = cycles_shared::config::SweepOptions::default();
-    let mut report = cycles_shared::jobs::sweep::SweepReport::default();
-    cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.expect("sweep");
+    // visit after visit (each compacts a bounded batch) until nothing is left to compact
+    loop {
+        let mut report = cycles_shared::jobs::sweep::SweepReport::default();
+        cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.expect("sweep");
+        if report.compacted == 0 {
+            break;
+        }
+    }
     let per_reservation = (used_memory(h).await - before) / n as i64;
     // The same, attributed key by key: the records plus the tenant's created stream, listing
     // index and listing chunks.
