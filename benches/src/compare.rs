@@ -61,7 +61,7 @@ impl Server {
 
     async fn used_memory(&self) -> i64 {
         let info: String = redis::cmd("INFO").arg("memory").query_async(&mut self.h.store.conn()).await.unwrap();
-        info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap()
+        super::data_memory(&info)
     }
 }
 
