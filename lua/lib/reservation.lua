@@ -23,8 +23,8 @@ local function read_reservation(key, rid)
   return r
 end
 
--- Keys of a finished reservation are kept `ttl` ms: the record, and its metadata when it has
--- some (`rec.m`).
+-- Keys of a finished reservation are kept `ttl` ms (best as digits: a Lua number handed to
+-- Redis costs a float formatting): the record, and its metadata when it has some (`rec.m`).
 local function keep_finished(record_key, meta_key, rec, ttl)
   redis.call('PEXPIRE', record_key, ttl)
   if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
