@@ -1,5 +1,5 @@
 -- Events and audit entries, written in the same script as the change they record.
--- needs: reply, calendar
+-- needs: decimal, reply, calendar
 
 -- The entry id each event stream last took from this script VM, so an event's id is known
 -- without reading the stream. A guess the stream refuses (an entry written from elsewhere, or
@@ -61,21 +61,22 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   -- The overview's counters (`ops::overview`), kept with the event so that it never reads the
   -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
   -- lives two hours), and the ten latest denials and expiries.
-  local minute = math.floor(tonumber(string.match(entry, '^%d+')) / 60000)
+  -- (numbers go to Redis and into names as digits: a Lua number is formatted as a float)
+  local minute = itoa(math.floor(tonumber(string.match(entry, '^%d+')) / 60000))
   local prefix = KEY.prefix_of(events_key)
-  local stats = KEY.event_stats(prefix, math.floor(minute / 60))
+  local stats = KEY.event_stats(prefix, itoa(math.floor(minute / 60)))
   -- (a new hash's first count is 1: only then may it lack its lifetime)
-  local fresh = redis.call('HINCRBY', stats, minute .. '|' .. category, 1) == 1
+  local fresh = redis.call('HINCRBY', stats, minute .. '|' .. category, '1') == 1
   if event_type == 'reservation.denied' or event_type == 'reservation.expired' then
     if event_type == 'reservation.denied' then
       local reason = string.match(data_json, '"reason_code":"([A-Z_]+)"') or 'UNKNOWN'
-      redis.call('HINCRBY', stats, minute .. '|denied|' .. reason, 1)
+      redis.call('HINCRBY', stats, minute .. '|denied|' .. reason, '1')
     end
     local recent = KEY.event_recent(prefix, event_type)
     redis.call('LPUSH', recent, json)
-    redis.call('LTRIM', recent, 0, 9)
+    redis.call('LTRIM', recent, '0', '9')
   end
-  if fresh then redis.call('EXPIRE', stats, 7200, 'NX') end
+  if fresh then redis.call('EXPIRE', stats, '7200', 'NX') end
 end
 
 -- The request context scripts receive as one JSON argument (strings only).
