@@ -16,12 +16,11 @@ if denied then return denied end
 local order, count = A.order, tonumber(A.count)
 local index = K.index
 
--- The listing index is read with its compact chunks; the created index alone.
-local chunks = A.walk == 'lex' and CHUNKED.directory(index)
+-- The listing index is read with its compact chunks (when it has any); the created index alone.
+local chunks = A.walk == 'lex' and CHUNKED.directory(index) or nil
 if chunks and redis.call('EXISTS', chunks) == 0 then chunks = nil end
 local function lex(from, to, rev, n)
-  if A.walk == 'lex' then return CHUNKED.range(index, chunks, from, to, rev, n) end
-  return CHUNKED.lex(index, from, to, rev, n)
+  return CHUNKED.range(index, chunks, from, to, rev, n)
 end
 
 local function range(lo, hi, pos)

@@ -24,7 +24,7 @@ for _, range in ipairs({{'[C', '(D'}, {'[E', '(F'}, {'[R', '(S'}}) do
     end
   end
 end
-for i = 1, #moving, 200 do redis.call('ZREM', K.listing_index, unpack(moving, i, math.min(i + 199, #moving))) end
-if #dropping > 0 then redis.call('ZREM', K.listing_index, unpack(dropping)) end
+CHUNKED.sliced('ZREM', K.listing_index, moving, 1, #moving)
+CHUNKED.sliced('ZREM', K.listing_index, dropping, 1, #dropping)
 CHUNKED.add(K.listing_chunks, moving)
 return ok({looked = looked, moved = #moving})

@@ -419,15 +419,7 @@ async fn memory_per_reservation(s: &Server) -> (i64, f64) {
     }
     let cpu = s.cpu().1;
     if s.label == "new" {
-        let opts = cycles_shared::config::SweepOptions::default();
-        // visit after visit (each compacts a bounded batch) until nothing is left to compact
-        loop {
-            let mut report = cycles_shared::jobs::sweep::SweepReport::default();
-            cycles_shared::jobs::sweep::sweep_tenant(&s.h.store, &t.id, &opts, &mut report).await.expect("sweep");
-            if report.compacted == 0 {
-                break;
-            }
-        }
+        super::settle(&s.h.store, &t.id).await;
     }
     let sweep_us = (s.cpu().1 - cpu) * 1e6 / N as f64;
     ((s.used_memory().await - before) / N as i64, sweep_us)

@@ -222,6 +222,19 @@ async fn used_memory(h: &Harness) -> i64 {
     data_memory(&info)
 }
 
+/// The sweep's visits to one tenant, as many as compaction needs (each compacts a bounded
+/// batch): what its finished reservations keep after that is their steady state.
+pub async fn settle(store: &cycles_shared::store::Store, tenant: &str) {
+    let opts = cycles_shared::config::SweepOptions::default();
+    loop {
+        let mut report = cycles_shared::jobs::sweep::SweepReport::default();
+        cycles_shared::jobs::sweep::sweep_tenant(store, tenant, &opts, &mut report).await.expect("sweep");
+        if report.compacted == 0 {
+            break;
+        }
+    }
+}
+
 /// Redis's `used_memory` less what no reservation keeps: its clients' buffers
 /// (`mem_clients_normal`: a large reply leaves one grown for a while) and the heap of the Lua
 /// VM that runs Functions (`used_memory_vm_functions`, counted in `used_memory`: garbage a
@@ -406,15 +419,7 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     let before_compaction = (used_memory(h).await - before) / n as i64;
     // what a finished reservation keeps once the sweep has visited its tenant (within a pass:
     // the listing compacted, the usage log folded)
-    let opts = cycles_shared::config::SweepOptions::default();
-    // visit after visit (each compacts a bounded batch) until nothing is left to compact
-    loop {
-        let mut report = cycles_shared::jobs::sweep::SweepReport::default();
-        cycles_shared::jobs::sweep::sweep_tenant(&h.store, &t.id, &opts, &mut report).await.expect("sweep");
-        if report.compacted == 0 {
-            break;
-        }
-    }
+    settle(&h.store, &t.id).await;
     let per_reservation = (used_memory(h).await - before) / n as i64;
     // The same, attributed key by key: the records plus the tenant's created stream, listing
     // index and listing chunks.

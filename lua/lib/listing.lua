@@ -130,12 +130,16 @@ function CHUNKED.range(index, dir, from, to, rev, n)
   return out
 end
 
--- Adds `members` to a chunk (a slice at a time: Lua's unpack is bounded).
-function CHUNKED.put(key, members, from, to)
+-- ZADD (each scored 0) or ZREM of `members[from..to]` on `key`, a slice at a time (Lua's
+-- unpack is bounded).
+function CHUNKED.sliced(command, key, members, from, to)
   for i = from, to, 200 do
     local args = {}
-    for k = i, math.min(i + 199, to) do args[#args + 1] = '0'; args[#args + 1] = members[k] end
-    redis.call('ZADD', key, unpack(args))
+    for k = i, math.min(i + 199, to) do
+      if command == 'ZADD' then args[#args + 1] = '0' end
+      args[#args + 1] = members[k]
+    end
+    redis.call(command, key, unpack(args))
   end
 end
 
@@ -156,14 +160,14 @@ function CHUNKED.add(dir, members)
   end
   for _, b in ipairs(bounds) do
     local key = CHUNKED.key(dir, b)
-    CHUNKED.put(key, groups[b], 1, #groups[b])
+    CHUNKED.sliced('ZADD', key, groups[b], 1, #groups[b])
     if redis.call('ZCARD', key) > CHUNKED.max then
       local all = redis.call('ZRANGE', key, '0', '-1')
       redis.call('DEL', key)
       for i = 1, #all, CHUNKED.piece do
         local bound = i == 1 and b or all[i]
         if i > 1 then redis.call('ZADD', dir, '0', bound) end
-        CHUNKED.put(CHUNKED.key(dir, bound), all, i, math.min(i + CHUNKED.piece - 1, #all))
+        CHUNKED.sliced('ZADD', CHUNKED.key(dir, bound), all, i, math.min(i + CHUNKED.piece - 1, #all))
       end
     end
   end

@@ -119,7 +119,8 @@ pub struct Compacted {
 /// Finished reservations one compaction call looks at (a few ms of script time).
 pub const COMPACT_BATCH: usize = 200;
 
-/// Compacts `tenant`'s listing index, up to `batches` calls; answers the reservations moved.
+/// Compacts `tenant`'s listing index, up to `batches` calls; answers the finished reservations
+/// taken out of the index.
 pub async fn compact(store: &Store, tenant: &str, batches: usize) -> ApiResult<usize> {
     let keys = TenantKeys::new(tenant);
     let mut moved = 0;

@@ -462,7 +462,8 @@ mod reserve_size {
     /// once per script VM: -8% Redis instructions per reserve), 1,471 with the script VM's
     /// memory of each ledger's last view and burn window, decoded (-3 to -6% per request),
     /// 1,473 with the listing chunks' two keys in the `KEY` table (the compaction that brings a
-    /// finished reservation from ~1,150 to ~700 B; a reserve runs none of it), against a target of 700 that the engine work has not reached yet.
+    /// finished reservation from ~1,040 to 530-780 B; a reserve runs none of it), against a
+    /// target of 700 that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
