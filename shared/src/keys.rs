@@ -122,6 +122,12 @@ pub fn budget_code(scope: &str, unit: Unit) -> String {
     digest(&["budget", scope, unit.as_str()])[..8].to_string()
 }
 
+/// The ledger codes of `scopes` in `unit`: computed once per request and handed to whatever
+/// needs them (each is a digest).
+pub fn budget_codes(scopes: &[String], unit: Unit) -> Vec<String> {
+    scopes.iter().map(|s| budget_code(s, unit)).collect()
+}
+
 /// All keys of one tenant.
 #[derive(Debug, Clone)]
 pub struct TenantKeys {

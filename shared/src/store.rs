@@ -463,6 +463,9 @@ pub struct Reply<T> {
     pub status: String,
     pub now_ms: i64,
     pub replay: bool,
+    /// What a script hands over beside its answer, as stored (e.g. a record: inside the answer's
+    /// JSON its quotes would be escaped by the script and unescaped here).
+    pub attachment: Option<String>,
 }
 
 impl<T: DeserializeOwned> Reply<T> {
@@ -490,7 +493,7 @@ impl<T: DeserializeOwned> Reply<T> {
                 let value = serde_json::from_str(&result).map_err(|e| malformed(&e.to_string()))?;
                 let status = parts.next().unwrap_or_default();
                 let now_ms = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
-                Ok(Reply { value, status, now_ms, replay })
+                Ok(Reply { value, status, now_ms, replay, attachment: parts.next() })
             }
             _ => Err(malformed("no tag")),
         }

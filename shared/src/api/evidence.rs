@@ -141,8 +141,9 @@ async fn issue(app: &App, ctx: &Ctx, tenant: &str, artifact: &str, payload: Valu
 }
 
 /// The 200 answer of an operation of `tenant`, with `cycles_evidence` when the tenant gets
-/// receipts: a replay's first reference (found at `slot`), else a fresh receipt of `artifact`
-/// whose payload `payload` builds from the answer (before any transport field is added).
+/// receipts: a replay's first reference (found at the slot `slot` names), else a fresh receipt
+/// of `artifact` whose payload `payload` builds from the answer (before any transport field is
+/// added). Without receipts neither is computed (a slot's key costs a digest).
 /// Without receipts the answer is serialized as it is, nothing more.
 #[allow(clippy::too_many_arguments)]
 pub async fn answer<T: serde::Serialize>(
@@ -152,7 +153,7 @@ pub async fn answer<T: serde::Serialize>(
     replayed: bool,
     response: &T,
     artifact: &'static str,
-    slot: Slot,
+    slot: impl FnOnce() -> Slot,
     payload: impl FnOnce(&Value) -> Value,
 ) -> Answer {
     // The operation has happened: a store that cannot tell the switch or the first receipt
@@ -166,6 +167,7 @@ pub async fn answer<T: serde::Serialize>(
         return Answer::json(200, response).replayed(replayed);
     }
     let mut body = serde_json::to_value(response).expect("responses serialize");
+    let slot = slot();
     let reference = if replayed {
         match store::recorded(&app.store, &slot).await {
             Ok(id) => id.map(|id| reference(app, &id)),

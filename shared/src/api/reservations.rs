@@ -11,7 +11,7 @@ use crate::domain::{derive_scopes, messages, payload_hash, rules, Permission};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::evidence::project;
 use crate::ids::ReservationId;
-use crate::keys::budget_code;
+use crate::keys::budget_codes;
 use crate::model::*;
 use crate::ops::auth::Authenticate;
 use crate::ops::evidence::Slot;
@@ -102,13 +102,15 @@ fn check_subject_tenant(subject: &Subject, caller: &TenantKey) -> ApiResult<()> 
     }
 }
 
-/// The budgeted scopes of a subject in a unit: the derived scopes whose ledger codes are
-/// among `codes` (those of a reservation id, or of an evaluation), in canonical order.
-fn budgeted_scopes(scopes: &[String], unit: Unit, codes: &str) -> Vec<String> {
+/// The budgeted scopes of a subject in a unit: the derived `scopes` (their ledger `codes` in
+/// that unit) whose codes are among `answered` (those of a reservation id, or of an
+/// evaluation), in canonical order.
+fn budgeted_scopes(scopes: &[String], codes: &[String], answered: &str) -> Vec<String> {
     scopes
         .iter()
-        .filter(|s| codes.as_bytes().chunks(8).any(|c| c == budget_code(s, unit).as_bytes()))
-        .cloned()
+        .zip(codes)
+        .filter(|(_, code)| answered.as_bytes().chunks(8).any(|c| c == code.as_bytes()))
+        .map(|(s, _)| s.clone())
         .collect()
 }
 
@@ -129,17 +131,27 @@ fn remaining_ttl(status: &str, now_ms: i64, expires_at_ms: i64) -> i64 {
     }
 }
 
-/// The request context scripts stamp on the events they write.
+/// The request context scripts stamp on the events they write (serialized from a struct: a
+/// `json!` map costs an allocation per field on every hot request).
 fn event_context(ctx: &Ctx, caller: Option<&TenantKey>, tenant: &str) -> String {
-    json!({
-        "request_id": ctx.request_id,
-        "trace_id": ctx.trace.trace_id,
-        "actor": if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
-        "key_id": caller.map(|c| c.key_id.as_str()).unwrap_or(""),
-        "tenant": tenant,
-        "trace_flags": ctx.trace.inbound_flags.as_deref().unwrap_or(""),
+    #[derive(serde::Serialize)]
+    struct EventContext<'a> {
+        request_id: &'a str,
+        trace_id: &'a str,
+        actor: &'a str,
+        key_id: &'a str,
+        tenant: &'a str,
+        trace_flags: &'a str,
+    }
+    serde_json::to_string(&EventContext {
+        request_id: &ctx.request_id,
+        trace_id: &ctx.trace.trace_id,
+        actor: if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
+        key_id: caller.map(|c| c.key_id.as_str()).unwrap_or(""),
+        tenant,
+        trace_flags: ctx.trace.inbound_flags.as_deref().unwrap_or(""),
     })
-    .to_string()
+    .expect("serializable")
 }
 
 /// The v0.1.26 side of a request (`A.governance` of the reserve and evaluate scripts, decoded
@@ -157,15 +169,26 @@ fn governance(app: &App, action: &Action, subject: &Subject) -> ApiResult<Govern
     let keys = action.policy_keys.as_ref().map(|k| serde_json::to_value(k).expect("serializable"));
     let rate = app.config.observe_allow_sample_rate;
     let sampled = rate >= 1.0 || (uuid::Uuid::new_v4().as_u128() % 1_000_000) as f64 / 1_000_000.0 < rate;
-    let mut g = json!({
-        "kind": action.kind, "risk": info.risk_class, "keys": info.matching_keys(keys.as_ref()),
-        "run": subject.dimensions.as_ref().and_then(|d| d.get("run_id")).cloned().unwrap_or_default(),
-        "sampled": sampled,
-    });
-    if rate < 1.0 {
-        g["rate"] = json!(rate);
+    #[derive(serde::Serialize)]
+    struct Fields<'a> {
+        kind: &'a str,
+        risk: &'a str,
+        keys: Value,
+        run: &'a str,
+        sampled: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rate: Option<f64>,
     }
-    Ok(Governance { json: g.to_string(), replacement: info.replacement })
+    let json = serde_json::to_string(&Fields {
+        kind: &action.kind,
+        risk: &info.risk_class,
+        keys: info.matching_keys(keys.as_ref()),
+        run: subject.dimensions.as_ref().and_then(|d| d.get("run_id")).map(String::as_str).unwrap_or_default(),
+        sampled,
+        rate: (rate < 1.0).then_some(rate),
+    })
+    .expect("serializable");
+    Ok(Governance { json, replacement: info.replacement })
 }
 
 /// The reason codes of v0.1.26 and of our guards (`lua/lib/guards.lua`): their DENY answers
@@ -206,53 +229,58 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     check_subject_tenant(&r.subject, &caller)?;
     let hash = payload_hash(&raw, &[("grace_period_ms", json!(rules::DEFAULT_GRACE_MS)), ("dry_run", json!(false))]);
     let scopes = derive_scopes(&r.subject);
+    let unit = r.estimate.unit;
+    let codes = budget_codes(&scopes, unit);
     let g = governance(app, &r.action, &r.subject)?;
     if r.dry_run == Some(true) {
-        return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, &raw, hash, scopes, &g).await?, &g));
+        return Ok(deprecated_kind(dry_run(app, ctx, &caller, &r, &raw, hash, scopes, &codes, &g).await?, &g));
     }
     let token = ReservationId::token_for(&r.idempotency_key);
-    let unit = r.estimate.unit;
-    let reserve = Reserve {
-        digest: caller.digest.clone(),
-        accepted: Permission::ReservationsCreate.accepted().to_string(),
-        payload_hash: hash,
-        id_prefix: ReservationId::prefix(&caller.tenant, &token),
-        unit: unit.as_str().to_string(),
-        amount: r.estimate.amount.to_string(),
-        ttl_ms: r.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
-        grace_ms: r.grace_period_ms.unwrap_or(rules::DEFAULT_GRACE_MS).to_string(),
-        overage_policy: r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
-        idempotency_key: stored_text(&r.idempotency_key),
-        subject: serde_json::to_string(&r.subject).expect("serializable"),
-        action: serde_json::to_string(&r.action).expect("serializable"),
-        metadata: json_or_empty(&r.metadata),
-        context: event_context(ctx, Some(&caller), &caller.tenant),
-        observe: r.observe_mode.map(ObserveMode::as_str).unwrap_or_default().to_string(),
-        governance: g.json.clone(),
-        record_ttl_ms: evaluation_ttl_ms(app),
-        ..Default::default()
-    }
-    .keys(&caller.tenant, &caller.key_id, &token, &r.idempotency_key, &scopes, unit);
-    let mut reply = app.store.run(reserve.clone()).await?;
+    // (built again, not cloned, for the rare second call: a clone on every reserve costs more)
+    let reserve = |reclaimed: &str| {
+        Reserve {
+            reclaimed: reclaimed.to_string(),
+            digest: caller.digest.clone(),
+            accepted: Permission::ReservationsCreate.accepted().to_string(),
+            payload_hash: hash.clone(),
+            id_prefix: ReservationId::prefix(&caller.tenant, &token),
+            unit: unit.as_str().to_string(),
+            amount: r.estimate.amount.to_string(),
+            ttl_ms: r.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
+            grace_ms: r.grace_period_ms.unwrap_or(rules::DEFAULT_GRACE_MS).to_string(),
+            overage_policy: r.overage_policy.map(|p| p.as_str().to_string()).unwrap_or_default(),
+            idempotency_key: stored_text(&r.idempotency_key),
+            subject: serde_json::to_string(&r.subject).expect("serializable"),
+            action: serde_json::to_string(&r.action).expect("serializable"),
+            metadata: json_or_empty(&r.metadata),
+            context: event_context(ctx, Some(&caller), &caller.tenant),
+            observe: r.observe_mode.map(ObserveMode::as_str).unwrap_or_default().to_string(),
+            governance: g.json.clone(),
+            record_ttl_ms: evaluation_ttl_ms(app),
+            ..Default::default()
+        }
+        .keys(&caller.tenant, &caller.key_id, &token, &r.idempotency_key, &scopes, &codes)
+    };
+    let mut reply = app.store.run(reserve("")).await?;
     if let Reserved::Reclaim { reclaim } = &reply.value {
         // Lazy reclaim: expire the tenant's overdue reservations, then evaluate once more.
         expire_reservations(&app.store, &caller.tenant, reclaim, app.config.retention).await?;
-        reply = app.store.run(Reserve { reclaimed: "1".to_string(), ..reserve }).await?;
+        reply = app.store.run(reserve("1")).await?;
     }
     let hold = match reply.value {
         Reserved::Held(hold) => hold,
         Reserved::Observed(e) => {
             // the tenant observes: the reserve was evaluated (dry-run shape), nothing held
             // (no receipt: an observed reserve is neither a dry_run nor a hold)
-            let ev = evaluation_of(app, e, reply.replay, &scopes, unit, true)?;
+            let ev = evaluation_of(app, e, reply.replay, &scopes, &codes, unit, true)?;
             let replayed = ev.replayed;
             return Ok(deprecated_kind(Answer::json(200, &dry_run_answer(ev, &r, scopes)).replayed(replayed), &g));
         }
         Reserved::Reclaim { .. } => return Err(ApiError::fault("a reserve asked to reclaim twice")),
     };
     let expires_at_ms = int(&hold.expires_at_ms)?;
-    let codes = ReservationId::parse(&hold.reservation_id).map(|r| r.budget_codes.concat()).unwrap_or_default();
-    let budgeted = budgeted_scopes(&scopes, unit, &codes);
+    let held = ReservationId::parse(&hold.reservation_id).map(|r| r.budget_codes.concat()).unwrap_or_default();
+    let budgeted = budgeted_scopes(&scopes, &codes, &held);
     let response = ReservationCreateResponse {
         decision: if hold.decision == "ALLOW_WITH_CAPS" { Decision::AllowWithCaps } else { Decision::Allow },
         reserved: Some(r.estimate.clone()),
@@ -266,7 +294,7 @@ async fn reserve(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
         affected_scopes: scopes,
         deny_detail: None,
     };
-    let slot = Slot::reservation(&caller.tenant, &token, "reserve");
+    let slot = || Slot::reservation(&caller.tenant, &token, "reserve");
     let answer = evidence::answer(app, ctx, &caller.tenant, reply.replay, &response, "reserve", slot, |b| {
         json!({"request": attested_request(&raw, mirror::RESERVE_REQUEST), "response": project(b, mirror::RESERVE_RESPONSE)})
     })
@@ -295,6 +323,8 @@ struct Ask<'a> {
     action: &'a Action,
     estimate: &'a Amount,
     scopes: &'a [String],
+    /// The scopes' ledger codes in the estimate's unit.
+    codes: &'a [String],
     hash: String,
     asked: Asked<'a>,
     governance: &'a Governance,
@@ -314,6 +344,7 @@ fn evaluation_of(
     e: Evaluated,
     replayed: bool,
     scopes: &[String],
+    codes: &[String],
     unit: Unit,
     speaks_v26: bool,
 ) -> ApiResult<Evaluation> {
@@ -322,7 +353,7 @@ fn evaluation_of(
         "ALLOW_WITH_CAPS" => Decision::AllowWithCaps,
         _ => Decision::Deny,
     };
-    let budgeted = budgeted_scopes(scopes, unit, &e.codes);
+    let budgeted = budgeted_scopes(scopes, codes, &e.codes);
     let show = decision == Decision::Deny && show_deny_detail(app, speaks_v26, &e);
     let observed = e.observed;
     Ok(Evaluation {
@@ -351,10 +382,10 @@ async fn evaluate(app: &App, ctx: &Ctx, caller: &TenantKey, ask: Ask<'_>) -> Api
         action: serde_json::to_string(ask.action).expect("serializable"),
         observe: ask.observe.to_string(),
         governance: ask.governance.json.clone(),
-        ..Evaluate::on(&caller.tenant, &caller.key_id, ask.asked, ask.scopes, unit)
+        ..Evaluate::on(&caller.tenant, &caller.key_id, ask.asked, ask.scopes, ask.codes)
     };
     let reply = app.store.run(call).await?;
-    evaluation_of(app, reply.value, reply.replay, ask.scopes, unit, ask.speaks_v26)
+    evaluation_of(app, reply.value, reply.replay, ask.scopes, ask.codes, unit, ask.speaks_v26)
 }
 
 /// The dry-run shaped answer of a reserve evaluation (dry_run, or observe mode).
@@ -386,6 +417,7 @@ async fn dry_run(
     raw: &Value,
     hash: String,
     scopes: Vec<String>,
+    codes: &[String],
     g: &Governance,
 ) -> ApiResult<Answer> {
     let ask = Ask {
@@ -394,6 +426,7 @@ async fn dry_run(
         action: &r.action,
         estimate: &r.estimate,
         scopes: &scopes,
+        codes,
         hash,
         asked: Asked::DryRun(&r.idempotency_key),
         governance: g,
@@ -407,7 +440,7 @@ async fn dry_run(
         // an observed reserve is neither a dry_run nor a hold: no receipt
         return Ok(Answer::json(200, &response).replayed(replayed));
     }
-    let slot = Slot::record(&caller.tenant, "reserve-dry-run", &r.idempotency_key);
+    let slot = || Slot::record(&caller.tenant, "reserve-dry-run", &r.idempotency_key);
     Ok(evidence::answer(app, ctx, &caller.tenant, replayed, &response, "reserve", slot, |b| {
         json!({"request": attested_request(raw, mirror::RESERVE_REQUEST), "response": project(b, mirror::RESERVE_RESPONSE)})
     })
@@ -424,6 +457,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
     let (r, raw) = parse::<DecisionRequest>(app, ctx, req).await?;
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
+    let codes = budget_codes(&scopes, r.estimate.unit);
     let g = governance(app, &r.action, &r.subject)?;
     let ask = Ask {
         idempotency_key: &r.idempotency_key,
@@ -431,6 +465,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
         action: &r.action,
         estimate: &r.estimate,
         scopes: &scopes,
+        codes: &codes,
         hash: payload_hash(&raw, &[]),
         asked: Asked::Decide(&r.idempotency_key),
         governance: &g,
@@ -447,7 +482,7 @@ async fn evaluate_decision(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiRes
         affected_scopes: scopes,
         deny_detail: ev.deny_detail,
     };
-    let slot = Slot::record(&caller.tenant, "decide", &r.idempotency_key);
+    let slot = || Slot::record(&caller.tenant, "decide", &r.idempotency_key);
     let answer = evidence::answer(app, ctx, &caller.tenant, replayed, &response, "decide", slot, |b| {
         json!({"request": attested_request(&raw, mirror::DECISION_REQUEST), "response": project(b, mirror::DECISION_RESPONSE)})
     })
@@ -462,6 +497,7 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
     check_subject_tenant(&r.subject, &caller)?;
     let scopes = derive_scopes(&r.subject);
     let unit = r.actual.unit;
+    let codes = budget_codes(&scopes, unit);
     let call = Charge {
         digest: caller.digest.clone(),
         accepted: Permission::ReservationsCommit.accepted().to_string(),
@@ -474,11 +510,11 @@ pub async fn create_event(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResu
         context: event_context(ctx, Some(&caller), &caller.tenant),
         body: String::from_utf8_lossy(&req.body).into_owned(),
         action: serde_json::to_string(&r.action).expect("serializable"),
-        ..Charge::on(&caller.tenant, &caller.key_id, &r.idempotency_key, &scopes, unit)
+        ..Charge::on(&caller.tenant, &caller.key_id, &r.idempotency_key, &scopes, &codes)
     };
     let reply = app.store.run(call).await?;
     let charged = reply.value;
-    let budgeted = budgeted_scopes(&scopes, unit, &charged.codes);
+    let budgeted = budgeted_scopes(&scopes, &codes, &charged.codes);
     Ok(Answer::json(
         201,
         &EventCreateResponse {
@@ -565,7 +601,7 @@ async fn foreign_reservation(app: &App, id: &ReservationId) -> ApiResult<ApiErro
 fn settled_balances(s: &Settled, id: &ReservationId) -> ApiResult<(Unit, Vec<Balance>)> {
     let unit = s.unit()?;
     let scopes = derive_scopes(&s.subject()?);
-    let budgeted = budgeted_scopes(&scopes, unit, &id.budget_codes.concat());
+    let budgeted = budgeted_scopes(&scopes, &budget_codes(&scopes, unit), &id.budget_codes.concat());
     Ok((unit, balances(&budgeted, unit, &s.balances)?))
 }
 
@@ -623,7 +659,7 @@ async fn settlement_answer(
         "commit" => (mirror::COMMIT_REQUEST, mirror::COMMIT_RESPONSE),
         _ => (mirror::RELEASE_REQUEST, mirror::RELEASE_RESPONSE),
     };
-    let slot = Slot::reservation(&a.id.tenant, &a.id.token, artifact);
+    let slot = || Slot::reservation(&a.id.tenant, &a.id.token, artifact);
     evidence::answer(app, ctx, &a.id.tenant, replayed, response, artifact, slot, |b| {
         json!({"reservation_id": a.raw, "request": attested_request(raw, req_fields), "response": project(b, resp_fields)})
     })
@@ -727,7 +763,7 @@ pub async fn get(app: &App, ctx: &mut Ctx, req: &ApiRequest) -> ApiResult<Answer
     }
     let stored = reply.value;
     let malformed = || ApiError::fault(format!("reservation record {} is malformed", a.raw));
-    let record = stored.record.as_deref().and_then(ReservationRecord::parse).ok_or_else(malformed)?;
+    let record = reply.attachment.as_deref().and_then(ReservationRecord::parse).ok_or_else(malformed)?;
     let mut detail = record.detail(&a.id.tenant, &a.id.token).ok_or_else(malformed)?;
     detail.reservation_id = a.raw.clone();
     if let Some(scope) = stored.scope {

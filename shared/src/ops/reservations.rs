@@ -8,7 +8,7 @@ use super::{script, LedgerState};
 use crate::domain::derive_scopes;
 use crate::error::{ApiError, ApiResult};
 use crate::ids::ReservationId;
-use crate::keys::{budget_code, TenantKeys};
+use crate::keys::TenantKeys;
 use crate::model::{Subject, Unit};
 
 /// The keys every call on one reservation names alike (commit, release, extend).
@@ -32,10 +32,11 @@ impl<'a> Target<'a> {
     }
 }
 
-/// `<scope>|<ledger code>` of each derived scope, in canonical order: the scripts read the
-/// scope's budget under the code's key and check the scope stored there.
-pub fn scope_args(scopes: &[String], unit: Unit) -> Vec<String> {
-    scopes.iter().map(|s| format!("{s}|{}", budget_code(s, unit))).collect()
+/// The budget keys of `scopes` (their ledger `codes`, `keys::budget_codes`), and the scripts'
+/// arguments: `<scope>|<ledger code>` of each, in canonical order (the scripts read the scope's
+/// budget under the code's key and check the scope stored there).
+fn budgets_and_scopes(keys: &TenantKeys, scopes: &[String], codes: &[String]) -> (Vec<String>, Vec<String>) {
+    scopes.iter().zip(codes).map(|(s, code)| (keys.budget_by_code(code), format!("{s}|{code}"))).unzip()
 }
 
 script! {
@@ -49,8 +50,8 @@ script! {
 }
 
 impl Reserve {
-    /// The keys of a reserve of `token` of `tenant` by `key_id` over the derived `scopes` in
-    /// `unit`.
+    /// The keys of a reserve of `token` of `tenant` by `key_id` over the derived `scopes` (their
+    /// ledger `codes` in the reserve's unit).
     pub fn keys(
         mut self,
         tenant: &str,
@@ -58,7 +59,7 @@ impl Reserve {
         token: &str,
         idempotency_key: &str,
         scopes: &[String],
-        unit: Unit,
+        codes: &[String],
     ) -> Reserve {
         let keys = TenantKeys::new(tenant);
         self.tenant = keys.tenant();
@@ -73,19 +74,19 @@ impl Reserve {
         self.meta = keys.reservation_metadata(token);
         self.policies = keys.policy_rules();
         self.events = keys.events();
-        self.budgets = scopes.iter().map(|s| keys.budget(s, unit)).collect();
-        self.scopes = scope_args(scopes, unit);
+        (self.budgets, self.scopes) = budgets_and_scopes(&keys, scopes, codes);
         self
     }
 }
 
 /// A reserve's answer: the hold, (status RECLAIM) the overdue reservations to expire first, or
 /// (status OBSERVED) the evaluation of a reserve in observe mode.
+/// (The hold is tried first: it is the common answer, and neither other answer has its fields.)
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum Reserved {
-    Reclaim { reclaim: Vec<String> },
     Held(Hold),
+    Reclaim { reclaim: Vec<String> },
     Observed(Evaluated),
 }
 
@@ -243,8 +244,9 @@ impl Asked<'_> {
 }
 
 impl Evaluate {
-    /// The keys of an evaluation by `key_id` of `tenant` over the derived `scopes` in `unit`.
-    pub fn on(tenant: &str, key_id: &str, asked: Asked<'_>, scopes: &[String], unit: Unit) -> Evaluate {
+    /// The keys of an evaluation by `key_id` of `tenant` over the derived `scopes` (their ledger
+    /// `codes` in the evaluation's unit).
+    pub fn on(tenant: &str, key_id: &str, asked: Asked<'_>, scopes: &[String], codes: &[String]) -> Evaluate {
         let keys = TenantKeys::new(tenant);
         let (record, live) = match asked {
             Asked::DryRun(k) => {
@@ -255,6 +257,7 @@ impl Evaluate {
                 (record.clone(), record)
             }
         };
+        let (budgets, scopes) = budgets_and_scopes(&keys, scopes, codes);
         Evaluate {
             tenant: keys.tenant(),
             api_key: keys.api_key(key_id),
@@ -264,17 +267,19 @@ impl Evaluate {
             events: keys.events(),
             policies: keys.policy_rules(),
             due_index: keys.due_index(),
-            budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
-            scopes: scope_args(scopes, unit),
+            budgets,
+            scopes,
             ..Default::default()
         }
     }
 }
 
 impl Charge {
-    /// The keys of a post-only charge by `key_id` of `tenant` over the derived `scopes` in `unit`.
-    pub fn on(tenant: &str, key_id: &str, idempotency_key: &str, scopes: &[String], unit: Unit) -> Charge {
+    /// The keys of a post-only charge by `key_id` of `tenant` over the derived `scopes` (their
+    /// ledger `codes` in the charge's unit).
+    pub fn on(tenant: &str, key_id: &str, idempotency_key: &str, scopes: &[String], codes: &[String]) -> Charge {
         let keys = TenantKeys::new(tenant);
+        let (budgets, scopes) = budgets_and_scopes(&keys, scopes, codes);
         Charge {
             tenant: keys.tenant(),
             api_key: keys.api_key(key_id),
@@ -283,8 +288,8 @@ impl Charge {
             events: keys.events(),
             policies: keys.policy_rules(),
             due_index: keys.due_index(),
-            budgets: scopes.iter().map(|s| keys.budget(s, unit)).collect(),
-            scopes: scope_args(scopes, unit),
+            budgets,
+            scopes,
             ..Default::default()
         }
     }
@@ -297,11 +302,9 @@ pub async fn stored(store: &crate::store::Store, id: &ReservationId) -> ApiResul
     Ok(raw.first().and_then(|r| ReservationRecord::parse(r)))
 }
 
-/// A reservation record as stored, with its scope path and metadata.
+/// A reservation's scope path and metadata (its record, as stored, is the reply's attachment).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Stored {
-    #[serde(default)]
-    pub record: Option<String>,
     #[serde(default)]
     pub scope: Option<String>,
     #[serde(default)]
@@ -463,15 +466,39 @@ pub fn from_stored_text(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The position of field `name` in `RECORD_FIELDS`, found when compiling.
+const fn record_field(name: &str) -> usize {
+    let mut i = 0;
+    while i < RECORD_FIELDS.len() {
+        let (f, n) = (RECORD_FIELDS[i].as_bytes(), name.as_bytes());
+        if f.len() == n.len() {
+            let mut j = 0;
+            while j < f.len() && f[j] == n[j] {
+                j += 1;
+            }
+            if j == f.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("not a record field")
+}
+
 impl ReservationRecord {
     pub fn parse(raw: &str) -> Option<ReservationRecord> {
         let Some(packed) = raw.strip_prefix("2\x1f") else { return serde_json::from_str(raw).ok() };
-        let fields: Vec<&str> = std::iter::once("2").chain(packed.split('\x1f')).collect();
-        let at = |name: &str| {
-            let i = RECORD_FIELDS.iter().position(|f| *f == name).expect("a record field");
-            fields.get(i).filter(|v| !v.is_empty()).map(|v| v.to_string())
-        };
-        let status = match at("status")?.as_str() {
+        let mut fields = [""; RECORD_FIELDS.len()];
+        for (slot, v) in fields.iter_mut().skip(1).zip(packed.split('\x1f')) {
+            *slot = v;
+        }
+        macro_rules! at {
+            ($name:literal) => {{
+                const I: usize = record_field($name);
+                Some(fields[I]).filter(|v| !v.is_empty()).map(str::to_string)
+            }};
+        }
+        let status = match at!("status")?.as_str() {
             "A" => "ACTIVE",
             "C" => "COMMITTED",
             "R" => "RELEASED",
@@ -479,19 +506,19 @@ impl ReservationRecord {
             _ => return None,
         }
         .to_string();
-        let finished = at("finished");
+        let finished = at!("finished");
         Some(ReservationRecord {
-            codes: at("codes")?,
-            ik: at("ik").map(|k| from_stored_text(&k)).unwrap_or_default(),
-            unit: at("unit")?,
-            estimate: at("estimate")?,
-            subject: at("subject")?,
-            action: at("action")?,
-            created: at("created")?,
-            expires: at("expires")?,
+            codes: at!("codes")?,
+            ik: at!("ik").map(|k| from_stored_text(&k)).unwrap_or_default(),
+            unit: at!("unit")?,
+            estimate: at!("estimate")?,
+            subject: at!("subject")?,
+            action: at!("action")?,
+            created: at!("created")?,
+            expires: at!("expires")?,
             finalized: finished.filter(|_| status == "COMMITTED" || status == "RELEASED"),
-            charged: at("charged"),
-            scope: at("scope"),
+            charged: at!("charged"),
+            scope: at!("scope"),
             status,
         })
     }
@@ -509,7 +536,8 @@ impl ReservationRecord {
         use crate::model::{Amount, ReservationDetail};
         let unit = Unit::parse(&self.unit)?;
         let subject: Value = serde_json::from_str(&self.subject).ok()?;
-        let scopes = derive_scopes(&self.subject()?);
+        // (typed from the parsed value: the text is read once)
+        let scopes = derive_scopes(&serde::Deserialize::deserialize(&subject).ok()?);
         let finished = self.status == "COMMITTED" || self.status == "RELEASED";
         Some(ReservationDetail {
             reservation_id: format!("{tenant}.{token}.{}", self.codes),
