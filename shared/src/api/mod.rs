@@ -243,27 +243,47 @@ pub fn routes_of(function: &str) -> Vec<&'static Route> {
 
 pub type Params = HashMap<String, String>;
 
-/// Matches a template against the trailing segments of `path` (so a path behind a prefix such
-/// as `cargo lambda watch`'s `/lambda-url/<fn>` still matches); `exact` requires no prefix.
-pub fn match_template(template: &str, path: &str, exact: bool) -> Option<Params> {
-    let want: Vec<&str> = template.trim_matches('/').split('/').collect();
-    let got: Vec<&str> = path.trim_end_matches('/').trim_start_matches('/').split('/').collect();
-    if got.len() < want.len() || (exact && got.len() != want.len()) {
+/// The name of a template segment that is a parameter (`{name}`).
+fn param(segment: &str) -> Option<&str> {
+    segment.strip_prefix('{').and_then(|s| s.strip_suffix('}'))
+}
+
+/// The segments of a request path (no leading or trailing `/`).
+fn segments(path: &str) -> Vec<&str> {
+    path.trim_end_matches('/').trim_start_matches('/').split('/').collect()
+}
+
+/// The parameters of `template` when it matches the path segments `given`, all of them. (Every
+/// request is tried against the routes before its own: a miss allocates nothing.)
+fn matched(template: &str, given: &[&str]) -> Option<Params> {
+    let want = template.trim_matches('/');
+    if want.bytes().filter(|b| *b == b'/').count() + 1 != given.len() {
         return None;
     }
-    let got = &got[got.len() - want.len()..];
+    if want.split('/').zip(given).any(|(w, g)| match param(w) {
+        Some(_) => g.is_empty(),
+        None => w != *g,
+    }) {
+        return None;
+    }
     let mut params = Params::new();
-    for (w, g) in want.iter().zip(got) {
-        match w.strip_prefix('{').and_then(|w| w.strip_suffix('}')) {
-            Some(name) if !g.is_empty() => {
-                params.insert(name.to_string(), percent_decode(g)?);
-            }
-            Some(_) => return None,
-            None if w == g => {}
-            None => return None,
+    for (w, g) in want.split('/').zip(given) {
+        if let Some(name) = param(w) {
+            params.insert(name.to_string(), percent_decode(g)?);
         }
     }
     Some(params)
+}
+
+/// Matches a template against the trailing segments of `path` (so a path behind a prefix such
+/// as `cargo lambda watch`'s `/lambda-url/<fn>` still matches); `exact` requires no prefix.
+pub fn match_template(template: &str, path: &str, exact: bool) -> Option<Params> {
+    let given = segments(path);
+    let wanted = template.trim_matches('/').bytes().filter(|b| *b == b'/').count() + 1;
+    if given.len() < wanted || (exact && given.len() != wanted) {
+        return None;
+    }
+    matched(template, &given[given.len() - wanted..])
 }
 
 /// Query parameters (percent-decoded, `+` as space); a repeated name keeps its first value.
@@ -341,10 +361,11 @@ fn percent_decode(s: &str) -> Option<String> {
 
 /// Finds the route for a request path on one plane (exact match, as the local gateway serves it).
 pub fn route(plane: Plane, method: &Method, path: &str) -> Option<(&'static Route, Params)> {
+    let given = segments(path);
     ROUTES
         .iter()
         .filter(|r| r.plane == plane && r.method == *method)
-        .find_map(|r| match_template(r.template, path, true).map(|p| (r, p)))
+        .find_map(|r| matched(r.template, &given).map(|p| (r, p)))
 }
 
 /// Per-request context: correlation ids, the operation and caller details the audit log
@@ -772,5 +793,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p["reservation_id"], "r.1");
+        // an empty parameter, a literal that differs, a malformed escape: no match
+        assert!(match_template("/v1/reservations/{id}/commit", "/v1/reservations//commit", true).is_none());
+        assert!(match_template("/v1/reservations/{id}/commit", "/v1/reservations/a/extend", true).is_none());
+        assert!(match_template("/v1/reservations/{id}", "/v1/reservations/%zz", true).is_none());
+        assert!(match_template("/v1/reservations/{id}", "/v1/reservations/a/b", true).is_none());
+        assert_eq!(match_template("/v1/reservations/{id}", "/v1/reservations/a/", true).unwrap()["id"], "a");
     }
 }
