@@ -62,9 +62,9 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   -- stream: per hour, "<minute>|<category>" and "<minute>|denied|<reason>" counts (the hash
   -- lives two hours), and the ten latest denials and expiries.
   -- (numbers go to Redis and into names as digits: a Lua number is formatted as a float)
-  local minute = itoa(math.floor(tonumber(string.match(entry, '^%d+')) / 60000))
-  local prefix = KEY.prefix_of(events_key)
-  local stats = KEY.event_stats(prefix, itoa(math.floor(minute / 60)))
+  local m = math.floor(tonumber(string.match(entry, '^%d+')) / 60000)
+  local minute, prefix = itoa(m), KEY.prefix_of(events_key)
+  local stats = KEY.event_stats(prefix, itoa(math.floor(m / 60)))
   -- (a new hash's first count is 1: only then may it lack its lifetime)
   local fresh = redis.call('HINCRBY', stats, minute .. '|' .. category, '1') == 1
   if event_type == 'reservation.denied' or event_type == 'reservation.expired' then

@@ -715,8 +715,13 @@ mod tests {
             (ok.value["a"].as_i64(), ok.status.as_str(), ok.now_ms, ok.replay),
             (Some(1), "ACTIVE", 1_700_000_000_000, false)
         );
+        assert_eq!(ok.attachment, None);
         let again = Reply::<serde_json::Value>::decode("x", parts(&["REPLAY", "{}", "", "0"])).unwrap();
         assert!(again.replay);
+        // a fifth part is handed over as it is, quotes and separators unescaped
+        let raw = "2\x1fA\x1f{\"tenant\":\"t\"}";
+        let with = Reply::<serde_json::Value>::decode("x", parts(&["OK", "{}", "ACTIVE", "0", raw])).unwrap();
+        assert_eq!(with.attachment.as_deref(), Some(raw));
         // a code the Rust side knows: the client's error, with its details and status
         let e = Reply::<serde_json::Value>::decode(
             "x",

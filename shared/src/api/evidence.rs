@@ -143,8 +143,8 @@ async fn issue(app: &App, ctx: &Ctx, tenant: &str, artifact: &str, payload: Valu
 /// The 200 answer of an operation of `tenant`, with `cycles_evidence` when the tenant gets
 /// receipts: a replay's first reference (found at the slot `slot` names), else a fresh receipt
 /// of `artifact` whose payload `payload` builds from the answer (before any transport field is
-/// added). Without receipts neither is computed (a slot's key costs a digest).
-/// Without receipts the answer is serialized as it is, nothing more.
+/// added). Without receipts the answer is serialized as it is, nothing more: not even the
+/// slot's key (which may cost a digest).
 #[allow(clippy::too_many_arguments)]
 pub async fn answer<T: serde::Serialize>(
     app: &App,

@@ -188,7 +188,9 @@ impl Query {
 fn row_from_record(tenant: &str, token: &str, raw: &str) -> Option<Row> {
     let record = ReservationRecord::parse(raw)?;
     let summary = record.detail(tenant, token)?;
-    Some(Row { summary, tenant_of_subject: record.subject()?.tenant })
+    // (the detail holds the subject, parsed and checked: it is not parsed again)
+    let tenant_of_subject = summary.subject.get("tenant").and_then(Value::as_str).map(String::from);
+    Some(Row { summary, tenant_of_subject })
 }
 
 /// One walk of an index: its ranges (several merged by token, or one), in one order.

@@ -527,10 +527,6 @@ impl ReservationRecord {
         s.parse().ok()
     }
 
-    pub fn subject(&self) -> Option<Subject> {
-        serde_json::from_str(&self.subject).ok()
-    }
-
     /// The reservation as the API shows it (`ReservationDetail`, which listing rows share).
     pub fn detail(&self, tenant: &str, token: &str) -> Option<crate::model::ReservationDetail> {
         use crate::model::{Amount, ReservationDetail};
