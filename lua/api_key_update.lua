@@ -17,6 +17,7 @@ local ids = '"key_id":' .. cjson.encode(key_id) .. ',"key_name":' .. cjson.encod
 if A.mode == 'revoke' then
   redis.call('HSET', K.api_key, 'status', 'REVOKED', 'revoked_at_ms', now_s)
   if A.change ~= '' then redis.call('HSET', K.api_key, 'revoked_reason', A.change) end
+  refresh_key_auth(K.api_key)
   emit(K.events, 'api_key.revoked', tenant, nil, ctx, 'cycles-admin',
     '{' .. ids .. ',"previous_status":"ACTIVE","new_status":"REVOKED"}', now)
   audit(K.audit_log, ctx, 'api_key.revoke', 'api_key', key_id, now, {reason = A.change})
@@ -35,6 +36,7 @@ local access_changed = (patch.permissions and patch.permissions ~= (k[5] or ''))
   (patch.scope_filter and patch.scope_filter ~= (k[6] or ''))
 patch.updated_at_ms = now_s
 write_fields(K.api_key, patch)
+refresh_key_auth(K.api_key)
 if access_changed then
   local held = redis.call('HGET', K.api_key, 'permissions')
   emit(K.events, 'api_key.permissions_changed', tenant, nil, ctx, 'cycles-admin',

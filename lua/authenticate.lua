@@ -3,7 +3,7 @@
 -- permissions, its scope filter, and its tenant's status when its tenant record is given (the
 -- optional `K.tenant[1]`).
 local now, now_s = now_ms()
-local denied = authorize(K.api_key, A.digest, A.accepted, now)
+local denied = authorize(K.api_key, A.digest, A.accepted, now, true)
 if denied then return denied end
 local f = redis.call('HMGET', K.api_key, 'permissions', 'scope_filter')
 local status = ''

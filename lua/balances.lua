@@ -1,7 +1,7 @@
 -- Balances, step 1: check the key and list the tenant's ledgers (scope -> units index) that its
 -- scope filter admits, as pairs scope, ",UNIT,UNIT,".
 local now, now_s = now_ms()
-local denied, raw_filter = authorize(K.api_key, A.digest, A.accepted, now)
+local denied, raw_filter = authorize(K.api_key, A.digest, A.accepted, now, true)
 if denied then return denied end
 local flat = redis.call('HGETALL', K.scope_units)
 local filter = scope_filter(raw_filter)

@@ -3,7 +3,7 @@
 -- reported OVERDUE, and the handler expires it (or leaves that to the sweep when the store
 -- refuses writes) before answering 410.
 local now, now_s = now_ms()
-local denied, filter = authorize(K.auth, A.digest, A.accepted, now)
+local denied, filter = authorize(K.auth, A.digest, A.accepted, now, true)
 if denied then return denied end
 local r = read_reservation(K.reservation, A.reservation_id)
 if not r then return err('NOT_FOUND', MSG.RESERVATION_NOT_FOUND) end

@@ -11,7 +11,7 @@
 -- "<13-digit created ms><token>" alike, merged with those of the created index written before
 -- the stream (`K.index`).
 local now, now_s = now_ms()
-local denied, filter = authorize(K.auth, A.digest, A.accepted, now)
+local denied, filter = authorize(K.auth, A.digest, A.accepted, now, true)
 if denied then return denied end
 local order, count = A.order, tonumber(A.count)
 local index = K.index

@@ -14,7 +14,11 @@ local function chunked(command, key, items, width)
 end
 local WRITERS = {
   string = function(k, v) redis.call('SET', k, v) end,
-  hash = function(k, v) chunked('HSET', k, v, 2) end,
+  hash = function(k, v)
+    chunked('HSET', k, v, 2)
+    -- an API key's packed copy is made again from the fields imported beside it
+    for i = 1, #v, 2 do if v[i] == 'auth' then refresh_key_auth(k) break end end
+  end,
   set = function(k, v) chunked('SADD', k, v, 1) end,
   list = function(k, v) chunked('RPUSH', k, v, 1) end,
   zset = function(k, v)

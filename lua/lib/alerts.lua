@@ -1,6 +1,6 @@
 -- Alerts: the scene a script works in, utilization thresholds, burn-rate windows, windowed
 -- rate counters and their spikes, and the budget events of a write.
--- needs: decimal, reply, events
+-- needs: decimal, reply, access, events
 
 -- ---------------------------------------------------------------------------------------------
 -- Alerts and budget periods. A script that changes ledgers carries a scene: its tenant's event
@@ -28,16 +28,24 @@ end
 
 -- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
 -- webhook subscriptions' thresholds, kept by the webhook writes), over the spec's defaults.
+-- Each distinct text is decoded once per script VM (`ALERT_SETTINGS.memo`; shared, so never
+-- changed); a tenant without its own ('' or none) has the defaults without a decode.
+local ALERT_SETTINGS = {memo = {known = {}, kept = 0, max = 1000}}
 local function alert_settings(sc)
   if sc.cfg then return sc.cfg end
   local raw = (type(sc.tenant) == 'table') and sc.tenant.alerts
   if raw == nil then raw = redis.call('HGET', KEY.tenant(sc.prefix), 'alerts') end
   local cfg = RULES.ALERTS
-  if raw then
-    local ok_, own = pcall(cjson.decode, raw)
-    if ok_ and type(own) == 'table' then
-      for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
-      cfg = own
+  if raw and raw ~= '' then
+    cfg = ALERT_SETTINGS.memo.known[raw]
+    if not cfg then
+      local ok_, own = pcall(cjson.decode, raw)
+      cfg = RULES.ALERTS
+      if ok_ and type(own) == 'table' then
+        for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
+        cfg = own
+      end
+      remember(ALERT_SETTINGS.memo, raw, cfg)
     end
   end
   sc.cfg = cfg
@@ -179,6 +187,7 @@ end
 -- EXPIRED, with api_key.expired and an audit row.
 local function expire_key(sc, key, k)
   redis.call('HSET', key, 'status', 'EXPIRED')
+  refresh_key_auth(key)
   emit(sc.events, 'api_key.expired', sc.name, nil, nil, 'cycles-server', '{"key_id":' .. cjson.encode(k[1]) ..
     ',"key_name":' .. cjson.encode(k[2] or '') .. ',"previous_status":"ACTIVE","new_status":"EXPIRED"}', sc.now)
   audit(KEY.audit_log(sc.prefix), {tenant = sc.name, operation = 'expireApiKey', actor = 'system', status = 200},

@@ -378,6 +378,24 @@ impl Harness {
         self.ledger(&t.id, &format!("tenant:{}", t.id), Unit::Tokens).await
     }
 
+    /// Asserts that an API key's record keeps the packed copy of its checked fields (`auth`,
+    /// read by the key check of every script) equal to those fields; answers the copy.
+    pub async fn key_check_copy_is_current(&self, tenant: &str, key_id: &str) -> String {
+        let record = cycles_shared::keys::TenantKeys::new(tenant).api_key(key_id);
+        let (auth, fields): (Option<String>, Vec<Option<String>>) = redis::pipe()
+            .hget(&record, "auth")
+            .cmd("HMGET")
+            .arg(&record)
+            .arg(&["digest", "status", "expires_at_ms", "permissions", "scope_filter"])
+            .query_async(&mut self.store.conn())
+            .await
+            .unwrap();
+        let fields: Vec<String> = fields.into_iter().map(Option::unwrap_or_default).collect();
+        let fields = fields.join("\u{1f}");
+        assert_eq!(auth.as_deref(), Some(fields.as_str()), "the key check's copy of {key_id}");
+        fields
+    }
+
     /// Creates an API key over the operator API.
     pub async fn key(&self, tenant: &str, permissions: Option<Vec<String>>) -> CreatedKey {
         let mut body = json!({"tenant_id": tenant, "name": "test"});

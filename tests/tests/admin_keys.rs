@@ -369,3 +369,53 @@ async fn a_rotated_key_keeps_its_previous_secret_for_the_grace_period_only() {
     rotate(None).await.assert_error(409, "KEY_REVOKED");
     assert!(!works(third).await);
 }
+
+/// The key check inside every script reads one packed copy of the key's checked fields (its
+/// `auth` field) instead of five fields: every write through the API keeps the copy equal to
+/// them, and a record without it (written before the copy existed) is read field by field and
+/// given its copy by the next request that may write (a read-only one never writes).
+#[tokio::test]
+async fn the_key_checks_packed_copy_follows_every_write() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let record = cycles_shared::keys::TenantKeys::new(&t.id).api_key(&t.key_id);
+    let same = || h.key_check_copy_is_current(&t.id, &t.key_id);
+    let created = same().await;
+    assert!(created.contains("\u{1f}ACTIVE\u{1f}") && created.contains(",reservations:create,"), "{created}");
+
+    // an update of the permissions and the scope filter: the next reserve is refused by them
+    let path = format!("/v1/admin/api-keys/{}", t.key_id);
+    let patch = json!({"permissions": ["balances:read"], "scope_filter": ["agent:a"]});
+    h.admin("PATCH", &path, Some(&patch)).await.assert_ok();
+    assert!(same().await.ends_with(",balances:read,\u{1f}[\"agent:a\"]"));
+    h.reserve(&t, 1, json!({})).await.assert_error(403, "FORBIDDEN");
+    let patch = json!({"permissions": ["reservations:create", "reservations:list"], "scope_filter": []});
+    h.admin("PATCH", &path, Some(&patch)).await.assert_ok();
+    same().await;
+    let rid = h.reserve_ok(&t, 1, json!({})).await;
+
+    // a record without its copy: a read answers from the fields and writes nothing; a reserve
+    // answers too and gives the record its copy back
+    let _: () = redis::cmd("HDEL").arg(&record).arg("auth").query_async(&mut h.store.conn()).await.unwrap();
+    h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
+    let copy: Option<String> =
+        redis::cmd("HGET").arg(&record).arg("auth").query_async(&mut h.store.conn()).await.unwrap();
+    assert_eq!(copy, None, "a read-only script wrote the copy");
+    h.reserve_ok(&t, 1, json!({})).await;
+    same().await;
+
+    // a rotation: the new digest is checked at once
+    let r =
+        h.admin("POST", &format!("/v1/admin/api-keys/{}/rotate", t.key_id), Some(&json!({"grace_period_ms": 0}))).await;
+    let secret = r.assert_ok()["key_secret"].as_str().unwrap().to_string();
+    same().await;
+    h.reserve(&t, 1, json!({})).await.assert_error(401, "UNAUTHORIZED");
+    let rotated = Tenant { key: secret, ..t.clone() };
+    h.reserve_ok(&rotated, 1, json!({})).await;
+
+    // a revocation
+    h.admin("DELETE", &path, None).await.assert_ok();
+    assert!(same().await.contains("\u{1f}REVOKED\u{1f}"));
+    h.reserve(&rotated, 1, json!({})).await.assert_error(401, "UNAUTHORIZED");
+    assert_eq!(h.root(&t).await.reserved, 3);
+}

@@ -213,6 +213,7 @@ async fn closing_cascades_once_and_guards_every_mutation() {
     assert_eq!(count("budget.closed_via_tenant_cascade"), 2);
     assert_eq!(count("reservation.released_via_tenant_cascade"), 2);
     assert_eq!(count("api_key.revoked_via_tenant_cascade"), 1);
+    assert!(h.key_check_copy_is_current(&t.id, &t.key_id).await.contains("\u{1f}REVOKED\u{1f}"));
     let before = h.all_events(&t.id).await.len();
     h.admin("PATCH", &path, Some(&json!({"status": "CLOSED"}))).await.assert_ok();
     assert_eq!(h.all_events(&t.id).await.len(), before);

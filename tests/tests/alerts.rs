@@ -222,6 +222,7 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
     h.get(&key, &balances(&t)).await.assert_error(401, "UNAUTHORIZED");
     let expired = h.admin_events(&t.id, "api_key.expired").await;
     assert_eq!(expired.len(), 1);
+    assert!(h.key_check_copy_is_current(&t.id, &key_id).await.contains("\u{1f}EXPIRED\u{1f}"));
     assert_eq!(
         (expired[0]["data"]["key_id"].as_str(), expired[0]["data"]["new_status"].as_str()),
         (Some(key_id.as_str()), Some("EXPIRED"))
@@ -238,6 +239,8 @@ async fn failed_authentications_are_events_a_spike_and_expire_keys() {
     let expired = h.admin_events(&t.id, "api_key.expired").await;
     assert_eq!(expired.len(), 2);
     assert_eq!(expired[1]["data"]["key_id"], idle.body["key_id"]);
+    let idle_id = idle.body["key_id"].as_str().unwrap();
+    assert!(h.key_check_copy_is_current(&t.id, idle_id).await.contains("\u{1f}EXPIRED\u{1f}"));
 }
 
 #[tokio::test]

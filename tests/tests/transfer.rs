@@ -116,7 +116,16 @@ async fn an_exported_tenant_imported_into_an_empty_store_answers_every_read_alik
     // the tenant exists there now: refused, unless replaced (back to the export's state)
     let again = transfer::import(&target.store, &lines, false).await.unwrap_err();
     assert_eq!(again.code.as_str(), "DUPLICATE_RESOURCE");
-    transfer::import(&target.store, &lines, true).await.expect("import with replace");
+    // (an export whose copy of a key's checked fields went stale: the copy is made again from
+    // the fields imported beside it)
+    let mut stale = lines.clone();
+    let key_line =
+        stale.iter_mut().find(|l| l["key"].as_str().is_some_and(|k| k.starts_with(":key:"))).expect("the key");
+    let fields = key_line["value"].as_array_mut().unwrap();
+    let at = fields.iter().position(|f| f == "auth").expect("the key's copy is exported");
+    fields[at + 1] = json!("stale");
+    transfer::import(&target.store, &stale, true).await.expect("import with replace");
+    target.key_check_copy_is_current(&t.id, &t.key_id).await;
     assert_eq!(target.root(&t).await.reserved, 1_200, "replace restores the export's open hold");
     let after_replace = reads(&target, &t, &ids).await;
     assert_eq!(after_replace, after);
