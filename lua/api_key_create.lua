@@ -10,7 +10,7 @@ if redis.call('EXISTS', K.api_key) == 1 then return err('INTERNAL_ERROR', MSG.AP
 local fields = cjson.decode(A.fields)
 fields.status, fields.created_at_ms = 'ACTIVE', now_s
 write_fields(K.api_key, fields)
-refresh_key_auth(K.api_key)
+KEY_AUTH.refresh(K.api_key)
 redis.call('SADD', K.api_key_index, fields.key_id)
 emit(K.events, 'api_key.created', fields.tenant_id, nil, ctx, 'cycles-admin',
   '{"key_id":' .. cjson.encode(fields.key_id) .. ',"key_name":' .. cjson.encode(fields.name or '') ..

@@ -17,7 +17,7 @@ local ids = '"key_id":' .. cjson.encode(key_id) .. ',"key_name":' .. cjson.encod
 if A.mode == 'revoke' then
   redis.call('HSET', K.api_key, 'status', 'REVOKED', 'revoked_at_ms', now_s)
   if A.change ~= '' then redis.call('HSET', K.api_key, 'revoked_reason', A.change) end
-  refresh_key_auth(K.api_key)
+  KEY_AUTH.refresh(K.api_key)
   emit(K.events, 'api_key.revoked', tenant, nil, ctx, 'cycles-admin',
     '{' .. ids .. ',"previous_status":"ACTIVE","new_status":"REVOKED"}', now)
   audit(K.audit_log, ctx, 'api_key.revoke', 'api_key', key_id, now, {reason = A.change})
@@ -27,7 +27,8 @@ end
 if k[3] and tonumber(k[3]) <= now then return err('KEY_EXPIRED', MSG.API_KEY_EXPIRED) end
 if A.mode == 'rotate' then
   local r = cjson.decode(A.change)
-  rotate_secret(K.api_key, r, now, now_s)
+  KEY_AUTH.rotate(K.api_key, r, now, now_s)
+  KEY_AUTH.refresh(K.api_key)
   audit(K.audit_log, ctx, 'api_key.rotate', 'api_key', key_id, now, {grace_period_ms = r.grace_ms})
   return ok(record_json(K.api_key), 'ACTIVE', now_s)
 end
@@ -36,7 +37,7 @@ local access_changed = (patch.permissions and patch.permissions ~= (k[5] or ''))
   (patch.scope_filter and patch.scope_filter ~= (k[6] or ''))
 patch.updated_at_ms = now_s
 write_fields(K.api_key, patch)
-refresh_key_auth(K.api_key)
+KEY_AUTH.refresh(K.api_key)
 if access_changed then
   local held = redis.call('HGET', K.api_key, 'permissions')
   emit(K.events, 'api_key.permissions_changed', tenant, nil, ctx, 'cycles-admin',

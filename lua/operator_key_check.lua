@@ -6,7 +6,7 @@ local f = redis.call('HMGET', K.operator_key, 'digest', 'status', 'expires_at_ms
   'last_used_at_ms')
 local reason = nil
 if not f[1] then reason = 'KEY_NOT_FOUND'
-elseif f[1] ~= A.digest and not rotated_from(K.operator_key, A.digest, now) then reason = 'INVALID_KEY'
+elseif f[1] ~= A.digest and not KEY_AUTH.rotated_from(K.operator_key, A.digest, now) then reason = 'INVALID_KEY'
 elseif f[2] ~= 'ACTIVE' then reason = 'KEY_REVOKED'
 elseif f[3] and f[3] ~= '' and tonumber(f[3]) <= now then reason = 'KEY_EXPIRED' end
 if reason then return err('UNAUTHORIZED', MSG.UNAUTHORIZED, reason) end

@@ -57,7 +57,7 @@ for i = 2 * n + nb + 1, 2 * n + nb + nk do
   local k = redis.call('HMGET', C[i], 'key_id', 'status', 'name')
   if k[1] and k[2] == 'ACTIVE' then
     redis.call('HSET', C[i], 'status', 'REVOKED', 'revoked_at_ms', now_s, 'revoked_reason', 'tenant_closed')
-    refresh_key_auth(C[i])
+    KEY_AUTH.refresh(C[i])
     cascade_event('api_key.revoked_via_tenant_cascade', '"key_id":' .. cjson.encode(k[1]) ..
       (k[3] and (',"name":' .. cjson.encode(k[3])) or '') .. ',"prior_status":"ACTIVE","new_status":"REVOKED"')
     audit(K.audit_log, ctx, 'api_key.revoke', 'api_key', k[1], now, {reason = 'tenant_closed'})

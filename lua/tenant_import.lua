@@ -17,7 +17,7 @@ local WRITERS = {
   hash = function(k, v)
     chunked('HSET', k, v, 2)
     -- an API key's packed copy is made again from the fields imported beside it
-    for i = 1, #v, 2 do if v[i] == 'auth' then refresh_key_auth(k) break end end
+    for i = 1, #v, 2 do if v[i] == 'auth' then KEY_AUTH.refresh(k) break end end
   end,
   set = function(k, v) chunked('SADD', k, v, 1) end,
   list = function(k, v) chunked('RPUSH', k, v, 1) end,

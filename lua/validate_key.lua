@@ -3,7 +3,7 @@
 -- does not match answers INVALID alike; the other reasons are told only to a matching secret.
 local now, now_s = now_ms()
 local f = redis.call('HMGET', K.api_key, 'digest', 'status', 'expires_at_ms', 'permissions', 'scope_filter')
-if not f[1] or (f[1] ~= A.digest and not rotated_from(K.api_key, A.digest, now)) then
+if not f[1] or (f[1] ~= A.digest and not KEY_AUTH.rotated_from(K.api_key, A.digest, now)) then
   return ok({valid = false, reason = 'INVALID'}, '', now_s)
 end
 local reason = nil

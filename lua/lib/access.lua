@@ -2,23 +2,17 @@
 -- and scope paths.
 -- needs: decimal, reply
 
--- A rotated key's previous secret, until the end of the grace period its rotation gave it (read
--- only when the presented secret is not the current one).
-local function rotated_from(key_record, digest, now)
-  local p = redis.call('HMGET', key_record, 'previous_digest', 'previous_until_ms')
-  return p[1] == digest and now < (tonumber(p[2]) or 0)
-end
-
--- The fields of an API key its check reads, and the packed copy of them the key's record keeps
--- in its `auth` field (joined by \31, '' for none; a scope filter is JSON, where cjson escapes
--- a \31): one short read instead of five fields, and each distinct copy decoded once per
--- script VM (`memo`; shared, so never changed, but for `admits`, the permission answers it
--- caches). Every script that writes one of the fields calls `refresh_key_auth` after.
+-- An API key's secrets and the fields its check reads. The record keeps a packed copy of those
+-- fields (KEY_AUTH.fields) in its `auth` field (joined by \31, '' for none; a scope filter is
+-- JSON, where cjson escapes a \31): one short read instead of five fields, each distinct copy
+-- decoded once per script VM (`memo`; shared, so never changed but for `admits`, the
+-- permission answers it caches). Every script that writes one of the fields calls
+-- `KEY_AUTH.refresh` after.
 local KEY_AUTH = {fields = {'digest', 'status', 'expires_at_ms', 'permissions', 'scope_filter'},
   packed = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$', memo = {known = {}, kept = 0, max = 1000}}
 
 -- Writes the packed copy of a key record's checked fields (after a write of any of them).
-local function refresh_key_auth(key_record)
+function KEY_AUTH.refresh(key_record)
   local f = redis.call('HMGET', key_record, unpack(KEY_AUTH.fields))
   if not f[1] then redis.call('HDEL', key_record, 'auth') return end
   for i = 1, #KEY_AUTH.fields do f[i] = f[i] or '' end
@@ -26,34 +20,39 @@ local function refresh_key_auth(key_record)
 end
 
 -- What the check needs of a key, from its fields in KEY_AUTH.fields order ('' or nil for none).
-local function key_auth_of(f)
-  local filter = f[5]
-  if filter == '' then filter = nil end
-  return {digest = f[1], status = f[2], expires = tonumber(f[3] or ''), held = f[4] or '', filter = filter, admits = {}}
+function KEY_AUTH.of(f)
+  return {digest = f[1], status = f[2], expires = tonumber(f[3] or ''), held = f[4] or '',
+    filter = (f[5] ~= '') and f[5] or nil, admits = {}}
 end
 
 -- A key's checked fields (nil when the key does not exist). A record written before the packed
 -- copy is read field by field, and given its copy unless the script is `read_only`.
-local function key_auth(key_record, read_only)
+function KEY_AUTH.read(key_record, read_only)
   local packed = redis.call('HGET', key_record, 'auth')
   if packed then
-    local known = KEY_AUTH.memo.known[packed]
-    if known then return known end
-    return remember(KEY_AUTH.memo, packed, key_auth_of({string.match(packed, KEY_AUTH.packed)}))
+    return KEY_AUTH.memo.known[packed] or
+      remember(KEY_AUTH.memo, packed, KEY_AUTH.of({string.match(packed, KEY_AUTH.packed)}))
   end
   local f = redis.call('HMGET', key_record, unpack(KEY_AUTH.fields))
   if not f[1] then return nil end
-  if not read_only then refresh_key_auth(key_record) end
-  return key_auth_of(f)
+  if not read_only then KEY_AUTH.refresh(key_record) end
+  return KEY_AUTH.of(f)
+end
+
+-- A rotated key's previous secret, until the end of the grace period its rotation gave it (read
+-- only when the presented secret is not the current one).
+function KEY_AUTH.rotated_from(key_record, digest, now)
+  local p = redis.call('HMGET', key_record, 'previous_digest', 'previous_until_ms')
+  return p[1] == digest and now < (tonumber(p[2]) or 0)
 end
 
 -- A key's new secret (`r`: {digest, prefix, grace_ms}): the current one keeps working `grace_ms`
--- more (`rotated_from`), a secret from an earlier rotation stops now.
-local function rotate_secret(key_record, r, now, now_s)
+-- more (`rotated_from`), a secret from an earlier rotation stops now. (Operator keys rotate
+-- alike; an API key's caller refreshes its packed copy after.)
+function KEY_AUTH.rotate(key_record, r, now, now_s)
   local current = redis.call('HGET', key_record, 'digest')
   redis.call('HSET', key_record, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
     'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
-  refresh_key_auth(key_record)
 end
 
 -- API-key check inside the operation's own script: digest, status, expiry, permission.
@@ -63,10 +62,10 @@ end
 -- then read without giving it one).
 local function authorize(key_record, digest, accepted, now, read_only)
   if digest == '' then return nil end -- admin-key call, authenticated by the handler
-  local k = key_auth(key_record, read_only)
+  local k = KEY_AUTH.read(key_record, read_only)
   local reason = nil
   if not k then reason = 'KEY_NOT_FOUND'
-  elseif k.digest ~= digest and not rotated_from(key_record, digest, now) then reason = 'INVALID_KEY'
+  elseif k.digest ~= digest and not KEY_AUTH.rotated_from(key_record, digest, now) then reason = 'INVALID_KEY'
   elseif k.status == 'EXPIRED' then reason = 'KEY_EXPIRED'
   elseif k.status ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif k.expires and k.expires <= now then reason = 'KEY_EXPIRED' end

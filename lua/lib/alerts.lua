@@ -28,16 +28,16 @@ end
 
 -- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
 -- webhook subscriptions' thresholds, kept by the webhook writes), over the spec's defaults.
--- Each distinct text is decoded once per script VM (`ALERT_SETTINGS.memo`; shared, so never
+-- Each distinct text is decoded once per script VM (`ALERT_MEMOS.settings`; shared, so never
 -- changed); a tenant without its own ('' or none) has the defaults without a decode.
-local ALERT_SETTINGS = {memo = {known = {}, kept = 0, max = 1000}}
+local ALERT_MEMOS = {settings = {known = {}, kept = 0, max = 1000}, windows = {known = {}, kept = 0, max = 1000}}
 local function alert_settings(sc)
   if sc.cfg then return sc.cfg end
   local raw = (type(sc.tenant) == 'table') and sc.tenant.alerts
   if raw == nil then raw = redis.call('HGET', KEY.tenant(sc.prefix), 'alerts') end
   local cfg = RULES.ALERTS
   if raw and raw ~= '' then
-    cfg = ALERT_SETTINGS.memo.known[raw]
+    cfg = ALERT_MEMOS.settings.known[raw]
     if not cfg then
       local ok_, own = pcall(cjson.decode, raw)
       cfg = RULES.ALERTS
@@ -45,7 +45,7 @@ local function alert_settings(sc)
         for k, v in pairs(RULES.ALERTS) do if own[k] == nil then own[k] = v end end
         cfg = own
       end
-      remember(ALERT_SETTINGS.memo, raw, cfg)
+      remember(ALERT_MEMOS.settings, raw, cfg)
     end
   end
   sc.cfg = cfg
@@ -133,11 +133,18 @@ end
 -- counts (n: reservation attempts, d: their denials, x: expiries, a: other API-key writes,
 -- f: authentication failures) that expires after eleven tenths, so a tenant's counters take
 -- at most eleven small hashes whatever its traffic.
+-- Each tenant's current window key is remembered per script VM (`ALERT_MEMOS.windows`, by key
+-- prefix), so a count formats its digits once per tenth, not once per request.
 local function count(sc, field)
   local size = alert_settings(sc).rw * 100
-  local key = KEY.alert_window(sc.prefix, itoa(size), itoa(math.floor(sc.now / size)))
-  local n = redis.call('HINCRBY', key, field, '1')
-  if n == 1 then redis.call('PEXPIRE', key, itoa(size * 11)) end
+  local tenth = math.floor(sc.now / size)
+  local w = ALERT_MEMOS.windows.known[sc.prefix]
+  if not w or w.tenth ~= tenth or w.size ~= size then
+    w = remember(ALERT_MEMOS.windows, sc.prefix, {tenth = tenth, size = size,
+      key = KEY.alert_window(sc.prefix, itoa(size), itoa(tenth))})
+  end
+  local n = redis.call('HINCRBY', w.key, field, '1')
+  if n == 1 then redis.call('PEXPIRE', w.key, itoa(size * 11)) end
   return n
 end
 
@@ -187,7 +194,7 @@ end
 -- EXPIRED, with api_key.expired and an audit row.
 local function expire_key(sc, key, k)
   redis.call('HSET', key, 'status', 'EXPIRED')
-  refresh_key_auth(key)
+  KEY_AUTH.refresh(key)
   emit(sc.events, 'api_key.expired', sc.name, nil, nil, 'cycles-server', '{"key_id":' .. cjson.encode(k[1]) ..
     ',"key_name":' .. cjson.encode(k[2] or '') .. ',"previous_status":"ACTIVE","new_status":"EXPIRED"}', sc.now)
   audit(KEY.audit_log(sc.prefix), {tenant = sc.name, operation = 'expireApiKey', actor = 'system', status = 200},
