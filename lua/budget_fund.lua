@@ -59,7 +59,7 @@ local result = cjson.encode({operation = op, previous_allocated = prev.allocated
   previous_spent = prev.spent, new_spent = b.spent, timestamp_ms = now_s})
 if keyed then
   redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', result)
-  redis.call('PEXPIRE', K.record, tonumber(A.record_ttl_ms))
+  redis.call('PEXPIRE', K.record, A.record_ttl_ms)
 end
 local kinds = {CREDIT = 'budget.funded', DEBIT = 'budget.debited', RESET = 'budget.reset',
   RESET_SPENT = 'budget.reset_spent', REPAY_DEBT = 'budget.debt_repaid'}

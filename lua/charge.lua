@@ -42,5 +42,5 @@ if d_cmp(charged, X) < 0 then result.charged = charged end
 local json = cjson.encode(result)
 redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', json, 'request', A.body,
   'charged', charged, 'policy', policy, 'created_at_ms', now_s)
-redis.call('PEXPIRE', K.record, tonumber(A.record_ttl_ms))
+redis.call('PEXPIRE', K.record, A.record_ttl_ms)
 return ok(json, 'APPLIED', now_s)

@@ -14,7 +14,7 @@ for i, fields in ipairs(A.deliveries) do
     f.due = nil
     f.status, f.attempts, f.attempted_at_ms = 'PENDING', '0', now_s
     write_fields(record, f)
-    redis.call('PEXPIRE', record, tonumber(A.retention_ms))
+    redis.call('PEXPIRE', record, A.retention_ms)
     redis.call('ZADD', queue, due, f.delivery_id)
     redis.call('ZADD', K.due_subscriptions, 'LT', due, f.subscription_id)
     redis.call('ZADD', index, now, f.delivery_id)

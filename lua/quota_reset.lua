@@ -8,7 +8,7 @@ if not f[1] then return err('NOT_FOUND', 'No quota counter matches these key fie
 local previous = tonumber(f[1])
 redis.call('HSET', K.counter, 'n', 0)
 redis.call('HDEL', K.counter, 'al')
-if f[4] then redis.call('PEXPIRE', K.counter, tonumber(f[4])) end
+if f[4] then redis.call('PEXPIRE', K.counter, f[4]) end
 local m = quota_member(A.member)
 local data = {scope = m.scope, action_kind = m.risk and '__risk__' or m.label, risk_class = m.risk, window = m.window,
   window_key = m.bucket, previous_used = previous, limit = tonumber(f[2]), actor_id = A.actor, policy_id = f[3],

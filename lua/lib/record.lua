@@ -126,13 +126,10 @@ local function whole_record(rec)
   return whole
 end
 
--- The first `n` fields of a record's text: the layout's version, the status, then by name.
--- The list is made at its full size at once (from RECORD.blank), not grown field by field.
+-- The first `n` fields of a record's text (n: RECORD.head_fields, active_fields or all): the
+-- layout's version, the status, then by name (RECORD.text, generated from the layout).
 local function record_fields(rec, n)
-  local out, names = {unpack(RECORD.blank, 1, n)}, RECORD.fields
-  out[2] = STATUS_CODE[rec.status]
-  for i = 3, n do out[i] = rec[names[i]] or '' end
-  return table.concat(out, '\31')
+  return RECORD.text[n](rec, STATUS_CODE[rec.status])
 end
 
 -- The record's text (today's layout). A record of the first layout that held its metadata

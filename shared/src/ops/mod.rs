@@ -149,9 +149,17 @@ fn library_header() -> String {
     // a record by position: the version, then the status character, then the rest
     let record_pattern = |n: usize| format!("^2\\31(.)\\31{}$", joined(n - 2));
     let first_expires = record.iter().position(|f| *f == "first_expires").expect("a record field");
+    // a record's first n fields as text, each by name in layout order (`s`: the status
+    // character), written out rather than looped over the names (-2.6% of a reserve)
+    let text = |n: usize| {
+        let fields: Vec<String> = record[2..n].iter().map(|f| format!("r.{f} or ''")).collect();
+        format!("[{n}] = function(r, s) return table.concat({{'2', s, {}}}, '\\31') end", fields.join(", "))
+    };
+    let texts =
+        [reservations::RECORD_HEAD_FIELDS, reservations::RECORD_ACTIVE_FIELDS, record.len()].map(text).join(",\n    ");
     format!(
         "{}{}{}local LEDGER_VIEW = {{fields = {{{}}}, pattern = '^{}$', memo = {{known = {{}}, kept = 0, max = 2000}}}}\n\
-         local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {}, blank = {{'2'{}}},\n  \
+         local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {},\n  text = {{{}}},\n  \
          active = '{}',\n  \
          finished = '{}',\n  \
          head = '^2\\31(.)\\31{}\\31()',\n  \
@@ -164,8 +172,7 @@ fn library_header() -> String {
         names(record),
         reservations::RECORD_ACTIVE_FIELDS,
         reservations::RECORD_HEAD_FIELDS,
-        // a record's fields before they are filled: the version, then '' (a table made whole at once)
-        ", ''".repeat(record.len() - 1),
+        texts,
         record_pattern(reservations::RECORD_ACTIVE_FIELDS),
         record_pattern(record.len()),
         joined(reservations::RECORD_HEAD_FIELDS - 2),
