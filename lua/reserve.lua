@@ -16,9 +16,7 @@ local existing = load_record(K.reservation)
 if existing then
   if existing.ik ~= A.idempotency_key then return err('INTERNAL_ERROR', MSG.RESERVATION_ID_COLLISION) end
   if existing.ph ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
-  local result = reserve_answer(existing)
-  result.reservation_id = A.id_prefix .. existing.codes
-  return replayed(result, existing.status, now_s)
+  return replayed(reserve_answer(existing, A.id_prefix .. existing.codes), existing.status, now_s)
 end
 local tenant = tenant_record(K.tenant)
 if tenant ~= 'MALFORMED' and observing(A, tenant) then
@@ -83,6 +81,4 @@ redis.call('ZADD', K.expiry_index, due, rid)
 redis.call('ZADD', K.due_index, 'LT', due, string.sub(A.id_prefix, 1, -17))
 local token = string.sub(A.id_prefix, -15, -2)
 index_reservation(K, token, rec)
-local result = reserve_answer(rec)
-result.reservation_id = rid
-return ok(result, 'ACTIVE', now_s)
+return ok(reserve_answer(rec, rid), 'ACTIVE', now_s)

@@ -178,10 +178,12 @@ local function finish_record(key, rec, status, fin, meta_key)
   redis.call('SET', key, text, 'KEEPTTL')
 end
 
--- The answer of a reserve from its record (the caller adds the id).
-local function reserve_answer(rec)
-  return {decision = rec.decision or 'ALLOW', expires_at_ms = rec.first_expires or rec.expires, caps = rec.caps,
-    balances = rec.balances or ''}
+-- The answer of a reserve (JSON) from its record and id, written out (every reserve answers
+-- it; cjson escapes the id and the caps, the texts a client or a policy chose).
+local function reserve_answer(rec, rid)
+  return '{"reservation_id":' .. cjson.encode(rid) .. ',"decision":"' .. (rec.decision or 'ALLOW') ..
+    '","expires_at_ms":"' .. (rec.first_expires or rec.expires) .. '","balances":"' .. (rec.balances or '') .. '"' ..
+    (rec.caps and (',"caps":' .. cjson.encode(rec.caps)) or '') .. '}'
 end
 
 -- The answer of a commit or a release from its record, with the reservation's subject and
