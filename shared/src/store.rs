@@ -529,6 +529,28 @@ impl Script {
         }
         format!("local K = {}\nlocal A = {}\n", table(self.keys, keys), table(self.args, args))
     }
+
+    /// The same naming for a library function, whose `K` and `A` tables outlive a call (they are
+    /// made once, in `kept`, the Lua that opens the function's block): each call sets every
+    /// name anew (lists are new tables), so no call sees another's values, and allocates no
+    /// table for them. Scripts never write into `K` or `A` (`tests::scripts_never_write_into_k_or_a`).
+    pub(crate) fn kept_prologue(&self) -> (String, String) {
+        fn fields(table: &str, names: &[&str], from: &str) -> String {
+            let set: Vec<String> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| match n.strip_suffix("..") {
+                    Some(list) => format!("{table}.{list} = {{unpack({from}, {})}}", i + 1),
+                    None => format!("{table}.{n} = {from}[{}]", i + 1),
+                })
+                .collect();
+            set.join("\n")
+        }
+        let kept = "local K, A = {}, {}\n".to_string();
+        let each_call =
+            format!("local K, A = K, A\n{}\n{}\n", fields("K", self.keys, "keys"), fields("A", self.args, "args"));
+        (kept, each_call)
+    }
 }
 
 /// A typed call of one script: its arguments by name, and the type its result decodes into.
@@ -573,12 +595,11 @@ impl Library {
             // Read-only functions carry `no-writes`, so they keep running while Redis refuses
             // writes for memory (functions without flags are refused outright then).
             let flags = if s.read_only { "{'no-writes'}" } else { "{}" };
+            let (kept, each_call) = s.kept_prologue();
             code.push_str(&format!(
-                "redis.register_function{{function_name='{}_{version}', flags={flags}, \
-                 callback=function(keys, args)\n{}{}\nend}}\n",
-                s.name,
-                s.prologue("keys", "args"),
-                s.body
+                "do\n{kept}redis.register_function{{function_name='{}_{version}', flags={flags}, \
+                 callback=function(keys, args)\n{each_call}{}\nend}}\nend\n",
+                s.name, s.body
             ));
         }
         Library { name: name.to_string(), version, code, helpers, evalsha: Default::default() }
@@ -700,6 +721,12 @@ mod tests {
         assert_eq!(
             s.prologue("KEYS", "ARGV"),
             "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
+        );
+        let (kept, each_call) = s.kept_prologue();
+        assert_eq!(kept, "local K, A = {}, {}\n");
+        assert_eq!(
+            each_call,
+            "local K, A = K, A\nK.tenant = keys[1]\nK.budgets = {unpack(keys, 2)}\nA.digest = args[1]\n"
         );
     }
 

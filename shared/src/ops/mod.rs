@@ -376,6 +376,71 @@ mod tests {
         assert!(names <= 180, "the library's top level defines {names} locals (at most 180)");
     }
 
+    /// Whether a line of Lua writes into `K` or `A` (or `ask.K`, `ask.A`): assigns one of their
+    /// fields, or hands one of their lists to a table function that changes it.
+    fn writes_into_k_or_a(line: &str) -> bool {
+        let code = line.split("--").next().unwrap_or_default();
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        for table in ["K", "A"] {
+            for (at, _) in code.match_indices(table) {
+                let before = code[..at].chars().next_back();
+                let free = |c: Option<char>| c.is_none_or(|c| !word(c) && c != '.');
+                let owned = free(before) || (code[..at].ends_with("ask.") && free(code[..at - 4].chars().next_back()));
+                let rest = &code[at + 1..];
+                if !owned || !(rest.starts_with('.') || rest.starts_with('[')) {
+                    continue;
+                }
+                // past the field and its indexes
+                let end = rest.char_indices().skip(1).find(|&(_, c)| !(word(c) || "[].#".contains(c)));
+                let after = rest[end.map_or(rest.len(), |(i, _)| i)..].trim_start();
+                if after.starts_with('=') && !after.starts_with("==") {
+                    return true;
+                }
+                // one target of several (`A.x, y = ...`): an assignment's list of targets opens
+                // the statement, before any `=`, bracket or keyword
+                let lead = code[..at].trim_start();
+                let targets = lead.chars().all(|c| word(c) || " .,[]".contains(c))
+                    && !["local ", "return ", "if ", "elseif ", "for ", "while "].iter().any(|k| lead.starts_with(k));
+                if after.starts_with(',') && targets {
+                    let tail = &after[1..];
+                    let eq = tail.find('=').filter(|&i| !tail[i..].starts_with("=="));
+                    if eq.is_some_and(|i| tail[..i].chars().all(|c| word(c) || " .,[]".contains(c))) {
+                        return true;
+                    }
+                }
+            }
+        }
+        ["table.insert(", "table.remove(", "table.sort("].iter().any(|call| {
+            code.match_indices(call).any(|(at, _)| {
+                let arg = code[at + call.len()..].trim_start();
+                let arg = arg.strip_prefix("ask.").unwrap_or(arg);
+                arg.starts_with("K.") || arg.starts_with("A.")
+            })
+        })
+    }
+
+    /// A library function's `K` and `A` tables outlive its calls (`Script::kept_prologue`), so no
+    /// script or helper writes into them.
+    #[test]
+    fn scripts_never_write_into_k_or_a() {
+        for line in
+            ["A.amount = '1'", "  ask.K.budgets[1] = x", "K.x=1", "table.insert(ask.A.scopes, s)", "A.m, b = 1, 2"]
+        {
+            assert!(writes_into_k_or_a(line), "not caught: {line}");
+        }
+        let fine =
+            ["if A.amount == '1' then", "local x = A.amount", "B.x = 1", "ask.B = 1", "-- A.x = 1", "mask.A.x = 1"];
+        for line in fine.into_iter().chain(["local a, b = A.m, A.n", "f({x = K.a, y = 2})", "x, y = A.m, 2"]) {
+            assert!(!writes_into_k_or_a(line), "caught wrongly: {line}");
+        }
+        let texts = SCRIPTS.iter().map(|s| (s.name, s.body)).chain(MODULES.iter().copied());
+        for (name, text) in texts {
+            for line in text.lines() {
+                assert!(!writes_into_k_or_a(line), "{name} writes into K or A: {line}");
+            }
+        }
+    }
+
     /// Every helper a module uses is its own (defined before the use) or comes from a module its
     /// `-- needs:` line names, which loads earlier; every module it names is used; nothing is
     /// declared ahead of its definition; no module grows past 350 lines.
