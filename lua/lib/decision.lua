@@ -65,25 +65,6 @@ local function deny_detail(reason, b, ask, scope)
   return d
 end
 
--- What a ledger may deny a request for, in precedence order (`denial` answers the index).
-local DENIALS = {
-  {'BUDGET_FROZEN', MSG.BUDGET_FROZEN},
-  {'BUDGET_CLOSED', MSG.BUDGET_CLOSED},
-  {'OVERDRAFT_LIMIT_EXCEEDED', MSG.OVER_LIMIT},
-  {'DEBT_OUTSTANDING', MSG.DEBT_OUTSTANDING},
-  {'BUDGET_EXCEEDED', MSG.INSUFFICIENT_BUDGET},
-}
-
-local function denial(b, amount, charge)
-  if b.status == 'FROZEN' then return 1 end
-  if b.status == 'CLOSED' then return 2 end
-  if charge then return nil end
-  if b.over then return 3 end
-  if b.debt ~= '0' and d_pos(b.debt) and not d_pos(b.overdraft_limit) then return 4 end
-  if d_cmp(b.remaining, amount) < 0 then return 5 end
-  return nil
-end
-
 -- The budgets of the derived scopes in the request's unit (their keys in `K.budgets`, aligned
 -- with "<scope>|<8-character code>" in `A.scopes`), each rolled into its current period; a
 -- scope without one gets one from a policy's budget template when one is in force for it
@@ -222,21 +203,30 @@ end
 
 -- The checks, in the normative order (protocol v0.1.26: access, risk-class quotas, per-kind
 -- quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent guards
--- before the budgets; caps last).
+-- before the budgets; caps last). Those marked `policies` find nothing to check without a
+-- policy: a tenant whose record counts none runs the others only (`CHECKS.plain`), in the
+-- same order.
 local CHECKS = {
-  check.tenant_status,
-  check.rate_limit,
-  check.attempt,
-  check.action_access,
-  check.quotas(function(pol) return pol.rq end, true),
-  check.quotas(function(pol) return pol.aq end, false),
-  check.guards,
-  check.budgets,
-  check.caps,
+  {check.tenant_status},
+  {check.rate_limit, policies = true},
+  {check.attempt},
+  {check.action_access, policies = true},
+  {check.quotas(function(pol) return pol.rq end, true), policies = true},
+  {check.quotas(function(pol) return pol.aq end, false), policies = true},
+  {check.guards, policies = true},
+  {check.budgets},
+  {check.caps},
 }
 
 local function decide(ask)
-  for _, check in ipairs(CHECKS) do
+  if not CHECKS.all then -- (made at the first call: a library's top level calls nothing)
+    CHECKS.all, CHECKS.plain = {}, {}
+    for _, c in ipairs(CHECKS) do
+      table.insert(CHECKS.all, c[1])
+      if not c.policies then table.insert(CHECKS.plain, c[1]) end
+    end
+  end
+  for _, check in ipairs(has_policies(ask) and CHECKS.all or CHECKS.plain) do
     local verdict = check(ask)
     if verdict then return verdict end
   end

@@ -149,3 +149,22 @@ end
 local function save_ledger(b, now)
   save_view(b, itoa(now))
 end
+
+-- What a ledger may deny a request for, in precedence order (`denial` answers the index).
+local DENIALS = {
+  {'BUDGET_FROZEN', MSG.BUDGET_FROZEN},
+  {'BUDGET_CLOSED', MSG.BUDGET_CLOSED},
+  {'OVERDRAFT_LIMIT_EXCEEDED', MSG.OVER_LIMIT},
+  {'DEBT_OUTSTANDING', MSG.DEBT_OUTSTANDING},
+  {'BUDGET_EXCEEDED', MSG.INSUFFICIENT_BUDGET},
+}
+
+local function denial(b, amount, charge)
+  if b.status == 'FROZEN' then return 1 end
+  if b.status == 'CLOSED' then return 2 end
+  if charge then return nil end
+  if b.over then return 3 end
+  if b.debt ~= '0' and d_pos(b.debt) and not d_pos(b.overdraft_limit) then return 4 end
+  if d_cmp(b.remaining, amount) < 0 then return 5 end
+  return nil
+end
