@@ -5,17 +5,15 @@
 -- Per reservation, `K.reservation_keys` holds its record, its metadata, then its budget keys, and
 -- `A.reservations` its id and its number of budget keys.
 local now, now_s = now_ms()
-local ttl = tonumber(A.record_ttl_ms)
 local expired, dropped, quarantined = 0, 0, 0
 local sc = scene(K.events, nil, now) -- one per batch: the tenant's alert settings read once
 local k = 1
 for i = 1, #A.reservations, 2 do
   local rid, nb = A.reservations[i], tonumber(A.reservations[i + 1])
   local record = K.reservation_keys[k]
-  local ix = {record = record, meta = K.reservation_keys[k + 1], expiry = K.expiry_index, events = K.events,
-    list = K.listing_index, sc = sc}
-  local budget_keys = {}
-  for j = 1, nb do budget_keys[j] = K.reservation_keys[k + 1 + j] end
+  local ix = {reservation = record, meta = K.reservation_keys[k + 1], expiry_index = K.expiry_index, events = K.events,
+    listing_index = K.listing_index, budgets = {}}
+  for j = 1, nb do ix.budgets[j] = K.reservation_keys[k + 1 + j] end
   k = k + 2 + nb
   local r = read_reservation(record, rid)
   if not r or (r.status ~= 'ACTIVE' and not r.corrupt) then
@@ -25,8 +23,9 @@ for i = 1, #A.reservations, 2 do
     redis.call('ZREM', K.expiry_index, rid)
     redis.call('HSET', K.quarantine, rid, 'unreadable status, amount or times at ' .. now_s)
     quarantined = quarantined + 1
-  elseif expire_if_overdue(r, budget_keys, ix, now, ttl) then
-    expired = expired + 1
+  else
+    r.sc = sc
+    if expire_if_overdue(r, ix, now, A.record_ttl_ms) then expired = expired + 1 end
   end
 end
 return ok({expired = expired, dropped = dropped, quarantined = quarantined}, '', now_s)

@@ -32,13 +32,14 @@ end
 
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
 -- scope exactly once. Used by every script that touches a reservation, and by the sweep.
--- `ix`: the reservation's record and meta keys and the tenant's expiry, event and listing keys
--- (`record`, `meta`, `expiry`, `events`, `list`).
-local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
+-- `ix`: the reservation's keys, named as the scripts on one reservation name them (`reservation`,
+-- `meta`, `budgets`, and the tenant's `expiry_index`, `events`, `listing_index`, `due_index`
+-- when the script has it); `r.sc` the scene when the caller has one; `retention_ms` digits.
+local function expire_if_overdue(r, ix, now, retention_ms)
   if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
   local tenant = string.match(r.rid, '^([^.]+)%.')
-  local sc = ix.sc or scene(ix.events, nil, now, ix.tenant, tenant)
-  local budgets = read_budgets(budget_keys, sc)
+  local sc = r.sc or scene(ix.events, nil, now, r.tenant, tenant)
+  local budgets = read_budgets(ix.budgets, sc)
   for _, b in ipairs(budgets) do
     b.reserved = d_sub(b.reserved, r.estimate)
     b.remaining = d_add(b.remaining, r.estimate)
@@ -46,11 +47,11 @@ local function expire_if_overdue(r, budget_keys, ix, now, retention_ms)
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
   give_back(sc.prefix, r.rec)
-  record_ending(sc, ix.due, 'x', r)
-  finish_record(ix.record, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
-  keep_finished(ix.record, ix.meta, r.rec, retention_ms)
-  redis.call('ZREM', ix.expiry, r.rid)
-  list_status(ix.list, r, 'EXPIRED')
+  record_ending(sc, ix.due_index, 'x', r)
+  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
+  keep_finished(ix.reservation, ix.meta, r.rec, retention_ms)
+  redis.call('ZREM', ix.expiry_index, r.rid)
+  list_status(ix.listing_index, r, 'EXPIRED')
   r.status = 'EXPIRED'
   local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..
     ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
@@ -82,9 +83,7 @@ local function open_reservation(K, A, now, replay_of)
   if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
   r.sc = scene(K.events, A.context, now, r.tenant)
   if A.digest ~= '' then count(r.sc, 'a') end
-  local ix = {record = K.reservation, meta = K.meta, expiry = K.expiry_index, events = K.events, list = K.listing_index,
-    tenant = r.tenant, due = K.due_index}
-  expire_if_overdue(r, K.budgets, ix, now, tonumber(A.record_ttl_ms))
+  expire_if_overdue(r, K, now, A.record_ttl_ms)
   if r.status == 'EXPIRED' then return nil, err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
   if r.status ~= 'ACTIVE' then return nil, err('RESERVATION_FINALIZED', MSG.RESERVATION_FINALIZED .. r.status) end
   return r

@@ -232,9 +232,10 @@ async fn grace_boundary_is_inclusive() {
     let probe = r#"
 local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace = 500,
   scope_path = 'tenant:x', unit = 'TOKENS', created_at = 0, extensions = 0, rec = {}}
-local ix = {record = KEYS[1], expiry = KEYS[2], events = KEYS[3], meta = KEYS[4], list = KEYS[5]}
-local at = expire_if_overdue(r, {}, ix, 1500, 1000)
-local after = expire_if_overdue(r, {}, ix, 1501, 1000)
+local ix = {reservation = KEYS[1], expiry_index = KEYS[2], events = KEYS[3], meta = KEYS[4], listing_index = KEYS[5],
+  budgets = {}}
+local at = expire_if_overdue(r, ix, 1500, '1000')
+local after = expire_if_overdue(r, ix, 1501, '1000')
 return {at and 1 or 0, after and 1 or 0}
 "#;
     let script = redis::Script::new(&format!("{lib}\n{probe}"));
