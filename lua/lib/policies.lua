@@ -40,7 +40,7 @@ end
 -- Decoded policy rules by their stored text, so a rule is decoded once per script VM rather
 -- than once per request. The text is the key, so a changed rule is another entry and nothing
 -- can be stale; entries are only read, never changed.
-local RULES_DECODED = {max = 512, kept = 0, known = {}}
+local RULES_DECODED = {max = 512, kept = 0, known = {}, settings = {max = 1024, kept = 0, known = {}}}
 local function decoded_rule(row)
   return RULES_DECODED.known[row] or remember(RULES_DECODED, row, cjson.decode(row))
 end
@@ -57,24 +57,40 @@ local function prefer(best, f, p)
   local b = best[f]
   if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
 end
+-- The answers are remembered per script VM by the rules' stored texts and the scope path
+-- (`RULES_DECODED.settings`), each until the next time one of the rules starts or ends: a
+-- changed rule is another text, so nothing is stale. A caller gets its own copy of the entry
+-- (it adds the action's rules to it); the settings in it are only read.
 local function policy_settings(rules_key, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
-  local best, tpls, ruled = {}, {}, {}
-  for _, row in ipairs(redis.call('HVALS', rules_key)) do
-    local p = decoded_rule(row)
-    local live = p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
-    -- budget templates apply to each derived scope (`template_for` in lua/lib/guards.lua)
-    if live and p.tpl then tpls[#tpls + 1] = p end
-    if live and pattern_matches(p.pat, scope_path) then
-      for _, f in ipairs(POLICY_SETTINGS) do
-        if p[f] ~= nil then prefer(best, f, p) end
+  local rows = redis.call('HVALS', rules_key)
+  local memo = RULES_DECODED.settings
+  local key = table.concat(rows, '\0') .. '\0' .. scope_path
+  local known = memo.known[key]
+  if not (known and now < known.fresh_until) then
+    local best, tpls, ruled, fresh_until = {}, {}, {}, math.huge
+    for _, row in ipairs(rows) do
+      local p = decoded_rule(row)
+      for _, t in ipairs({p.from or 0, p['until'] or 0}) do
+        if t > now and t < fresh_until then fresh_until = t end
       end
-      if p.allow or p.deny or p.rq or p.aq then ruled[#ruled + 1] = p end
+      local live = p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
+      -- budget templates apply to each derived scope (`template_for` in lua/lib/guards.lua)
+      if live and p.tpl then tpls[#tpls + 1] = p end
+      if live and pattern_matches(p.pat, scope_path) then
+        for _, f in ipairs(POLICY_SETTINGS) do
+          if p[f] ~= nil then prefer(best, f, p) end
+        end
+        if p.allow or p.deny or p.rq or p.aq then ruled[#ruled + 1] = p end
+      end
     end
+    local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
+    for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
+    known = remember(memo, key, {settings = out, fresh_until = fresh_until})
   end
-  local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
-  for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
-  return out
+  local copy = {}
+  for f, v in pairs(known.settings) do copy[f] = v end
+  return copy
 end
 
 -- The v0.1.26 rules of an action ({kind, risk_label}) into `pol` (as `policy_settings` answered

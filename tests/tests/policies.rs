@@ -289,3 +289,31 @@ async fn rate_limits_answer_429_and_touch_nothing() {
         "action": {"kind": "llm", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 1}});
     h.post(&t.key, "/v1/decide", &decide).await.assert_ok();
 }
+
+/// A policy's window opens and closes with time alone (no write to it between): the settings
+/// in force, which the scripts remember per rule texts and scope, are worked out again when a
+/// window of any rule starts or ends.
+#[tokio::test]
+async fn a_window_opens_and_closes_with_time_alone() {
+    use cycles_shared::domain::{format_rfc3339_ms, now_ms};
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let start = now_ms() + 1_500;
+    create(
+        &h,
+        &t.id,
+        json!({"name": "window", "scope_pattern": format!("tenant:{}", t.id), "caps": {"max_tokens": 7},
+            "effective_from": format_rfc3339_ms(start), "effective_until": format_rfc3339_ms(start + 1_500)}),
+    )
+    .await;
+    let decision = || async { h.reserve(&t, 1, json!({})).await.assert_ok()["decision"].as_str().unwrap().to_string() };
+    assert_eq!(decision().await, "ALLOW", "before its window");
+    tokio::time::sleep(std::time::Duration::from_millis((start - now_ms() + 100).max(0) as u64)).await;
+    let r = h.reserve(&t, 1, json!({})).await;
+    assert_eq!(
+        (r.assert_ok()["decision"].as_str(), r.body["caps"]["max_tokens"].as_i64()),
+        (Some("ALLOW_WITH_CAPS"), Some(7))
+    );
+    tokio::time::sleep(std::time::Duration::from_millis((start + 1_500 - now_ms() + 100).max(0) as u64)).await;
+    assert_eq!(decision().await, "ALLOW", "after its window");
+}
