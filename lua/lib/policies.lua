@@ -71,9 +71,8 @@ local function policy_settings(rules_key, scope_path, now, tenant)
     local best, tpls, ruled, fresh_until = {}, {}, {}, math.huge
     for _, row in ipairs(rows) do
       local p = decoded_rule(row)
-      for _, t in ipairs({p.from or 0, p['until'] or 0}) do
-        if t > now and t < fresh_until then fresh_until = t end
-      end
+      if p.from and p.from > now then fresh_until = math.min(fresh_until, p.from) end
+      if p['until'] and p['until'] > now then fresh_until = math.min(fresh_until, p['until']) end
       local live = p.st == 'ACTIVE' and (not p.from or now >= p.from) and (not p['until'] or now < p['until'])
       -- budget templates apply to each derived scope (`template_for` in lua/lib/guards.lua)
       if live and p.tpl then tpls[#tpls + 1] = p end
