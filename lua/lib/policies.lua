@@ -40,7 +40,7 @@ end
 -- Decoded policy rules by their stored text, so a rule is decoded once per script VM rather
 -- than once per request. The text is the key, so a changed rule is another entry and nothing
 -- can be stale; entries are only read, never changed.
-local RULES_DECODED = {max = 512, kept = 0, known = {}, settings = {max = 1024, kept = 0, known = {}}}
+local RULES_DECODED = {max = 512, kept = 0, known = {}, settings = {max = 1024, kept = 0, known = {}, longest = 4096}}
 local function decoded_rule(row)
   return RULES_DECODED.known[row] or remember(RULES_DECODED, row, cjson.decode(row))
 end
@@ -60,13 +60,15 @@ end
 -- The answers are remembered per script VM by the rules' stored texts and the scope path
 -- (`RULES_DECODED.settings`), each until the next time one of the rules starts or ends: a
 -- changed rule is another text, so nothing is stale. A caller gets its own copy of the entry
--- (it adds the action's rules to it); the settings in it are only read.
+-- (it adds the action's rules to it); the settings in it are only read. Only texts of at most
+-- `longest` bytes are remembered, so the memo never holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
   local rows = redis.call('HVALS', rules_key)
-  local memo = RULES_DECODED.settings
-  local key = table.concat(rows, '\0') .. '\0' .. scope_path
-  local known = memo.known[key]
+  local memo, size = RULES_DECODED.settings, #scope_path
+  for _, row in ipairs(rows) do size = size + #row + 1 end
+  local key = size <= memo.longest and table.concat(rows, '\0') .. '\0' .. scope_path or nil
+  local known = key and memo.known[key]
   if not (known and now < known.fresh_until) then
     local best, tpls, ruled, fresh_until = {}, {}, {}, math.huge
     for _, row in ipairs(rows) do
@@ -85,7 +87,8 @@ local function policy_settings(rules_key, scope_path, now, tenant)
     end
     local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
-    known = remember(memo, key, {settings = out, fresh_until = fresh_until})
+    known = {settings = out, fresh_until = fresh_until}
+    if key then remember(memo, key, known) end
   end
   local copy = {}
   for f, v in pairs(known.settings) do copy[f] = v end

@@ -317,3 +317,24 @@ async fn a_window_opens_and_closes_with_time_alone() {
     tokio::time::sleep(std::time::Duration::from_millis((start + 1_500 - now_ms() + 100).max(0) as u64)).await;
     assert_eq!(decision().await, "ALLOW", "after its window");
 }
+
+/// Rules whose stored texts are long (past what the scripts remember the settings by: 4 KB)
+/// are weighed on every request instead, with the same answers.
+#[tokio::test]
+async fn long_rules_are_weighed_alike() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let scope = format!("tenant:{}", t.id);
+    let long = "x".repeat(1_000);
+    let mut ids = Vec::new();
+    for (i, tokens) in [10, 20, 30, 40, 50].into_iter().enumerate() {
+        let body = json!({"name": format!("p{i}"), "description": long, "scope_pattern": scope, "priority": i,
+            "caps": {"max_tokens": tokens}});
+        ids.push(create(&h, &t.id, body).await["policy_id"].as_str().unwrap().to_string());
+    }
+    let caps = || async { h.reserve(&t, 1, json!({})).await.assert_ok()["caps"]["max_tokens"].as_i64() };
+    assert_eq!(caps().await, Some(50), "the highest priority");
+    patch(&h, &ids[4], json!({"status": "DISABLED"})).await.assert_ok();
+    assert_eq!(caps().await, Some(40), "the next one, once the first is disabled");
+    assert_eq!(caps().await, Some(40));
+}
