@@ -514,42 +514,40 @@ pub struct Script {
 }
 
 impl Script {
+    /// Each key's or argument's name and the Lua that reads it from `from` (the call's array):
+    /// one element, or (a name ending in `..`) the rest as a list.
+    fn named<'a>(names: &[&'a str], from: &str) -> Vec<(&'a str, String)> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match n.strip_suffix("..") {
+                Some(list) => (list, format!("{{unpack({from}, {})}}", i + 1)),
+                None => (*n, format!("{from}[{}]", i + 1)),
+            })
+            .collect()
+    }
+
     /// The Lua that names the keys and arguments (`keys`/`args` are the call's arrays).
     pub(crate) fn prologue(&self, keys: &str, args: &str) -> String {
-        fn table(names: &[&str], from: &str) -> String {
-            let fields: Vec<String> = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| match n.strip_suffix("..") {
-                    Some(list) => format!("{list} = {{unpack({from}, {})}}", i + 1),
-                    None => format!("{n} = {from}[{}]", i + 1),
-                })
-                .collect();
+        let table = |names, from| {
+            let fields: Vec<String> = Self::named(names, from).iter().map(|(n, e)| format!("{n} = {e}")).collect();
             format!("{{{}}}", fields.join(", "))
-        }
+        };
         format!("local K = {}\nlocal A = {}\n", table(self.keys, keys), table(self.args, args))
     }
 
-    /// The same naming for a library function, whose `K` and `A` tables outlive a call (they are
-    /// made once, in `kept`, the Lua that opens the function's block): each call sets every
-    /// name anew (lists are new tables), so no call sees another's values, and allocates no
-    /// table for them. Scripts never write into `K` or `A` (`tests::scripts_never_write_into_k_or_a`).
-    pub(crate) fn kept_prologue(&self) -> (String, String) {
-        fn fields(table: &str, names: &[&str], from: &str) -> String {
-            let set: Vec<String> = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| match n.strip_suffix("..") {
-                    Some(list) => format!("{table}.{list} = {{unpack({from}, {})}}", i + 1),
-                    None => format!("{table}.{n} = {from}[{}]", i + 1),
-                })
-                .collect();
-            set.join("\n")
+    /// The same naming for a library function, whose `K` and `A` tables outlive a call (made
+    /// once, by the function's block: `local K, A = {}, {}`): each call sets every name anew
+    /// (lists are new tables), so no call sees another's values, and allocates no table for
+    /// them. Scripts never write into `K` or `A` (`tests::scripts_never_write_into_k_or_a`).
+    pub(crate) fn kept_prologue(&self) -> String {
+        let mut out = String::from("local K, A = K, A\n");
+        for (table, names, from) in [("K", self.keys, "keys"), ("A", self.args, "args")] {
+            for (n, e) in Self::named(names, from) {
+                out.push_str(&format!("{table}.{n} = {e}\n"));
+            }
         }
-        let kept = "local K, A = {}, {}\n".to_string();
-        let each_call =
-            format!("local K, A = K, A\n{}\n{}\n", fields("K", self.keys, "keys"), fields("A", self.args, "args"));
-        (kept, each_call)
+        out
     }
 }
 
@@ -595,11 +593,12 @@ impl Library {
             // Read-only functions carry `no-writes`, so they keep running while Redis refuses
             // writes for memory (functions without flags are refused outright then).
             let flags = if s.read_only { "{'no-writes'}" } else { "{}" };
-            let (kept, each_call) = s.kept_prologue();
             code.push_str(&format!(
-                "do\n{kept}redis.register_function{{function_name='{}_{version}', flags={flags}, \
-                 callback=function(keys, args)\n{each_call}{}\nend}}\nend\n",
-                s.name, s.body
+                "do\nlocal K, A = {{}}, {{}}\nredis.register_function{{function_name='{}_{version}', flags={flags}, \
+                 callback=function(keys, args)\n{}{}\nend}}\nend\n",
+                s.name,
+                s.kept_prologue(),
+                s.body
             ));
         }
         Library { name: name.to_string(), version, code, helpers, evalsha: Default::default() }
@@ -722,10 +721,8 @@ mod tests {
             s.prologue("KEYS", "ARGV"),
             "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
         );
-        let (kept, each_call) = s.kept_prologue();
-        assert_eq!(kept, "local K, A = {}, {}\n");
         assert_eq!(
-            each_call,
+            s.kept_prologue(),
             "local K, A = K, A\nK.tenant = keys[1]\nK.budgets = {unpack(keys, 2)}\nA.digest = args[1]\n"
         );
     }
