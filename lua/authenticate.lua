@@ -3,11 +3,12 @@
 -- permissions, its scope filter, and its tenant's status when its tenant record is given (the
 -- optional `K.tenant[1]`).
 local now, now_s = now_ms()
-local denied = authorize(K.api_key, A.digest, A.accepted, now, true)
+local denied, filter, k = authorize(K.api_key, A.digest, A.accepted, now, true)
 if denied then return denied end
-local f = redis.call('HMGET', K.api_key, 'permissions', 'scope_filter')
+-- (an admin-key call is not checked, so its key is read here)
+k = k or KEY_AUTH.read(K.api_key, true) or KEY_AUTH.of({})
 local status = ''
 if K.tenant[1] then status = redis.call('HGET', K.tenant[1], 'status') or '' end
 local permissions = {}
-for p in string.gmatch(f[1] or '', '[^,]+') do permissions[#permissions + 1] = p end
-return ok({permissions = permissions, scope_filter = f[2] or nil}, status, now_s)
+for p in string.gmatch(k.held, '[^,]+') do permissions[#permissions + 1] = p end
+return ok({permissions = permissions, scope_filter = filter or k.filter}, status, now_s)

@@ -58,8 +58,8 @@ end
 -- API-key check inside the operation's own script: digest, status, expiry, permission.
 -- Every failure yields the same 401 message; the reason travels separately for logs. On
 -- success the second value is the key's raw scope_filter (nil when it has none), for
--- `scope_guard`. `read_only`: the script may not write (a record without its packed copy is
--- then read without giving it one).
+-- `scope_guard`, the third what the check read of the key (`KEY_AUTH.read`). `read_only`: the
+-- script may not write (a record without its packed copy is then read without giving it one).
 local function authorize(key_record, digest, accepted, now, read_only)
   if digest == '' then return nil end -- admin-key call, authenticated by the handler
   local k = KEY_AUTH.read(key_record, read_only)
@@ -70,7 +70,7 @@ local function authorize(key_record, digest, accepted, now, read_only)
   elseif k.status ~= 'ACTIVE' then reason = 'KEY_REVOKED'
   elseif k.expires and k.expires <= now then reason = 'KEY_EXPIRED' end
   if reason then return err('UNAUTHORIZED', MSG.UNAUTHORIZED, reason) end
-  if accepted == '' then return nil, k.filter end
+  if accepted == '' then return nil, k.filter, k end
   local admitted = k.admits[accepted]
   if admitted == nil then
     admitted = false
@@ -79,7 +79,7 @@ local function authorize(key_record, digest, accepted, now, read_only)
     end
     k.admits[accepted] = admitted
   end
-  if admitted then return nil, k.filter end
+  if admitted then return nil, k.filter, k end
   return err('FORBIDDEN', MSG.PERMISSION_MISSING .. string.match(accepted, '[^,]+'))
 end
 
