@@ -20,11 +20,12 @@ use serde_json::Value;
 
 /// How far over its budget an operation may go before the check fails.
 pub const TOLERANCE: f64 = 0.03;
-/// Calls measured per operation (after a warm-up of `WARMUP`). Redis runs a step of the Lua
-/// garbage collector every 50th script call, whoever makes it, so a window of 50 calls holds
-/// exactly one step however the calls before it fell; with 40 it held one or none, and a change
-/// elsewhere moved ~15,000 instructions per call between operations.
-const CALLS: usize = 50;
+/// Calls measured per operation (after a warm-up of `WARMUP`), a multiple of 50: Redis runs a
+/// step of the Lua garbage collector every 50th script call, whoever makes it, so each window
+/// holds a whole number of those steps. Lua's own collector runs a cycle every few dozen calls
+/// too, and a window of 50 held one or none of them: the same operation read up to 13% apart
+/// depending on what ran before it. 500 calls average over many cycles (runs agree within ~2%).
+const CALLS: usize = 500;
 const WARMUP: usize = 8;
 const ADMIN_KEY: &str = "costs-admin-key";
 
@@ -367,7 +368,7 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     let policed = Policed { o, q, g, p };
     // CYCLES_COSTS_ONLY=reserve,commit counts those operations only (a quicker loop while
     // taking one apart; never a budget check)
-    // and CYCLES_COSTS_CALLS=N (a multiple of 50) averages over more calls
+    // and CYCLES_COSTS_CALLS=N (a multiple of 50) counts over N calls instead
     let only = std::env::var("CYCLES_COSTS_ONLY").ok();
     let calls = std::env::var("CYCLES_COSTS_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(CALLS);
     let wanted = |op: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w == op));
