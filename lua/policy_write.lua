@@ -29,8 +29,8 @@ local record = string.sub(A.record, 1, -2) .. ',"created_at_ms":' .. created_at 
 redis.call('HSET', K.policies, A.policy_id, record)
 redis.call('HSET', K.rules, A.policy_id, A.rule)
 redis.call('HSET', K.names, A.name_key, A.policy_id)
--- the runtime scripts read the rules only when the tenant record says there are some
-redis.call('HSET', K.tenant, 'policies', redis.call('HLEN', K.rules))
+-- the runtime scripts read the rules only when the tenant record says there are some, and
+-- know them by their digest (both kept by `refresh_tenant`)
 refresh_tenant(K.tenant)
 
 local p = cjson.decode(record)

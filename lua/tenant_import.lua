@@ -53,4 +53,6 @@ for i, r in ipairs(records) do
     written = written + 1
   end
 end
+-- the record's count and digest of the policy rules are made again from the rules imported
+refresh_tenant(K.tenant)
 return ok({written = written})

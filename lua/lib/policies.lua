@@ -57,21 +57,24 @@ local function prefer(best, f, p)
   local b = best[f]
   if not b or p.pri > b.pri or (p.pri == b.pri and p.id > b.id) then best[f] = p end
 end
--- The answers are remembered per script VM by the rules' stored texts and the scope path
--- (`RULES_DECODED.settings`), each until the next time one of the rules starts or ends: a
--- changed rule is another text, so nothing is stale. A caller gets its own copy of the entry
--- (it adds the action's rules to it); the settings in it are only read. Only texts of at most
--- `longest` bytes are remembered, so the memo never holds more than a few MB.
+-- The answers are remembered per script VM by the rules' digest (the tenant record keeps it:
+-- `refresh_tenant`, so no rule is read) and the scope path (`RULES_DECODED.settings`), each
+-- until the next time one of the rules starts or ends: changed rules have another digest, so
+-- nothing is stale. A caller gets its own copy of the entry (it adds the action's rules to it);
+-- the settings in it are only read. Only rules of at most `longest` bytes in all are
+-- remembered, so the memo never holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
-  local rows = redis.call('HVALS', rules_key)
-  local memo, size = RULES_DECODED.settings, #scope_path
-  for _, row in ipairs(rows) do size = size + #row + 1 end
-  local key = size <= memo.longest and table.concat(rows, '\0') .. '\0' .. scope_path or nil
+  local memo, digest = RULES_DECODED.settings, type(tenant) == 'table' and tenant.rules_digest
+  local key = digest and digest .. '\0' .. scope_path
   local known = key and memo.known[key]
   if not (known and now < known.fresh_until) then
+    local rows, size = redis.call('HVALS', rules_key), #scope_path
+    -- sorted, so the lists below are the same whatever order the hash keeps
+    table.sort(rows)
     local best, tpls, ruled, fresh_until = {}, {}, {}, math.huge
     for _, row in ipairs(rows) do
+      size = size + #row + 1
       local p = decoded_rule(row)
       if p.from and p.from > now then fresh_until = math.min(fresh_until, p.from) end
       if p['until'] and p['until'] > now then fresh_until = math.min(fresh_until, p['until']) end
@@ -88,7 +91,7 @@ local function policy_settings(rules_key, scope_path, now, tenant)
     local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
     known = {settings = out, fresh_until = fresh_until}
-    if key then remember(memo, key, known) end
+    if key and size <= memo.longest then remember(memo, key, known) end
   end
   local copy = {}
   for f, v in pairs(known.settings) do copy[f] = v end

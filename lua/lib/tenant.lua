@@ -3,12 +3,13 @@
 
 -- The fields of a tenant record every runtime request reads, and the packed copy of them the
 -- record keeps in its `runtime` field (joined by \31, '' for none; cjson escapes a \31 in
--- `alerts`): one field crosses into the script instead of eight, and each distinct copy is
+-- `alerts`): one field crosses into the script instead of nine, and each distinct copy is
 -- decoded once per script VM (`memo`; the decoded record is shared, so never changed). Every
--- script that writes one of the fields calls `refresh_tenant` after.
+-- script that writes one of the fields calls `refresh_tenant` after. `policy_digest` is the
+-- SHA-1 of the tenant's policy rules.
 local TENANT = {fields = {'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms', 'max_reservation_extensions',
-  'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode'},
-  packed = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$',
+  'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode', 'policy_digest'},
+  packed = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$',
   memo = {known = {}, kept = 0, max = 1000}}
 
 -- A tenant record from its fields in TENANT.fields order (nil or false where absent), or
@@ -17,16 +18,22 @@ local function tenant_of(f)
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
   return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
     max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
-    policies = tonumber(f[6]) or 0, alerts = f[7], observe = f[8] }
+    policies = tonumber(f[6]) or 0, alerts = f[7], observe = f[8], rules_digest = f[9] }
 end
 
--- Writes the packed copy of a tenant record's runtime fields (after a write of any of them).
+-- Writes the packed copy of a tenant record's runtime fields (after a write of any of them, or
+-- of the tenant's policy rules): the rules are counted again and their digest kept (SHA-1 of
+-- the texts sorted, so equal rules give equal digests), by which `policy_settings` knows them
+-- without reading them.
 local function refresh_tenant(key)
   local f = redis.call('HMGET', key, unpack(TENANT.fields))
   -- no status, no copy: such a record reads as today (absent, or malformed)
   if not f[1] then redis.call('HDEL', key, 'runtime') return end
+  local rules = redis.call('HVALS', KEY.policy_rules(KEY.prefix_of(key)))
+  table.sort(rules)
+  f[6], f[9] = tostring(#rules), #rules > 0 and redis.sha1hex(table.concat(rules, '\0')) or ''
   for i = 1, #TENANT.fields do f[i] = f[i] or '' end
-  redis.call('HSET', key, 'runtime', table.concat(f, '\31'))
+  redis.call('HSET', key, 'policies', f[6], 'policy_digest', f[9], 'runtime', table.concat(f, '\31'))
 end
 
 -- Tenant record: nil when absent (not governed), else its status and reservation settings
@@ -39,8 +46,11 @@ local function tenant_record(key, read_only)
     local known = TENANT.memo.known[packed]
     if known then return known end
     local f = {string.match(packed, TENANT.packed)}
-    for i = 1, #TENANT.fields do if f[i] == '' then f[i] = false end end
-    return remember(TENANT.memo, packed, tenant_of(f))
+    -- (a copy of another layout is read like a record without one)
+    if #f > 0 then
+      for i = 1, #TENANT.fields do if f[i] == '' then f[i] = false end end
+      return remember(TENANT.memo, packed, tenant_of(f))
+    end
   end
   local f = redis.call('HMGET', key, unpack(TENANT.fields))
   if not f[1] then

@@ -396,6 +396,35 @@ impl Harness {
         fields
     }
 
+    /// Asserts that a tenant record counts its policy rules and keeps their digest (what
+    /// `refresh_tenant` in lua/lib/tenant.lua writes: SHA-1 of the stored texts sorted, joined
+    /// by NUL), in its runtime copy too: the scripts know the rules in force by it without
+    /// reading them. Answers the digest.
+    pub async fn rules_digest_is_current(&self, tenant: &str) -> String {
+        let keys = cycles_shared::keys::TenantKeys::new(tenant);
+        let (count, expected): (i64, String) = redis::cmd("EVAL")
+            .arg(
+                "local r = redis.call('HVALS', KEYS[1]) table.sort(r) \
+                  return {#r, #r > 0 and redis.sha1hex(table.concat(r, '\\0')) or ''}",
+            )
+            .arg(1)
+            .arg(keys.policy_rules())
+            .query_async(&mut self.store.conn())
+            .await
+            .unwrap();
+        let (stored_count, digest, runtime): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(keys.tenant())
+            .arg(&["policies", "policy_digest", "runtime"])
+            .query_async(&mut self.store.conn())
+            .await
+            .unwrap();
+        assert_eq!(stored_count, Some(count.to_string()), "the record counts its rules");
+        assert_eq!(digest.as_deref(), Some(expected.as_str()), "the record's digest of its rules");
+        let runtime = runtime.expect("the record's runtime copy");
+        assert!(runtime.ends_with(&format!("\u{1f}{expected}")), "the runtime copy's digest: {runtime:?}");
+        expected
+    }
+
     /// Creates an API key over the operator API.
     pub async fn key(&self, tenant: &str, permissions: Option<Vec<String>>) -> CreatedKey {
         let mut body = json!({"tenant_id": tenant, "name": "test"});

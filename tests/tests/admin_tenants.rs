@@ -241,9 +241,9 @@ async fn an_interrupted_close_is_converged_by_the_sweep() {
 }
 
 /// The packed copy of a tenant's runtime fields (`runtime`, read by every runtime script
-/// instead of the eight fields) as the fields say it should be.
+/// instead of the nine fields) as the fields say it should be.
 async fn runtime_copy(h: &Harness, tenant: &str) -> (Option<String>, String) {
-    const FIELDS: [&str; 8] = [
+    const FIELDS: [&str; 9] = [
         "status",
         "default_reservation_ttl_ms",
         "max_reservation_ttl_ms",
@@ -252,6 +252,7 @@ async fn runtime_copy(h: &Harness, tenant: &str) -> (Option<String>, String) {
         "policies",
         "alerts",
         "observe_mode",
+        "policy_digest",
     ];
     let key = TenantKeys::new(tenant).tenant();
     let stored: Option<String> = h.store.conn().hget(&key, "runtime").await.unwrap();
@@ -319,4 +320,25 @@ async fn a_tenant_record_without_its_packed_copy_is_read_by_fields_and_given_one
     assert!(ttl <= 1000, "the field as written caps the TTL (ttl {ttl})");
     let (stored, expected) = runtime_copy(&h, &t.id).await;
     assert_eq!(stored.as_deref(), Some(expected.as_str()), "the reserve folded the fields into the copy");
+}
+
+/// A runtime copy of the layout before the rules' digest (eight fields, no `policy_digest`) is
+/// read like a record without a copy, and made anew with the digest by the next write.
+#[tokio::test]
+async fn a_runtime_copy_without_the_rules_digest_is_read_by_fields_and_made_anew() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let body = json!({"tenant_id": t.id, "name": "cap", "scope_pattern": format!("tenant:{}", t.id),
+        "caps": {"max_tokens": 7}});
+    assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&body)).await.status, 201);
+    let key = TenantKeys::new(&t.id).tenant();
+    let (stored, _) = runtime_copy(&h, &t.id).await;
+    let old = stored.unwrap().rsplit_once('\u{1f}').unwrap().0.to_string();
+    let _: () = h.store.conn().hset(&key, "runtime", &old).await.unwrap();
+    let _: () = h.store.conn().hdel(&key, "policy_digest").await.unwrap();
+    let r = h.reserve(&t, 1, json!({})).await;
+    assert_eq!(r.assert_ok()["caps"]["max_tokens"], 7, "the policy applies");
+    h.rules_digest_is_current(&t.id).await;
+    let (stored, expected) = runtime_copy(&h, &t.id).await;
+    assert_eq!(stored.as_deref(), Some(expected.as_str()), "the reserve made the copy anew");
 }

@@ -338,3 +338,31 @@ async fn long_rules_are_weighed_alike() {
     assert_eq!(caps().await, Some(40), "the next one, once the first is disabled");
     assert_eq!(caps().await, Some(40));
 }
+
+/// The tenant record counts its rules and keeps their digest through every policy write, and
+/// the settings in force follow each write at the next request (the scripts remember them by
+/// that digest: a write that left it as it was would leave them stale).
+#[tokio::test]
+async fn each_policy_write_is_seen_by_the_next_request() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let scope = format!("tenant:{}", t.id);
+    let caps = || async { h.reserve(&t, 1, json!({})).await.assert_ok()["caps"]["max_tokens"].as_i64() };
+    assert_eq!(h.rules_digest_is_current(&t.id).await, "", "no rules, no digest");
+    assert_eq!(caps().await, None);
+    let body = json!({"name": "cap", "scope_pattern": scope, "caps": {"max_tokens": 7}});
+    let id = create(&h, &t.id, body).await["policy_id"].as_str().unwrap().to_string();
+    let first = h.rules_digest_is_current(&t.id).await;
+    assert_eq!(caps().await, Some(7));
+    patch(&h, &id, json!({"caps": {"max_tokens": 9}})).await.assert_ok();
+    let second = h.rules_digest_is_current(&t.id).await;
+    assert_ne!(first, second);
+    assert_eq!(caps().await, Some(9), "the update, at the next request");
+    create(&h, &t.id, json!({"name": "higher", "scope_pattern": scope, "priority": 5, "caps": {"max_tokens": 3}}))
+        .await;
+    assert_ne!(h.rules_digest_is_current(&t.id).await, second);
+    assert_eq!(caps().await, Some(3), "the new policy, at the next request");
+    patch(&h, &id, json!({"caps": {"max_tokens": 7}})).await.assert_ok();
+    assert_ne!(h.rules_digest_is_current(&t.id).await, first, "two rules are another digest than one");
+    assert_eq!(caps().await, Some(3));
+}
