@@ -204,15 +204,15 @@ end
 -- The checks, in the normative order (protocol v0.1.26: access, risk-class quotas, per-kind
 -- quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent guards
 -- before the budgets; caps last). Those marked `policies` find nothing to check without a
--- policy: a tenant whose record counts none runs the others only (`CHECKS.plain`), in the
--- same order.
+-- policy, those marked `rules` nothing without a v0.1.26 action rule in the policies in force:
+-- a request runs the others only (`CHECKS.plain`, `CHECKS.unruled`), in the same order.
 local CHECKS = {
   {check.tenant_status},
   {check.rate_limit, policies = true},
   {check.attempt},
-  {check.action_access, policies = true},
-  {check.quotas(function(pol) return pol.rq end, true), policies = true},
-  {check.quotas(function(pol) return pol.aq end, false), policies = true},
+  {check.action_access, policies = true, rules = true},
+  {check.quotas(function(pol) return pol.rq end, true), policies = true, rules = true},
+  {check.quotas(function(pol) return pol.aq end, false), policies = true, rules = true},
   {check.guards, policies = true},
   {check.budgets},
   {check.caps},
@@ -220,13 +220,16 @@ local CHECKS = {
 
 local function decide(ask)
   if not CHECKS.all then -- (made at the first call: a library's top level calls nothing)
-    CHECKS.all, CHECKS.plain = {}, {}
+    CHECKS.all, CHECKS.unruled, CHECKS.plain = {}, {}, {}
     for _, c in ipairs(CHECKS) do
       table.insert(CHECKS.all, c[1])
+      if not c.rules then table.insert(CHECKS.unruled, c[1]) end
       if not c.policies then table.insert(CHECKS.plain, c[1]) end
     end
   end
-  for _, check in ipairs(has_policies(ask) and CHECKS.all or CHECKS.plain) do
+  local checks = CHECKS.plain
+  if has_policies(ask) then checks = policies_of(ask).ruled and CHECKS.all or CHECKS.unruled end
+  for _, check in ipairs(checks) do
     local verdict = check(ask)
     if verdict then return verdict end
   end

@@ -541,14 +541,16 @@ mod reserve_size {
     /// marked, so a tenant without one skips them (-3%), 1,532 with the policy settings in force
     /// remembered by the rules' texts (up to 4 KB) and scope (-3% of a reserve with a policy), 1,538
     /// with those settings known by the rules' digest kept in the tenant record instead (no
-    /// `HVALS` of the rules per request: -2 to -3% of a reserve with a policy), against a target
-    /// of 700 that the engine work has not reached yet.
+    /// `HVALS` of the rules per request: -2 to -3% of a reserve with a policy), 1,544 with the
+    /// checks that find nothing without a v0.1.26 action rule marked as such, and the guards'
+    /// early return without a guard (-2.4% of a reserve with a policy), against a target of 700
+    /// that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_538, "a reserve as run is {code} lines of code (at most 1,538; target 700)");
+        assert!(code <= 1_544, "a reserve as run is {code} lines of code (at most 1,544; target 700)");
     }
 }
