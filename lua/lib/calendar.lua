@@ -23,13 +23,19 @@ local function days_from_civil(y, m, d)
   return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
 end
 
--- RFC 3339 UTC with milliseconds, from epoch ms.
+-- RFC 3339 UTC with milliseconds, from epoch ms. The text up to the second is remembered per
+-- script VM (`ISO_SECOND`): every event of a second shares it, and working it out costs as
+-- much as the rest of an event's text.
+local ISO_SECOND = {}
 local function iso8601(ms)
-  local secs, frac = math.floor(ms / 1000), ms % 1000
-  local days, rem = math.floor(secs / 86400), secs % 86400
-  local y, m, d = civil_from_days(days)
-  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(rem / 3600),
-    math.floor(rem % 3600 / 60), rem % 60, frac)
+  local secs = math.floor(ms / 1000)
+  if ISO_SECOND.secs ~= secs then
+    local days, rem = math.floor(secs / 86400), secs % 86400
+    local y, m, d = civil_from_days(days)
+    ISO_SECOND.secs, ISO_SECOND.text = secs, string.format('%04d-%02d-%02dT%02d:%02d:%02d', y, m, d,
+      math.floor(rem / 3600), math.floor(rem % 3600 / 60), rem % 60)
+  end
+  return string.format('%s.%03dZ', ISO_SECOND.text, ms % 1000)
 end
 
 -- The period current at `now` of a recurrence whose period ended at `end_ms` (<= now): its

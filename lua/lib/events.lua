@@ -18,7 +18,7 @@ end
 -- read) and its JSON (`body`: what follows the id) carry. The JSON, and the error when the
 -- stream refuses the id. (The inbound traceparent flags travel beside the closed Event.)
 local function add_event(events_key, entry, event_type, tenant, body, flags)
-  local json = '{"event_id":' .. cjson.encode('evt_' .. entry .. '.' .. tenant) .. body
+  local json = '{"event_id":"evt_' .. entry .. '.' .. tenant .. '"' .. body
   local added
   if flags and flags ~= '' then
     added = redis.pcall('XADD', events_key, entry, 'type', event_type, 'event', json, 'flags', flags)
@@ -37,12 +37,13 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   -- them (EventCategory has no `quota`; `ops::events::category_of` says the same)
   local category = string.match(event_type, '^([^.]+)')
   if category == 'quota' or event_type == 'policy.limit_reached' then category = 'reservation' end
-  local actor = '{"type":' .. cjson.encode((ctx and ctx.actor) or 'system')
+  -- (event types, categories, sources, actor types and tenant ids are words of ours, [a-z0-9_.-]:
+  -- quoted as they are; what a client may have written goes through cjson)
+  local actor = '{"type":"' .. ((ctx and ctx.actor) or 'system') .. '"'
   if ctx and ctx.key_id and ctx.key_id ~= '' then actor = actor .. ',"key_id":' .. cjson.encode(ctx.key_id) end
-  local body = ',"event_type":' .. cjson.encode(event_type) ..
-    ',"category":' .. cjson.encode(category) .. ',"timestamp":"' .. iso8601(now) .. '","tenant_id":' ..
-    cjson.encode(tenant) .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
-    ',"actor":' .. actor .. '},"source":' .. cjson.encode(source) .. ',"data":' .. data_json
+  local body = ',"event_type":"' .. event_type .. '","category":"' .. category .. '","timestamp":"' .. iso8601(now) ..
+    '","tenant_id":"' .. tenant .. '"' .. (scope and (',"scope":' .. cjson.encode(scope)) or '') ..
+    ',"actor":' .. actor .. '},"source":"' .. source .. '","data":' .. data_json
   if ctx then
     if ctx.request_id and ctx.request_id ~= '' then body = body .. ',"request_id":' .. cjson.encode(ctx.request_id) end
     if ctx.trace_id and ctx.trace_id ~= '' then body = body .. ',"trace_id":' .. cjson.encode(ctx.trace_id) end

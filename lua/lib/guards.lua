@@ -33,13 +33,12 @@ local SPEND_WINDOWS = {{'sm', 'max_amount_per_minute', 60000, 'm'}, {'sh', 'max_
 -- What the 409's details and policy.limit_reached say of a limit, as JSON (amounts are digit
 -- strings, written as numbers whatever their size).
 local LIMIT_FIELDS = {'policy_id', 'limit_name', 'limit', 'current', 'requested', 'unit', 'scope', 'window_key',
-  'retry_after_ms', 'reason_code', 'tenant_id'}
-local LIMIT_NUMBERS = {limit = true, current = true, requested = true, retry_after_ms = true}
+  'retry_after_ms', 'reason_code', 'tenant_id', numbers = {limit = true, current = true, requested = true, retry_after_ms = true}}
 local function limit_json(lim)
   local parts = {}
   for _, k in ipairs(LIMIT_FIELDS) do
     local v = lim[k]
-    if v ~= nil then parts[#parts + 1] = '"' .. k .. '":' .. (LIMIT_NUMBERS[k] and tostring(v) or cjson.encode(v)) end
+    if v ~= nil then parts[#parts + 1] = '"' .. k .. '":' .. (LIMIT_FIELDS.numbers[k] and tostring(v) or cjson.encode(v)) end
   end
   return '{' .. table.concat(parts, ',') .. '}'
 end
