@@ -34,6 +34,7 @@ local function refresh_tenant(key)
   f[6], f[9] = tostring(#rules), #rules > 0 and redis.sha1hex(table.concat(rules, '\0')) or ''
   for i = 1, #TENANT.fields do f[i] = f[i] or '' end
   redis.call('HSET', key, 'policies', f[6], 'policy_digest', f[9], 'runtime', table.concat(f, '\31'))
+  return f[9], #rules
 end
 
 -- Tenant record: nil when absent (not governed), else its status and reservation settings
@@ -58,7 +59,13 @@ local function tenant_record(key, read_only)
     return nil
   end
   local t = tenant_of(f)
-  if t ~= 'MALFORMED' and not read_only then refresh_tenant(key) end
+  -- (a record read by fields may have been edited by hand: its rules are known as counted now,
+  -- by the digest made now; a read-only script knows them by none)
+  if t ~= 'MALFORMED' then
+    local digest = false
+    if not read_only then digest, t.policies = refresh_tenant(key) end
+    t.rules_digest = digest ~= '' and digest
+  end
   return t
 end
 

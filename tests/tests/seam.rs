@@ -365,5 +365,8 @@ async fn malformed_caps_in_the_store_are_a_fault_not_dropped() {
     let mut rule: Value = serde_json::from_str(&row).unwrap();
     rule["caps"] = json!("{\"max_tokens\": ");
     let _: () = h.store.conn().hset(&rules, id, rule.to_string()).await.unwrap();
+    // (as a hand edit of a rule must, the tenant record's runtime copy goes too: the next script
+    // counts the rules again and keeps their new digest, by which the scripts know them)
+    let _: () = h.store.conn().hdel(TenantKeys::new(&t.id).tenant(), "runtime").await.unwrap();
     decide().await.assert_error(500, "INTERNAL_ERROR");
 }
