@@ -100,15 +100,20 @@ impl<'de> Visitor<'de> for Strict<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            if out.contains_key(&key) {
-                let field = describe(&self.path.borrow(), &key);
-                return Err(de::Error::custom(format!("duplicate field `{field}`")));
-            }
-            // The key rides on the path while its value is read, then comes back for the insert.
+            // The key rides on the path while its value is read, then comes back for the insert
+            // (one search of the map finds a duplicate and the place for a new key).
             self.path.borrow_mut().push(Step::Key(key));
             let value = map.next_value_seed(self)?;
             let Some(Step::Key(key)) = self.path.borrow_mut().pop() else { unreachable!("pushed above") };
-            out.insert(key, value);
+            match out.entry(key) {
+                serde_json::map::Entry::Vacant(slot) => {
+                    slot.insert(value);
+                }
+                serde_json::map::Entry::Occupied(taken) => {
+                    let field = describe(&self.path.borrow(), taken.key());
+                    return Err(de::Error::custom(format!("duplicate field `{field}`")));
+                }
+            }
         }
         Ok(Value::Object(out))
     }
