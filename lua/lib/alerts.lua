@@ -91,20 +91,20 @@ local BURN = {weight = 1 / 12, memo = {known = {}, kept = 0, max = 2000}}
 local function track_burn(sc, b, delta)
   local cfg = alert_settings(sc)
   local w, now = cfg.bw * 1000, sc.now
-  local ws, spend, base, n, alerted
+  local ws, spend, base, n, alerted, base_text
   local known = recall(BURN.memo, b.key, b.burn)
   if known then
-    ws, spend, base, n, alerted = unpack(known)
+    ws, spend, base, n, alerted, base_text = unpack(known)
   else
-    ws, spend, base, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
-    ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base), tonumber(n)
+    ws, spend, base_text, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
+    ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base_text), tonumber(n)
   end
-  if not (ws and spend and base and n) then ws, spend, base, n, alerted = now - now % w, 0, 0, 0, '0' end
+  if not (ws and spend and base and n) then ws, spend, base, n, alerted, base_text = now - now % w, 0, 0, 0, '0', nil end
   if now >= ws + w then
     local k = math.floor((now - ws) / w)
     if n == 0 then base = spend else base = base + BURN.weight * (spend - base) end
     base = base * (1 - BURN.weight) ^ (k - 1)
-    ws, spend, n, alerted = ws + k * w, 0, n + k, '0'
+    ws, spend, n, alerted, base_text = ws + k * w, 0, n + k, '0', nil
   end
   spend = spend + tonumber(delta)
   if alerted == '0' and n >= RULES.ALERTS.min_burn_windows and base >= 1 and spend >= cfg.bm * base then
@@ -116,10 +116,14 @@ local function track_burn(sc, b, delta)
       ',"multiplier":' .. string.format('%.4f', spend / base) .. ',"window_seconds":' .. itoa(cfg.bw) ..
       ',"projected_exhaustion_minutes":' .. string.format('%.4f', math.max(tonumber(b.remaining), 0) / rate) .. '}'
   end
-  b.burn = string.format('%d:%.17g:%.17g:%d:%s', ws, spend, base, n, alerted)
-  -- the ledger's window as this VM last wrote it (%.17g gives every double back exactly, so the
-  -- remembered numbers are the text's)
-  remember(BURN.memo, b.key, {text = b.burn, value = {ws, spend, base, n, alerted}})
+  -- (%.17g gives every double back exactly, so the remembered numbers are the text's; a whole
+  -- spend reads back alike as %d, and the baseline's text is kept while it stands: each %.17g
+  -- costs half of the whole text)
+  base_text = base_text or string.format('%.17g', base)
+  local whole = spend % 1 == 0 and math.abs(spend) < 1e15
+  b.burn = string.format(whole and '%d:%d:%s:%d:%s' or '%d:%.17g:%s:%d:%s', ws, spend, base_text, n, alerted)
+  -- the ledger's window as this VM last wrote it
+  remember(BURN.memo, b.key, {text = b.burn, value = {ws, spend, base, n, alerted, base_text}})
 end
 
 -- Before a write that charges: each ledger whose spent grew moves its burn window.
