@@ -5,8 +5,9 @@
 -- record keeps in its `runtime` field (joined by \31, '' for none; cjson escapes a \31 in
 -- `alerts`): one field crosses into the script instead of nine, and each distinct copy is
 -- decoded once per script VM (`memo`; the decoded record is shared, so never changed). Every
--- script that writes one of the fields calls `refresh_tenant` after. `policy_digest` is the
--- SHA-1 of the tenant's policy rules.
+-- script that writes one of the fields calls `refresh_tenant` after. `policy_digest`, the
+-- SHA-1 of the tenant's policy rules, lives in the copy only (`refresh_tenant` makes it from
+-- the rules each time; no field of that name is stored).
 local TENANT = {fields = {'status', 'default_reservation_ttl_ms', 'max_reservation_ttl_ms', 'max_reservation_extensions',
   'default_commit_overage_policy', 'policies', 'alerts', 'observe_mode', 'policy_digest'},
   packed = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$',
@@ -33,7 +34,7 @@ local function refresh_tenant(key)
   table.sort(rules)
   f[6], f[9] = tostring(#rules), #rules > 0 and redis.sha1hex(table.concat(rules, '\0')) or ''
   for i = 1, #TENANT.fields do f[i] = f[i] or '' end
-  redis.call('HSET', key, 'policies', f[6], 'policy_digest', f[9], 'runtime', table.concat(f, '\31'))
+  redis.call('HSET', key, 'policies', f[6], 'runtime', table.concat(f, '\31'))
   return f[9], #rules
 end
 

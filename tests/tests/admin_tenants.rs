@@ -241,9 +241,9 @@ async fn an_interrupted_close_is_converged_by_the_sweep() {
 }
 
 /// The packed copy of a tenant's runtime fields (`runtime`, read by every runtime script
-/// instead of the nine fields) as the fields say it should be.
+/// instead of the eight fields and its rules' digest) as the fields and rules say it should be.
 async fn runtime_copy(h: &Harness, tenant: &str) -> (Option<String>, String) {
-    const FIELDS: [&str; 9] = [
+    const FIELDS: [&str; 8] = [
         "status",
         "default_reservation_ttl_ms",
         "max_reservation_ttl_ms",
@@ -252,14 +252,14 @@ async fn runtime_copy(h: &Harness, tenant: &str) -> (Option<String>, String) {
         "policies",
         "alerts",
         "observe_mode",
-        "policy_digest",
     ];
     let key = TenantKeys::new(tenant).tenant();
     let stored: Option<String> = h.store.conn().hget(&key, "runtime").await.unwrap();
     let fields: Vec<Option<String>> =
         redis::cmd("HMGET").arg(&key).arg(&FIELDS[..]).query_async(&mut h.store.conn()).await.unwrap();
-    let expected = fields.into_iter().map(Option::unwrap_or_default).collect::<Vec<_>>().join("\u{1f}");
-    (stored, expected)
+    let mut expected = fields.into_iter().map(Option::unwrap_or_default).collect::<Vec<_>>();
+    expected.push(h.rules_digest_is_current(tenant).await);
+    (stored, expected.join("\u{1f}"))
 }
 
 #[tokio::test]
@@ -322,7 +322,7 @@ async fn a_tenant_record_without_its_packed_copy_is_read_by_fields_and_given_one
     assert_eq!(stored.as_deref(), Some(expected.as_str()), "the reserve folded the fields into the copy");
 }
 
-/// A runtime copy of the layout before the rules' digest (eight fields, no `policy_digest`) is
+/// A runtime copy of the layout before the rules' digest (eight fields, no digest) is
 /// read like a record without a copy, and made anew with the digest by the next write.
 #[tokio::test]
 async fn a_runtime_copy_without_the_rules_digest_is_read_by_fields_and_made_anew() {
@@ -335,7 +335,6 @@ async fn a_runtime_copy_without_the_rules_digest_is_read_by_fields_and_made_anew
     let (stored, _) = runtime_copy(&h, &t.id).await;
     let old = stored.unwrap().rsplit_once('\u{1f}').unwrap().0.to_string();
     let _: () = h.store.conn().hset(&key, "runtime", &old).await.unwrap();
-    let _: () = h.store.conn().hdel(&key, "policy_digest").await.unwrap();
     let r = h.reserve(&t, 1, json!({})).await;
     assert_eq!(r.assert_ok()["caps"]["max_tokens"], 7, "the policy applies");
     h.rules_digest_is_current(&t.id).await;

@@ -124,11 +124,13 @@ async fn an_exported_tenant_imported_into_an_empty_store_answers_every_read_alik
     let fields = key_line["value"].as_array_mut().unwrap();
     let at = fields.iter().position(|f| f == "auth").expect("the key's copy is exported");
     fields[at + 1] = json!("stale");
-    // (and so did the tenant record's digest of its policy rules: made again from the rules)
+    // (and so did the tenant record's digest of its policy rules, the last field of its runtime
+    // copy: made again from the rules)
     let tenant_line = stale.iter_mut().find(|l| l["key"] == ":tenant").expect("the tenant record");
     let fields = tenant_line["value"].as_array_mut().unwrap();
-    let at = fields.iter().position(|f| f == "policy_digest").expect("the digest is exported");
-    fields[at + 1] = json!("stale");
+    let at = fields.iter().position(|f| f == "runtime").expect("the runtime copy is exported");
+    let copy = fields[at + 1].as_str().unwrap().rsplit_once('\u{1f}').unwrap().0.to_string();
+    fields[at + 1] = json!(format!("{copy}\u{1f}stale"));
     transfer::import(&target.store, &stale, true).await.expect("import with replace");
     target.key_check_copy_is_current(&t.id, &t.key_id).await;
     assert_ne!(target.rules_digest_is_current(&t.id).await, "stale");
