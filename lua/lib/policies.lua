@@ -39,8 +39,10 @@ end
 
 -- Decoded policy rules by their stored text, so a rule is decoded once per script VM rather
 -- than once per request. The text is the key, so a changed rule is another entry and nothing
--- can be stale; entries are only read, never changed.
-local RULES_DECODED = {max = 512, kept = 0, known = {}, settings = {max = 1024, kept = 0, known = {}, longest = 4096}}
+-- can be stale; entries are only read, never changed. (`actions`: requests' actions, by text,
+-- for `governance` in lua/lib/quotas.lua.)
+local RULES_DECODED = {max = 512, kept = 0, known = {}, settings = {max = 1024, kept = 0, known = {}, longest = 4096},
+  actions = {max = 1000, kept = 0, known = {}, longest = 512}}
 local function decoded_rule(row)
   return RULES_DECODED.known[row] or remember(RULES_DECODED, row, cjson.decode(row))
 end
@@ -89,6 +91,7 @@ local function policy_settings(rules_key, scope_path, now, tenant)
       end
     end
     local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
+    if out.ruled then out.by_action = {known = {}, kept = 0, max = 256} end
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
     known = {settings = out, fresh_until = fresh_until}
     if key and size <= memo.longest then remember(memo, key, known) end
@@ -106,14 +109,23 @@ local function names_rule(quotas, label)
   for _, q in ipairs(quotas or {}) do if q.k == label then return true end end
   return false
 end
+-- Each action's pick is remembered beside the settings it was made from (`pol.by_action`),
+-- so it lives exactly as long as they do.
 local function action_rules(pol, action)
-  local best = {}
-  for _, p in ipairs(pol.ruled or {}) do
-    if p.allow or p.deny then prefer(best, 'ac', p) end
-    if names_rule(p.rq, action.risk_label) then prefer(best, 'rq', p) end
-    if names_rule(p.aq, action.kind) then prefer(best, 'aq', p) end
+  local memo, key = pol.by_action, action.kind .. '\0' .. action.risk_label
+  local rules = memo and memo.known[key]
+  if not rules then
+    local best = {}
+    for _, p in ipairs(pol.ruled or {}) do
+      if p.allow or p.deny then prefer(best, 'ac', p) end
+      if names_rule(p.rq, action.risk_label) then prefer(best, 'rq', p) end
+      if names_rule(p.aq, action.kind) then prefer(best, 'aq', p) end
+    end
+    rules = {}
+    for f, p in pairs(best) do rules[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
+    if memo then remember(memo, key, rules) end
   end
-  for f, p in pairs(best) do pol[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
+  for f, v in pairs(rules) do pol[f] = v end
 end
 
 -- Where a setting's counts (quotas, rate limits) are kept for a request on `scope_path`: its

@@ -24,12 +24,25 @@ local QUOTA_WINDOWS = {
   per_tenant_per_day = {ttl_ms = 90000000, bucket_len = 10},
 }
 
+-- The request's action from its JSON (nil: none or unreadable), remembered per script VM by
+-- its text (an agent repeats its actions: `RULES_DECODED.actions`); the decoded table is only
+-- read.
 local function governance(raw)
-  local decoded, G = pcall(cjson.decode, raw or '')
-  if not decoded or type(G) ~= 'table' or not G.kind then return nil end
-  G.risk_label = '__risk__:' .. G.risk
-  if type(G.keys) ~= 'table' then G.keys = {} end
-  return G
+  raw = raw or ''
+  local memo = RULES_DECODED.actions
+  local G = memo.known[raw]
+  if G == nil then
+    local decoded
+    decoded, G = pcall(cjson.decode, raw)
+    if decoded and type(G) == 'table' and G.kind then
+      G.risk_label = '__risk__:' .. G.risk
+      if type(G.keys) ~= 'table' then G.keys = {} end
+    else
+      G = false
+    end
+    if #raw <= memo.longest then remember(memo, raw, G) end
+  end
+  return G or nil
 end
 
 -- A counter's index member in parts: scope, label (the kind, or "__risk__:<class>"), window,
@@ -147,11 +160,14 @@ end
 -- quota.threshold_approaching once per window instance when it reaches its threshold. Returns
 -- the per_run counters (the reservation keeps them, to give the call back on release/expiry).
 local function count_actions(sc, staged)
-  local runs = {}
+  local runs, counted = {}, {}
   for _, s in ipairs(staged) do
     local q = s.q
-    local n = redis.call('HINCRBY', s.key, 'n', '1')
-    redis.call('HSET', s.key, 'lim', itoa(q.n), 'pol', s.policy, 'last', itoa(sc.now))
+    -- the count read at the check, +1 (and +1 more for each counter staged twice), in the
+    -- one write that also stamps the limit, the policy and when
+    local n = (counted[s.key] or s.used) + 1
+    counted[s.key] = n
+    redis.call('HSET', s.key, 'n', itoa(n), 'lim', itoa(q.n), 'pol', s.policy, 'last', itoa(sc.now))
     if q.w == 'per_run' then runs[#runs + 1] = s.member end
     if n == 1 or q.w == 'per_run' then
       local ttl = q.ttl or QUOTA_WINDOWS[q.w].ttl_ms
