@@ -15,14 +15,15 @@
 -- in `<prefix>:quotas:due` (each new counter prunes up to two dead ones, so the indexes hold
 -- about the live counters only).
 
--- Each tumbling window: how long its counter outlives it, and the length of the ISO 8601
--- prefix that names its bucket.
-local QUOTA_WINDOWS = {
-  per_minute_tumbling = {ttl_ms = 120000, bucket_len = 16},
-  per_hour_tumbling = {ttl_ms = 3660000, bucket_len = 13},
-  per_day_tumbling = {ttl_ms = 90000000, bucket_len = 10},
-  per_tenant_per_day = {ttl_ms = 90000000, bucket_len = 10},
-}
+-- Each tumbling window: how long its counter outlives it, how long it lasts, and the length
+-- of the ISO 8601 prefix that names its bucket. `counters`: each rule's last counter
+-- (`quota_counter`).
+local QUOTA = {windows = {
+  per_minute_tumbling = {ttl_ms = 120000, span = 60000, bucket_len = 16},
+  per_hour_tumbling = {ttl_ms = 3660000, span = 3600000, bucket_len = 13},
+  per_day_tumbling = {ttl_ms = 90000000, span = 86400000, bucket_len = 10},
+  per_tenant_per_day = {ttl_ms = 90000000, span = 86400000, bucket_len = 10},
+}, counters = {known = {}, kept = 0, max = 1000}}
 
 -- The request's action from its JSON (nil: none or unreadable), remembered per script VM by
 -- its text (an agent repeats its actions: `RULES_DECODED.actions`); the decoded table is only
@@ -73,10 +74,23 @@ local function contains(list, v)
   return false
 end
 
--- The window instance of a quota at `now` (UTC calendar buckets; per_run: the run id).
-local function quota_bucket(window, now, run)
-  if window == 'per_run' then return run end
-  return string.sub(iso8601(now), 1, QUOTA_WINDOWS[window].bucket_len)
+-- The counter of quota rule `q` (on `label`) for `scope` now: {bucket, member, key}, its
+-- bucket the window instance (a UTC calendar bucket; per_run: the run id `run`). Each rule's
+-- last counter is remembered per script VM (by the rule's decoded table) while its window
+-- instance lasts, so its key is made once per instance rather than once per request.
+local function quota_counter(sc, q, label, scope, run)
+  local c, now = QUOTA.counters.known[q], sc.now
+  local live = c and c.scope == scope and c.prefix == sc.prefix and now >= c.starts and now < c.ends
+  if live and (run == nil or c.bucket == run) then return c end
+  local bucket, starts, ends = run, 0, math.huge
+  if q.w ~= 'per_run' then
+    local w = QUOTA.windows[q.w]
+    bucket, starts = string.sub(iso8601(now), 1, w.bucket_len), now - now % w.span
+    ends = starts + w.span
+  end
+  local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
+  return remember(QUOTA.counters, q, {scope = scope, prefix = sc.prefix, starts = starts, ends = ends, bucket = bucket,
+    member = member, key = KEY.quota_counter(sc.prefix, member)})
 end
 
 -- A per-kind quota applies when each of its non-empty allowlists lists the request's key of
@@ -120,17 +134,15 @@ local function quota_denial(sc, setting, label, by_risk, G, scope_path, staged)
           ' has a per_run quota on ' .. label)
       end
       local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or counted_scope(setting, sc, scope_path)
-      local bucket = quota_bucket(q.w, sc.now, G.run)
-      local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
-      local key = KEY.quota_counter(sc.prefix, member)
-      local used = tonumber(redis.call('HGET', key, 'n') or '0')
+      local c = quota_counter(sc, q, label, scope, q.w == 'per_run' and G.run or nil)
+      local used = tonumber(redis.call('HGET', c.key, 'n') or '0')
       if used >= q.n then
         if not worst or q.n - used < worst.limit - worst.used then
-          worst = {action_kind = G.kind, window = q.w, window_key = bucket, used = used, limit = q.n, scope = scope,
+          worst = {action_kind = G.kind, window = q.w, window_key = c.bucket, used = used, limit = q.n, scope = scope,
             policy_id = setting.id, risk_class = by_risk and G.risk or nil}
         end
       else
-        staged[#staged + 1] = {key = key, member = member, q = q, used = used, policy = setting.id}
+        staged[#staged + 1] = {key = c.key, member = c.member, q = q, used = used, policy = setting.id}
       end
     end
   end
@@ -164,13 +176,14 @@ local function count_actions(sc, staged)
   for _, s in ipairs(staged) do
     local q = s.q
     -- the count read at the check, +1 (and +1 more for each counter staged twice), in the
-    -- one write that also stamps the limit, the policy and when
+    -- one write that also stamps the limit, the policy and when (reading the stamps to spare
+    -- their write costs more than writing them)
     local n = (counted[s.key] or s.used) + 1
     counted[s.key] = n
     redis.call('HSET', s.key, 'n', itoa(n), 'lim', itoa(q.n), 'pol', s.policy, 'last', itoa(sc.now))
     if q.w == 'per_run' then runs[#runs + 1] = s.member end
     if n == 1 or q.w == 'per_run' then
-      local ttl = q.ttl or QUOTA_WINDOWS[q.w].ttl_ms
+      local ttl = q.ttl or QUOTA.windows[q.w].ttl_ms
       redis.call('PEXPIRE', s.key, ttl)
       if q.ttl then redis.call('HSET', s.key, 'ttl', q.ttl) end
       local due = KEY.quota_due(sc.prefix)

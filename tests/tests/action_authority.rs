@@ -851,3 +851,38 @@ async fn quotas_and_rate_limits_count_at_the_anchor_of_a_wildcard_pattern() {
     let p = policy(&h, &t4, json!({"scope_pattern": format!("tenant:{}", t4.id)})).await;
     assert_eq!(p["counting"], "scope_path");
 }
+
+#[tokio::test]
+async fn a_tumbling_quota_counts_each_window_instance_on_its_own_counter() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(
+        &h,
+        &t,
+        json!({"action_quotas": [{"action_kind": "llm.completion", "max_calls": 1,
+        "window": "per_minute_tumbling"}]}),
+    )
+    .await;
+    // the last 1.5 s of a minute: one call fills its counter, the next is refused
+    let into = cycles_shared::domain::now_ms() % 60_000;
+    if into < 58_500 {
+        tokio::time::sleep(Duration::from_millis((58_500 - into) as u64)).await;
+    }
+    let first = cycles_shared::domain::format_rfc3339_ms(cycles_shared::domain::now_ms())[..16].to_string();
+    h.reserve_ok(&t, 10, json!({})).await;
+    h.reserve(&t, 10, json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    // the next minute is a new instance with a counter of its own (the script VM's memory of
+    // the rule's counter ends with its window)
+    let into = cycles_shared::domain::now_ms() % 60_000;
+    tokio::time::sleep(Duration::from_millis((60_000 - into + 200) as u64)).await;
+    h.reserve_ok(&t, 10, json!({})).await;
+    let r = h.reserve(&t, 10, json!({})).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    let second = r.body["details"]["deny_detail"]["quota_violation"]["window_key"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+    let c = counters(&h, &t, "").await;
+    let mut keys: Vec<_> =
+        c.iter().map(|x| (x["window_key"].as_str().unwrap().to_string(), x["used"].as_i64())).collect();
+    keys.sort();
+    assert_eq!(keys, vec![(first, Some(1)), (second, Some(1))]);
+}
