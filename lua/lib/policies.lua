@@ -42,7 +42,7 @@ end
 -- can be stale; entries are only read, never changed. (`actions`: requests' actions, by text,
 -- for `governance` in lua/lib/quotas.lua.)
 local RULES_DECODED = {max = 512, kept = 0, known = {}, settings = {max = 1024, kept = 0, known = {}, longest = 4096},
-  actions = {max = 1000, kept = 0, known = {}, longest = 512}}
+  actions = {max = 1000, kept = 0, known = {}, longest = 512}, rows = {max = 256, kept = 0, known = {}}}
 local function decoded_rule(row)
   return RULES_DECODED.known[row] or remember(RULES_DECODED, row, cjson.decode(row))
 end
@@ -71,9 +71,12 @@ local function policy_settings(rules_key, scope_path, now, tenant)
   local key = digest and digest .. '\0' .. scope_path
   local known = key and memo.known[key]
   if not (known and now < known.fresh_until) then
-    local rows, size = redis.call('HVALS', rules_key), #scope_path
-    -- sorted, so the lists below are the same whatever order the hash keeps
-    table.sort(rows)
+    -- the rules, sorted so the lists below are the same whatever order the hash keeps; known by
+    -- their digest too (`RULES_DECODED.rows`, as the settings, up to `longest` bytes), so a
+    -- scope path seen first reads none
+    local rows, size = digest and RULES_DECODED.rows.known[digest], #scope_path
+    local read = not rows
+    if read then rows = redis.call('HVALS', rules_key); table.sort(rows) end
     local best, tpls, ruled, fresh_until = {}, {}, {}, math.huge
     for _, row in ipairs(rows) do
       size = size + #row + 1
@@ -95,6 +98,7 @@ local function policy_settings(rules_key, scope_path, now, tenant)
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
     known = {settings = out, fresh_until = fresh_until}
     if key and size <= memo.longest then remember(memo, key, known) end
+    if read and key and size <= memo.longest then remember(RULES_DECODED.rows, digest, rows) end
   end
   local copy = {}
   for f, v in pairs(known.settings) do copy[f] = v end
