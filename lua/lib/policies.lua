@@ -64,7 +64,8 @@ end
 -- until the next time one of the rules starts or ends: changed rules have another digest, so
 -- nothing is stale. A caller gets its own copy of the entry (it adds the action's rules to it);
 -- the settings in it are only read. Only rules of at most `longest` bytes in all are
--- remembered, so the memo never holds more than a few MB.
+-- remembered, each entry with the picks of at most 16 actions (`by_action`), so the memo never
+-- holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return {} end
   local memo, digest = RULES_DECODED.settings, type(tenant) == 'table' and tenant.rules_digest
@@ -94,7 +95,7 @@ local function policy_settings(rules_key, scope_path, now, tenant)
       end
     end
     local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
-    if out.ruled then out.by_action = {known = {}, kept = 0, max = 256} end
+    if out.ruled then out.by_action = {known = {}, kept = 0, max = 16} end
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
     known = {settings = out, fresh_until = fresh_until}
     if key and size <= memo.longest then remember(memo, key, known) end
