@@ -91,10 +91,10 @@ local BURN = {weight = 1 / 12, memo = {known = {}, kept = 0, max = 2000}}
 local function track_burn(sc, b, delta)
   local cfg = alert_settings(sc)
   local w, now = cfg.bw * 1000, sc.now
-  local ws, spend, base, n, alerted, base_text
+  local ws, spend, base, n, alerted, base_text, head, tail
   local known = recall(BURN.memo, b.key, b.burn)
   if known then
-    ws, spend, base, n, alerted, base_text = unpack(known)
+    ws, spend, base, n, alerted, base_text, head, tail = unpack(known)
   else
     ws, spend, base_text, n, alerted = string.match(b.burn or '', '^(%d+):([^:]+):([^:]+):(%d+):(%d)$')
     ws, spend, base, n = tonumber(ws), tonumber(spend), tonumber(base_text), tonumber(n)
@@ -104,11 +104,11 @@ local function track_burn(sc, b, delta)
     local k = math.floor((now - ws) / w)
     if n == 0 then base = spend else base = base + BURN.weight * (spend - base) end
     base = base * (1 - BURN.weight) ^ (k - 1)
-    ws, spend, n, alerted, base_text = ws + k * w, 0, n + k, '0', nil
+    ws, spend, n, alerted, base_text, head = ws + k * w, 0, n + k, '0', nil, nil
   end
   spend = spend + tonumber(delta)
   if alerted == '0' and n >= RULES.ALERTS.min_burn_windows and base >= 1 and spend >= cfg.bm * base then
-    alerted = '1'
+    alerted, head = '1', nil
     local minutes = w / 60000
     local rate = spend / minutes
     b.anomaly = '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. b.unit .. '","current_rate":' ..
@@ -118,18 +118,21 @@ local function track_burn(sc, b, delta)
   end
   -- (%.17g gives every double back exactly, so the remembered numbers are the text's; a whole
   -- spend reads back alike as %d, and the baseline's text is kept while it stands: each %.17g
-  -- costs half of the whole text)
+  -- costs half of the whole text. The text around the spend is made once per window and
+  -- alert, so a charge formats its spend only.)
   base_text = base_text or string.format('%.17g', base)
+  if not head then head, tail = itoa(ws) .. ':', ':' .. base_text .. ':' .. itoa(n) .. ':' .. alerted end
   local whole = spend % 1 == 0 and math.abs(spend) < 1e15
-  b.burn = string.format(whole and '%d:%d:%s:%d:%s' or '%d:%.17g:%s:%d:%s', ws, spend, base_text, n, alerted)
+  b.burn = head .. (whole and itoa(spend) or string.format('%.17g', spend)) .. tail
   -- the ledger's window as this VM last wrote it
-  remember(BURN.memo, b.key, {text = b.burn, value = {ws, spend, base, n, alerted, base_text}})
+  remember(BURN.memo, b.key, {text = b.burn, value = {ws, spend, base, n, alerted, base_text, head, tail}})
 end
 
--- Before a write that charges: each ledger whose spent grew moves its burn window.
+-- Before a write that charges: each ledger whose spent grew (`b.grew`, as `settle` left it)
+-- moves its burn window.
 local function track_spend(sc, budgets)
   for _, b in ipairs(budgets) do
-    if d_cmp(b.spent, b.before.spent) > 0 then track_burn(sc, b, d_sub(b.spent, b.before.spent)) end
+    if b.grew and b.grew ~= '0' then track_burn(sc, b, b.grew) end
   end
 end
 

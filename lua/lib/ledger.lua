@@ -78,8 +78,8 @@ end
 -- whose overdraft limit would be exceeded.
 local function settle(budgets, E, X, policy)
   local delta = d_sub(X, E)
-  local c = '0'
-  if d_pos(delta) then
+  local c, overage = '0', d_pos(delta)
+  if overage then
     c = delta
     for _, b in ipairs(budgets) do
       local zero_limit = not d_pos(b.overdraft_limit)
@@ -97,6 +97,7 @@ local function settle(budgets, E, X, policy)
     end
   end
   local capped = d_cmp(c, delta) < 0
+  local returned = not overage and d_sub(E, X)
   for _, b in ipairs(budgets) do
     local funded = c
     if d_pos(c) and d_cmp(b.remaining, c) < 0 then
@@ -107,16 +108,18 @@ local function settle(budgets, E, X, policy)
     if capped and d_cmp(b.remaining, delta) < 0 and (policy ~= 'ALLOW_WITH_OVERDRAFT' or not d_pos(b.overdraft_limit)) then
       b.over = true
     end
-    if d_pos(delta) then
+    -- (`grew`: what its spent grew by, for its burn window)
+    if overage then
       b.remaining = d_sub(b.remaining, c)
-      b.spent = d_add(b.spent, d_add(funded, E))
+      b.grew = d_add(funded, E)
     else
-      b.remaining = d_add(b.remaining, d_sub(E, X))
-      b.spent = d_add(b.spent, X)
+      b.remaining = d_add(b.remaining, returned)
+      b.grew = X
     end
+    b.spent = d_add(b.spent, b.grew)
     b.reserved = d_sub(b.reserved, E)
   end
-  if d_pos(delta) then return d_add(E, c) end
+  if overage then return d_add(E, c) end
   return X
 end
 

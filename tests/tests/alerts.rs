@@ -157,6 +157,12 @@ async fn spending_far_over_the_baseline_is_a_burn_rate_anomaly() {
     let rid = h.reserve_ok(&t, 50, json!({})).await;
     h.commit(&t, &rid, 50).await.assert_ok();
     assert_eq!(h.admin_events(&t.id, "budget.burn_rate_anomaly").await.len(), 1);
+    // the stored window says so too (what a script VM that remembers nothing reads back)
+    let key = cycles_shared::keys::TenantKeys::new(&t.id).budget(&root, Unit::Tokens);
+    let stored: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&key).query_async(&mut h.store.conn()).await.unwrap();
+    let view = cycles_shared::ops::ledgers::with_view(&stored).unwrap();
+    assert_eq!(view["burn"], format!("{start}:80:10:5:1"), "window start, spend, baseline, windows, alerted");
     // a window closes into the baseline (weight 1/12) and empty windows decay it
     let t2 = h.funded(100_000).await;
     let root2 = format!("tenant:{}", t2.id);
