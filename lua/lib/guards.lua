@@ -76,28 +76,26 @@ local function guard_denial(ask, pol)
     end
     guarded[#guarded + 1] = {a = field}
   end
-  if pol.sm or pol.sh then
-    for _, w in ipairs(SPEND_WINDOWS) do
-      s = pol[w[1]]
-      if s and s.value.u == A.unit then
-        local scope = counted_scope(s, sc, ask.scope)
-        local field = s.id .. '|' .. scope
-        local n = math.floor(sc.now / w[3])
-        local window = w[4] .. n
-        local key = KEY.spend_window(sc.prefix, window)
-        local spent = redis.call('HGET', key, field) or '0'
-        if d_cmp(d_add(spent, A.amount), s.value.n) > 0 then
-          local resets = (n + 1) * w[3]
-          local lim = {policy_id = s.id, limit_name = w[2], limit = s.value.n, current = spent, requested = A.amount,
-            unit = A.unit, scope = scope, window_key = iso8601(n * w[3]), retry_after_ms = itoa(resets - sc.now)}
-          return limit_verdict('SPEND_RATE_EXCEEDED', lim, 'Wait ' .. math.ceil((resets - sc.now) / 1000) ..
-            ' s for the window to end (' .. spent .. ' of ' .. s.value.n .. ' ' .. A.unit .. ' spent), or raise rate_limits.' ..
-            w[2] .. " in policy '" .. s.id .. "'", 'Spend on ' .. scope .. ' would exceed ' .. s.value.n .. ' ' .. A.unit ..
-            ' per ' .. string.sub(w[2], 15) .. ' (policy ' .. s.id .. '): ' .. spent .. ' spent, ' .. A.amount .. ' asked',
-            {key, w[3] * 2})
-        end
-        guarded[#guarded + 1] = {w = window, f = field, ttl = w[3] * 2}
+  for _, w in ipairs(SPEND_WINDOWS) do
+    s = pol[w[1]]
+    if s and s.value.u == A.unit then
+      local scope = counted_scope(s, sc, ask.scope)
+      local field = s.id .. '|' .. scope
+      local n = math.floor(sc.now / w[3])
+      local window = w[4] .. n
+      local key = KEY.spend_window(sc.prefix, window)
+      local spent = redis.call('HGET', key, field) or '0'
+      if d_cmp(d_add(spent, A.amount), s.value.n) > 0 then
+        local resets = (n + 1) * w[3]
+        local lim = {policy_id = s.id, limit_name = w[2], limit = s.value.n, current = spent, requested = A.amount,
+          unit = A.unit, scope = scope, window_key = iso8601(n * w[3]), retry_after_ms = itoa(resets - sc.now)}
+        return limit_verdict('SPEND_RATE_EXCEEDED', lim, 'Wait ' .. math.ceil((resets - sc.now) / 1000) ..
+          ' s for the window to end (' .. spent .. ' of ' .. s.value.n .. ' ' .. A.unit .. ' spent), or raise rate_limits.' ..
+          w[2] .. " in policy '" .. s.id .. "'", 'Spend on ' .. scope .. ' would exceed ' .. s.value.n .. ' ' .. A.unit ..
+          ' per ' .. string.sub(w[2], 15) .. ' (policy ' .. s.id .. '): ' .. spent .. ' spent, ' .. A.amount .. ' asked',
+          {key, w[3] * 2})
       end
+      guarded[#guarded + 1] = {w = window, f = field, ttl = w[3] * 2}
     end
   end
   ask.guarded = (#guarded > 0) and guarded or nil

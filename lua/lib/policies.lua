@@ -98,18 +98,21 @@ local function policy_settings(rules_key, scope_path, now, tenant)
     if out.ruled then out.by_action = {known = {}, kept = 0, max = 16} end
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
     known = {settings = out, fresh_until = fresh_until}
-    if key and size <= memo.longest then remember(memo, key, known) end
-    if read and key and size <= memo.longest then remember(RULES_DECODED.rows, digest, rows) end
+    if key and size <= memo.longest then
+      remember(memo, key, known)
+      if read then remember(RULES_DECODED.rows, digest, rows) end
+    end
   end
   local copy = {}
   for f, v in pairs(known.settings) do copy[f] = v end
   return copy
 end
 
--- The v0.1.26 rules of an action ({kind, risk_label}) into `pol` (as `policy_settings` answered
--- it): each from the highest-priority policy that has one for it (rules are never merged across
--- policies): `ac` the allow/deny lists (value: the policy row), `rq` the risk-class quotas of
--- the action's class, `aq` the quotas of its kind (values: the policy's lists).
+-- The v0.1.26 rules of an action ({kind, risk_label, pick: the two as one key; `governance`})
+-- into `pol` (as `policy_settings` answered it): each from the highest-priority policy that has
+-- one for it (rules are never merged across policies): `ac` the allow/deny lists (value: the
+-- policy row), `rq` the risk-class quotas of the action's class, `aq` the quotas of its kind
+-- (values: the policy's lists).
 local function names_rule(quotas, label)
   for _, q in ipairs(quotas or {}) do if q.k == label then return true end end
   return false
@@ -117,7 +120,7 @@ end
 -- Each action's pick is remembered beside the settings it was made from (`pol.by_action`),
 -- so it lives exactly as long as they do.
 local function action_rules(pol, action)
-  local memo, key = pol.by_action, action.kind .. '\0' .. action.risk_label
+  local memo, key = pol.by_action, action.pick
   local rules = memo and memo.known[key]
   if not rules then
     local best = {}

@@ -37,6 +37,7 @@ local function governance(raw)
     decoded, G = pcall(cjson.decode, raw)
     if decoded and type(G) == 'table' and G.kind then
       G.risk_label = '__risk__:' .. G.risk
+      G.pick = G.kind .. '\0' .. G.risk_label
       if type(G.keys) ~= 'table' then G.keys = {} end
     else
       G = false
