@@ -111,7 +111,7 @@ fn reserve_body(t: &Tenant, key: &str) -> Value {
 }
 
 /// The operations counted, with how each is called.
-const OPERATIONS: [&str; 13] = [
+const OPERATIONS: [&str; 14] = [
     "reserve",
     "reserve (2 quota rules)",
     "reserve (1 policy)",
@@ -125,13 +125,17 @@ const OPERATIONS: [&str; 13] = [
     "event",
     "get reservation",
     "list reservations",
+    // (last, so its holds grow no set another row works on)
+    "reserve (unbudgeted agent)",
 ];
 
 /// The tenants of the operations that use a policy: two quota rules (`q`), a cap on active
 /// holds (`g`), a budget template for every agent (`p`, whose `agent:known` has a ledger), and
-/// a policy that changes nothing a reserve counts (`o`: what any policy costs).
+/// a policy that changes nothing a reserve counts (`o`: what any policy costs); and one without
+/// a policy whose agents have no ledger (`u`), kept apart so its holds grow no other row's sets.
 struct Policed {
     o: Tenant,
+    u: Tenant,
     q: Tenant,
     g: Tenant,
     p: Tenant,
@@ -149,6 +153,10 @@ async fn call(h: &Harness, t: &Tenant, x: &Policed, held: &mut Vec<String>, op: 
     let (q, g, p) = (&x.q, &x.g, &x.p);
     match op {
         "reserve" => h.post(&t.key, "/v1/reservations", &reserve_body(t, &format!("r-{i}"))).await.status == 200,
+        "reserve (unbudgeted agent)" => {
+            h.post(&x.u.key, "/v1/reservations", &agent_reserve(&x.u, &format!("u-{i}"), "unbudgeted")).await.status
+                == 200
+        }
         "reserve (2 quota rules)" => {
             h.post(&q.key, "/v1/reservations", &reserve_body(q, &format!("q-{i}"))).await.status == 200
         }
@@ -365,7 +373,8 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     let body = json!({"tenant_id": o.id, "name": "ttl", "scope_pattern": format!("tenant:{}", o.id),
         "reservation_ttl_override": {"max_extensions": 10}});
     h.admin("POST", "/v1/admin/policies", Some(&body)).await;
-    let policed = Policed { o, q, g, p };
+    let u = h.funded(1_000_000_000_000).await;
+    let policed = Policed { o, u, q, g, p };
     // CYCLES_COSTS_ONLY=reserve,commit counts those operations only (a quicker loop while
     // taking one apart; never a budget check)
     // and CYCLES_COSTS_CALLS=N (a multiple of 50) counts over N calls instead

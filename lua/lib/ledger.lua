@@ -39,9 +39,12 @@ local function read_budget(key, scope)
       remember(LEDGER_VIEW.memo, key, {text = raw, value = f})
     end
     b = ledger_of(key, f)
+  -- (a scope without a ledger, the common case on a deep subject, is told by the cheapest
+  -- read there is, not by reading the old fields)
+  elseif redis.call('EXISTS', key) == 0 then
+    return nil
   else
     local f = redis.call('HMGET', key, unpack(LEDGER_VIEW.fields))
-    if not f[2] then return nil end
     for i = 1, #LEDGER_VIEW.fields do f[i] = f[i] or '' end
     f[10] = (f[10] == 'true') and '1' or ''
     b = ledger_of(key, f)
