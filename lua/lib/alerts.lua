@@ -137,12 +137,20 @@ local function track_spend(sc, budgets)
 end
 
 -- Windowed counters of a tenant for the rate spikes: per tenth of its rate window one hash of
--- counts (n: reservation attempts, d: their denials, x: expiries, a: other API-key writes,
--- f: authentication failures) that expires after eleven tenths, so a tenant's counters take
--- at most eleven small hashes whatever its traffic.
+-- counts (n: reservation attempts that made none, i.e. live denials and evaluations; d: their
+-- denials, x: expiries, a: other API-key writes, f: authentication failures) that expires
+-- after eleven tenths, so a tenant's counters take at most eleven small hashes whatever its
+-- traffic. The reservations made are not counted on the way: each tenth's hash keeps, as `s`,
+-- how many entries the tenant's created stream had had added (XINFO's entries-added, which
+-- trims never lower) before the tenth's first reserve, so those made over the window are the
+-- stream's count now less the oldest such mark in it (the hot reserve writes nothing for it).
 -- Each tenant's current window key is remembered per script VM (`ALERT_MEMOS.windows`, by key
 -- prefix), so a count formats its digits once per tenth, not once per request.
-local function count(sc, field)
+local RATES = {}
+
+-- The tenant's current window; `mark`: before a reserve that may make a reservation, so the
+-- window's mark (`s`) is written, once per tenth.
+function RATES.window(sc, mark)
   local size = alert_settings(sc).rw * 100
   local tenth = math.floor(sc.now / size)
   local w = ALERT_MEMOS.windows.known[sc.prefix]
@@ -150,9 +158,31 @@ local function count(sc, field)
     w = remember(ALERT_MEMOS.windows, sc.prefix, {tenth = tenth, size = size,
       key = KEY.alert_window(sc.prefix, itoa(size), itoa(tenth))})
   end
+  if mark and not w.marked then
+    if redis.call('HSETNX', w.key, 's', itoa(RATES.made(sc.prefix))) == 1 then
+      redis.call('PEXPIRE', w.key, itoa(w.size * 11))
+    end
+    w.marked = true
+  end
+  return w
+end
+
+-- Counts one `field` in the tenant's current window; its count there now.
+function RATES.count(sc, field)
+  local w = RATES.window(sc)
   local n = redis.call('HINCRBY', w.key, field, '1')
-  if n == 1 then redis.call('PEXPIRE', w.key, itoa(size * 11)) end
+  if n == 1 then redis.call('PEXPIRE', w.key, itoa(w.size * 11)) end
   return n
+end
+
+-- How many reservations the tenant's created stream has had added (0 before its first: the
+-- error of a missing stream is a table without entries).
+function RATES.made(prefix)
+  local info = redis.pcall('XINFO', 'STREAM', KEY.created_stream(prefix))
+  for i = 1, #info - 1, 2 do
+    if info[i] == 'entries-added' then return info[i + 1] end
+  end
+  return 0
 end
 
 local SPIKES = {
@@ -172,15 +202,18 @@ local function spike_check(sc, field)
   if sc.now < tonumber(redis.call('HGET', alerted, s.metric) or '0') + window then return end
   local size = cfg.rw * 100
   local last = math.floor(sc.now / size)
-  local t = {0, 0, 0, 0, 0}
+  local t, mark = {0, 0, 0, 0, 0}, nil
   for i = last - 9, last do
-    local v = redis.call('HMGET', KEY.alert_window(sc.prefix, size, i), 'n', 'd', 'x', 'a', 'f')
+    local v = redis.call('HMGET', KEY.alert_window(sc.prefix, size, i), 'n', 'd', 'x', 'a', 'f', 's')
     for j = 1, 5 do t[j] = t[j] + (tonumber(v[j]) or 0) end
+    mark = mark or tonumber(v[6])
   end
+  -- (a window without a mark counts the whole stream: its marks went with the tenant's keys)
+  local made = math.max(RATES.made(sc.prefix) - (mark or 0), 0)
   local hits, total
-  if field == 'd' then hits, total = t[2], t[1]
-  elseif field == 'x' then hits, total = t[3], math.max(t[1] - t[2], t[3])
-  else hits, total = t[5], t[1] + t[4] + t[5] end
+  if field == 'd' then hits, total = t[2], made + t[1]
+  elseif field == 'x' then hits, total = t[3], math.max(made, t[3])
+  else hits, total = t[5], made + t[1] + t[4] + t[5] end
   if total < RULES.ALERTS.min_samples or hits / total <= cfg[s.setting] then return end
   redis.call('HSET', alerted, s.metric, itoa(sc.now))
   redis.call('PEXPIRE', alerted, 2 * 86400000)
@@ -193,7 +226,7 @@ end
 -- the first occurrences of a tenth, then for every tenth one, so a burst (a sweep expiring
 -- thousands) pays about one look per ten.
 local function count_and_check(sc, field)
-  local n = count(sc, field)
+  local n = RATES.count(sc, field)
   if n <= RULES.ALERTS.min_samples or n % 10 == 0 then spike_check(sc, field) end
 end
 

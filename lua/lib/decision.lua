@@ -130,12 +130,13 @@ function check.rate_limit(ask)
   return limited and {fail = limited}
 end
 
--- A live reserve's attempt is counted for the denial-rate alert (once: not its reclaim retry),
--- an event as another API-key write.
+-- A live reserve's attempt marks its tenth for the rate alerts (the reservations it makes are
+-- counted from the created stream; a denial counts itself, `denied_event`), an event is
+-- counted as another API-key write.
 function check.attempt(ask)
   if ask.A.digest == '' then return nil end
-  if ask.mode == 'hold' and ask.A.reclaimed == '' then count(ask.sc, 'n') end
-  if ask.mode == 'charge' then count(ask.sc, 'a') end
+  if ask.mode == 'hold' then RATES.window(ask.sc, true) end
+  if ask.mode == 'charge' then RATES.count(ask.sc, 'a') end
   return nil
 end
 
@@ -253,6 +254,8 @@ local function denied_event(ask, d, by)
     (by and (',"remaining":' .. by.remaining) or '') .. ',"action":' .. A.action .. ',"subject":' .. A.subject ..
     (d.blocked_by_policy and (',"policy_id":' .. cjson.encode(d.blocked_by_policy)) or '') ..
     ',"deny_detail":' .. detail_json(d) .. '}', sc.now)
+  -- (an evaluation counted its attempt already)
+  if ask.mode == 'hold' then RATES.count(sc, 'n') end
   count_and_check(sc, 'd')
 end
 
@@ -319,7 +322,7 @@ local function evaluation(K, A, now, now_s, status, tenant)
   -- and observed evaluations never write one
   ask.makes = K.live == K.record and not observe
   -- observed evaluations stay out of the production denial rate
-  if A.digest ~= '' and not observe then count(ask.sc, 'n') end
+  if A.digest ~= '' and not observe then RATES.count(ask.sc, 'n') end
   local verdict = decide(ask)
   if verdict and verdict.fail then return verdict.fail end
   local result = {decision = 'DENY', observed = observe or nil}

@@ -82,7 +82,7 @@ local function open_reservation(K, A, now, replay_of)
   if guard then return nil, guard end
   if r.corrupt then return nil, err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
   r.sc = scene(K.events, A.context, now, r.tenant)
-  if A.digest ~= '' then count(r.sc, 'a') end
+  if A.digest ~= '' then RATES.count(r.sc, 'a') end
   expire_if_overdue(r, K, now, A.record_ttl_ms)
   if r.status == 'EXPIRED' then return nil, err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
   if r.status ~= 'ACTIVE' then return nil, err('RESERVATION_FINALIZED', MSG.RESERVATION_FINALIZED .. r.status) end

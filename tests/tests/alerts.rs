@@ -111,6 +111,32 @@ async fn a_live_denial_is_an_event_and_many_are_a_spike() {
 }
 
 #[tokio::test]
+async fn reservations_made_over_the_window_are_attempts_of_the_denial_rate() {
+    let h = Harness::start().await;
+    let t = h.funded(10).await;
+    // a one-minute window, so tenths of six seconds
+    let sub = json!({"url": "http://127.0.0.1:9/x", "event_types": ["reservation.denial_rate_spike"],
+        "thresholds": {"rate_window_seconds": 60}});
+    let r = h.admin("POST", &format!("/v1/admin/webhooks?tenant_id={}", t.id), Some(&sub)).await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    early_in_a_window(6_000, 3_000).await;
+    for _ in 0..10 {
+        h.reserve_ok(&t, 1, json!({})).await;
+    }
+    // in the next tenth the ten made are still attempts of the window
+    tokio::time::sleep(Duration::from_millis((6_000 - now_ms() % 6_000 + 100) as u64)).await;
+    h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    let spikes = h.admin_events(&t.id, "reservation.denial_rate_spike").await;
+    assert!(spikes.is_empty(), "one denial in eleven attempts is under 10%: {spikes:?}");
+    h.reserve(&t, 100, json!({})).await.assert_error(409, "BUDGET_EXCEEDED");
+    let spikes = h.admin_events(&t.id, "reservation.denial_rate_spike").await;
+    assert_eq!(spikes.len(), 1);
+    let d = &spikes[0]["data"];
+    assert_eq!((d["current_rate"].as_f64(), d["sample_count"].as_i64()), (Some(0.1667), Some(12)));
+    assert_eq!(d["window_seconds"].as_i64(), Some(60));
+}
+
+#[tokio::test]
 async fn expiries_over_the_threshold_are_a_spike() {
     let h = Harness::start().await;
     let t = h.funded(1000).await;
