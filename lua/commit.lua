@@ -57,8 +57,7 @@ if A.metadata ~= '' then
 end
 finish_record(K.reservation, rec, 'COMMITTED', {fkey = A.idempotency_key, fhash = A.payload_hash,
   fbalances = balances(budgets), charged = charged, finished = now_s, metrics = A.metrics ~= '' and A.metrics or nil},
-  K.meta)
-keep_finished(K.reservation, K.meta, rec, A.record_ttl_ms)
+  K.meta, A.record_ttl_ms)
 redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'COMMITTED')
 return ok(settle_answer(rec), 'COMMITTED', now_s)

@@ -23,8 +23,7 @@ local rec = r.rec
 give_back(r.sc.prefix, rec)
 record_ending(r.sc, K.due_index, 'r', r)
 finish_record(K.reservation, rec, 'RELEASED', {fkey = A.idempotency_key, fhash = A.payload_hash,
-  fbalances = balances(budgets), finished = now_s, reason = A.reason ~= '' and A.reason or nil}, K.meta)
-keep_finished(K.reservation, K.meta, rec, A.record_ttl_ms)
+  fbalances = balances(budgets), finished = now_s, reason = A.reason ~= '' and A.reason or nil}, K.meta, A.record_ttl_ms)
 redis.call('ZREM', K.expiry_index, r.rid)
 list_status(K.listing_index, r, 'RELEASED')
 if A.audit ~= '' then

@@ -13,7 +13,7 @@ local ctx = request_context(A.context)
 local t = tenant_record(K.tenant)
 if t == 'MALFORMED' or not t or t.status ~= 'CLOSED' then return err('INVALID_REQUEST', MSG.TENANT_NOT_CLOSED) end
 local tenant = redis.call('HGET', K.tenant, 'tenant_id')
-local n, nb, retention, nk = tonumber(A.reservations), tonumber(A.budgets), tonumber(A.record_ttl_ms), tonumber(A.api_keys)
+local n, nb, nk = tonumber(A.reservations), tonumber(A.budgets), tonumber(A.api_keys)
 local C = K.children
 
 for i = 1, n do
@@ -23,8 +23,7 @@ for i = 1, n do
     list_status(K.listing_index, r, 'RELEASED')
     give_back(KEY.prefix_of(K.tenant), r.rec)
     record_ending({prefix = KEY.prefix_of(K.tenant), name = tenant, now = now}, nil, 'r', r)
-    finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, meta)
-    keep_finished(key, meta, r.rec, retention)
+    finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, meta, A.record_ttl_ms)
   end
   if not (r and r.corrupt) then redis.call('ZREM', K.expiry_index, rid) end
 end

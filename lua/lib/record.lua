@@ -166,16 +166,22 @@ end
 
 -- Finishes an ACTIVE reservation's record (read by `head_record`): its status becomes `status`
 -- and the finishing fields (`fin`: fkey, fhash, fbalances, charged, finished, metrics, reason)
--- follow its fields. A record of the first layout is written whole in today's.
-local function finish_record(key, rec, status, fin, meta_key)
+-- follow its fields. A record of the first layout is written whole in today's. The finished
+-- record (and its metadata beside it) is kept `ttl` ms, the retention of finished records: set
+-- with the record's write, not by a command of its own.
+local function finish_record(key, rec, status, fin, meta_key, ttl)
   rec.status = status
   for name, v in pairs(fin) do rec[name] = v end
-  if not rec.head_only then return save_record(key, rec, meta_key) end
-  local raw = rec.raw
-  local text = '2\31' .. STATUS_CODE[status] .. string.sub(raw, 4) .. '\31' .. (fin.fkey or '') .. '\31' ..
-    (fin.fhash or '') .. '\31' .. (fin.fbalances or '') .. '\31' .. (fin.charged or '') .. '\31' .. (fin.finished or '') ..
-    '\31' .. (fin.metrics or '') .. '\31' .. (fin.reason or '')
-  redis.call('SET', key, text, 'KEEPTTL')
+  local text
+  if rec.head_only then
+    text = '2\31' .. STATUS_CODE[status] .. string.sub(rec.raw, 4) .. '\31' .. (fin.fkey or '') .. '\31' ..
+      (fin.fhash or '') .. '\31' .. (fin.fbalances or '') .. '\31' .. (fin.charged or '') .. '\31' .. (fin.finished or '') ..
+      '\31' .. (fin.metrics or '') .. '\31' .. (fin.reason or '')
+  else
+    text = record_text(whole_record(rec), meta_key)
+  end
+  redis.call('SET', key, text, 'PX', ttl)
+  if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
 end
 
 -- The answer of a reserve (JSON) from its record and id, written out (every reserve answers

@@ -23,13 +23,6 @@ local function read_reservation(key, rid)
   return r
 end
 
--- Keys of a finished reservation are kept `ttl` ms (best as digits: a Lua number handed to
--- Redis costs a float formatting): the record, and its metadata when it has some (`rec.m`).
-local function keep_finished(record_key, meta_key, rec, ttl)
-  redis.call('PEXPIRE', record_key, ttl)
-  if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
-end
-
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
 -- scope exactly once. Used by every script that touches a reservation, and by the sweep.
 -- `ix`: the reservation's keys, named as the scripts on one reservation name them (`reservation`,
@@ -48,8 +41,7 @@ local function expire_if_overdue(r, ix, now, retention_ms)
   if e then error(e[3]) end
   give_back(sc.prefix, r.rec)
   record_ending(sc, ix.due_index, 'x', r)
-  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta)
-  keep_finished(ix.reservation, ix.meta, r.rec, retention_ms)
+  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta, retention_ms)
   redis.call('ZREM', ix.expiry_index, r.rid)
   list_status(ix.listing_index, r, 'EXPIRED')
   r.status = 'EXPIRED'
