@@ -130,13 +130,12 @@ function check.rate_limit(ask)
   return limited and {fail = limited}
 end
 
--- A live reserve's attempt marks its tenth for the rate alerts (the reservations it makes are
--- counted from the created stream; a denial counts itself, `denied_event`), an event is
--- counted as another API-key write.
+-- Every live reserve marks its tenth for the rate alerts before it may make a reservation (the
+-- reservations made are counted from the created stream; a denial counts itself,
+-- `denied_event`); an event is counted as another API-key write.
 function check.attempt(ask)
-  if ask.A.digest == '' then return nil end
   if ask.mode == 'hold' then RATES.window(ask.sc, true) end
-  if ask.mode == 'charge' then RATES.count(ask.sc, 'a') end
+  if ask.mode == 'charge' and ask.A.digest ~= '' then RATES.count(ask.sc, 'a') end
   return nil
 end
 

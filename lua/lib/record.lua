@@ -167,8 +167,8 @@ end
 -- Finishes an ACTIVE reservation's record (read by `head_record`): its status becomes `status`
 -- and the finishing fields (`fin`: fkey, fhash, fbalances, charged, finished, metrics, reason)
 -- follow its fields. A record of the first layout is written whole in today's. The finished
--- record (and its metadata beside it) is kept `ttl` ms, the retention of finished records: set
--- with the record's write, not by a command of its own.
+-- record (and its metadata beside it) is kept `ttl` ms (digits), the retention of finished
+-- records: set with the record's write, not by a command of its own.
 local function finish_record(key, rec, status, fin, meta_key, ttl)
   rec.status = status
   for name, v in pairs(fin) do rec[name] = v end
