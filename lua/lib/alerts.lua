@@ -208,8 +208,8 @@ local function spike_check(sc, field)
     for j = 1, 5 do t[j] = t[j] + (tonumber(v[j]) or 0) end
     mark = mark or tonumber(v[6])
   end
-  -- (a window without a mark counts the whole stream: its marks went with the tenant's keys)
-  local made = math.max(RATES.made(sc.prefix) - (mark or 0), 0)
+  -- (a window without a mark saw no reserve, so none made)
+  local made = mark and math.max(RATES.made(sc.prefix) - mark, 0) or 0
   local hits, total
   if field == 'd' then hits, total = t[2], made + t[1]
   elseif field == 'x' then hits, total = t[3], math.max(made, t[3])

@@ -155,6 +155,25 @@ async fn expiries_over_the_threshold_are_a_spike() {
     );
     assert_eq!(d["sample_count"].as_i64(), Some(10));
     assert_eq!(spikes[0]["actor"]["type"], "system");
+
+    // reservations made before the window (here: its tenths' hashes gone, as they are once
+    // the window has moved past them) are no reservations made in it: their expiries alone
+    // are the rate, 10 of 10
+    let t = h.funded(1000).await;
+    for _ in 0..10 {
+        h.reserve_ok(&t, 1, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    }
+    let keys = cycles_shared::keys::TenantKeys::new(&t.id);
+    let tenth = now_ms() / 30_000;
+    let windows = [keys.alert_window(30_000, tenth - 1), keys.alert_window(30_000, tenth)];
+    let removed: i64 = redis::cmd("DEL").arg(&windows).query_async(&mut h.store.conn()).await.unwrap();
+    assert!(removed >= 1, "the reserves marked their tenth");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.sweep_tenant(&t, &SweepOptions::default()).await.expired, 10);
+    let spikes = h.admin_events(&t.id, "reservation.expiry_rate_spike").await;
+    assert_eq!(spikes.len(), 1);
+    let d = &spikes[0]["data"];
+    assert_eq!((d["current_rate"].as_f64(), d["sample_count"].as_i64()), (Some(1.0), Some(10)));
 }
 
 #[tokio::test]
