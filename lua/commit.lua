@@ -50,6 +50,7 @@ end
 local rec = r.rec
 give_back(r.sc.prefix, rec, charged)
 record_ending(r.sc, K.due_index, 'c', r, charged)
+list_status(K.listing_index, r, 'COMMITTED')
 if A.metadata ~= '' then
   -- (the record says it has metadata beside it: one set at the reserve, or this one)
   if not rec.m then rec = whole_record(rec); rec.m = '1' end
@@ -59,5 +60,4 @@ finish_record(K.reservation, rec, 'COMMITTED', {fkey = A.idempotency_key, fhash 
   fbalances = balances(budgets), charged = charged, finished = now_s, metrics = A.metrics ~= '' and A.metrics or nil},
   K.meta, A.record_ttl_ms)
 redis.call('ZREM', K.expiry_index, r.rid)
-list_status(K.listing_index, r, 'COMMITTED')
 return ok(settle_answer(rec), 'COMMITTED', now_s)

@@ -11,7 +11,7 @@ if r.corrupt then return err('INTERNAL_ERROR', MSG.RESERVATION_CORRUPT) end
 denied = filter and scope_guard(filter, r.scope_path)
 if denied then return denied end
 if r.status == 'EXPIRED' then return err('RESERVATION_EXPIRED', MSG.RESERVATION_EXPIRED) end
-if r.status == 'ACTIVE' and now > r.expires_at + r.grace then return ok({}, 'OVERDUE', now_s) end
+if r.status == 'ACTIVE' and now > r.expires_at + r.grace_ms then return ok({}, 'OVERDUE', now_s) end
 -- records written before metadata moved beside them carry their own
 local meta = redis.call('HMGET', K.meta, 'metadata', 'cmeta')
 -- with evidence on, the receipts of its operations (operation -> evidence id)

@@ -22,10 +22,10 @@ budget_events(r.sc, budgets, r.unit)
 local rec = r.rec
 give_back(r.sc.prefix, rec)
 record_ending(r.sc, K.due_index, 'r', r)
+list_status(K.listing_index, r, 'RELEASED')
 finish_record(K.reservation, rec, 'RELEASED', {fkey = A.idempotency_key, fhash = A.payload_hash,
   fbalances = balances(budgets), finished = now_s, reason = A.reason ~= '' and A.reason or nil}, K.meta, A.record_ttl_ms)
 redis.call('ZREM', K.expiry_index, r.rid)
-list_status(K.listing_index, r, 'RELEASED')
 if A.audit ~= '' then
   -- admin-on-behalf-of: the audit entry is written in the same atomic step as the release
   audit(K.audit_log, request_context(A.audit), 'reservation.release', 'reservation', r.rid, now,

@@ -106,15 +106,26 @@ local function load_record(key)
 end
 
 -- What a script on one reservation reads of it: the head fields (the rest, from `tail_at`,
--- read only when needed: `whole_record`), or the whole record of the first layout.
-local function head_record(raw)
+-- read only when needed: `whole_record`), or the whole record of the first layout. With `rid`
+-- (`read_reservation`), the reservation's numbers go in the same table: one table per request
+-- where a record and a view of it were two. Fields that are empty ('') are absent; the optional
+-- ones are set only when present, so the table is made once at the size it keeps.
+local function head_record(raw, rid)
   local s, codes, estimate, unit, policy, created, expires, grace, ext, max_ext, scope, m, qrun, subject, tail_at =
     string.match(raw, RECORD.head)
   if not s then return decoded_record(raw) end
-  local rec = {status = STATUS_OF[s], codes = codes, estimate = estimate, unit = unit, policy = policy, created = created,
-    expires = expires, grace = grace, ext = ext, max_ext = max_ext, scope = scope, m = m, qrun = qrun, subject = subject,
-    raw = raw, tail_at = tail_at, head_only = true}
-  for k, v in pairs(rec) do if v == '' then rec[k] = nil end end
+  local rec = {status = STATUS_OF[s], codes = codes ~= '' and codes or nil, estimate = estimate ~= '' and estimate or nil,
+    unit = unit ~= '' and unit or nil, policy = policy ~= '' and policy or nil, created = created ~= '' and created or nil,
+    expires = expires ~= '' and expires or nil, scope = scope ~= '' and scope or nil,
+    subject = subject ~= '' and subject or nil, raw = raw, tail_at = tail_at, head_only = true,
+    rid = rid, expires_at = rid and tonumber(expires), grace_ms = rid and (tonumber(grace) or RULES.DEFAULT_GRACE_MS),
+    extensions = rid and (tonumber(ext) or 0), max_extensions = rid and (tonumber(max_ext) or RULES.MAX_EXTENSIONS),
+    created_at = rid and tonumber(created), scope_path = rid and scope}
+  if grace ~= '' then rec.grace = grace end
+  if ext ~= '' then rec.ext = ext end
+  if max_ext ~= '' then rec.max_ext = max_ext end
+  if m ~= '' then rec.m = m end
+  if qrun ~= '' then rec.qrun = qrun end
   return rec
 end
 
@@ -192,15 +203,17 @@ local function reserve_answer(rec, rid)
     (rec.caps and (',"caps":' .. cjson.encode(rec.caps)) or '') .. '}'
 end
 
--- The answer of a commit or a release from its record, with the reservation's subject and
--- unit (the handler derives the balances' scopes from them).
+-- The answer of a commit or a release from its record (JSON), with the reservation's subject
+-- and unit (the handler derives the balances' scopes from them). Written out: the balances are
+-- digits, spaces and commas, the amounts digits; cjson escapes the subject and the unit.
 local function settle_answer(rec)
-  local out = {balances = rec.fbalances or '', subject = rec.subject, unit = rec.unit}
+  local amounts
   if rec.status == 'COMMITTED' then
-    out.charged = rec.charged
-    if d_cmp(rec.charged, rec.estimate) < 0 then out.released = d_sub(rec.estimate, rec.charged) end
+    amounts = ',"charged":"' .. rec.charged .. '"'
+    if d_cmp(rec.charged, rec.estimate) < 0 then amounts = amounts .. ',"released":"' .. d_sub(rec.estimate, rec.charged) .. '"' end
   else
-    out.released = rec.estimate
+    amounts = ',"released":"' .. rec.estimate .. '"'
   end
-  return out
+  return '{"balances":"' .. (rec.fbalances or '') .. '","subject":' .. cjson.encode(rec.subject or '') .. ',"unit":' ..
+    cjson.encode(rec.unit or '') .. amounts .. '}'
 end

@@ -9,14 +9,19 @@ local STATUSES = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = tr
 local function read_reservation(key, rid)
   local raw = redis.call('GET', key)
   if not raw then return nil end
-  local rec = head_record(raw)
+  -- the record's fields by name and, beside them, `rid`, `expires_at`, `grace_ms`,
+  -- `extensions`, `max_extensions`, `created_at` and `scope_path`; `rec` is the record itself
+  local r = head_record(raw, rid)
   -- The id names the ledgers whose keys the caller declared: it must be this record's id.
-  if rec.codes ~= nil and rec.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
-  local r = { rec = rec, raw = raw, rid = rid, status = rec.status, unit = rec.unit, estimate = rec.estimate,
-    expires_at = tonumber(rec.expires), grace = tonumber(rec.grace) or RULES.DEFAULT_GRACE_MS, policy = rec.policy,
-    extensions = tonumber(rec.ext) or 0, max_extensions = tonumber(rec.max_ext) or RULES.MAX_EXTENSIONS,
-    created_at = tonumber(rec.created), scope_path = rec.scope }
-  if not (rec.codes and r.scope_path and r.expires_at and r.grace and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
+  if r.codes ~= nil and r.codes ~= string.match(rid, '^[^.]*%.[^.]*%.(.*)$') then return nil end
+  if not r.head_only then
+    -- (a record of the first layout, decoded whole)
+    r.raw, r.rid, r.expires_at, r.grace_ms = raw, rid, tonumber(r.expires), tonumber(r.grace) or RULES.DEFAULT_GRACE_MS
+    r.extensions, r.max_extensions = tonumber(r.ext) or 0, tonumber(r.max_ext) or RULES.MAX_EXTENSIONS
+    r.created_at, r.scope_path = tonumber(r.created), r.scope
+  end
+  r.rec = r
+  if not (r.codes and r.scope_path and r.expires_at and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
       and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
     r.corrupt = true
   end
@@ -29,7 +34,7 @@ end
 -- `meta`, `budgets`, and the tenant's `expiry_index`, `events`, `listing_index`, `due_index`
 -- when the script has it); `r.sc` the scene when the caller has one; `retention_ms` digits.
 local function expire_if_overdue(r, ix, now, retention_ms)
-  if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace then return false end
+  if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace_ms then return false end
   local tenant = string.match(r.rid, '^([^.]+)%.')
   local sc = r.sc or scene(ix.events, nil, now, r.tenant, tenant)
   local budgets = read_budgets(ix.budgets, sc)
@@ -41,10 +46,10 @@ local function expire_if_overdue(r, ix, now, retention_ms)
   if e then error(e[3]) end
   give_back(sc.prefix, r.rec)
   record_ending(sc, ix.due_index, 'x', r)
-  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta, retention_ms)
-  redis.call('ZREM', ix.expiry_index, r.rid)
   list_status(ix.listing_index, r, 'EXPIRED')
+  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta, retention_ms)
   r.status = 'EXPIRED'
+  redis.call('ZREM', ix.expiry_index, r.rid)
   local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..
     ',"unit":' .. cjson.encode(r.unit) .. ',"estimated_amount":' .. r.estimate .. ',"created_at":"' ..
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..

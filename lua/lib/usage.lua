@@ -16,9 +16,11 @@
 -- the script has it), so the sweep folds it.
 local function record_usage(sc, due_index, kind, scope, unit, action, spent, estimate)
   local log = KEY.usage_log(sc.prefix)
-  local entry = {'k', kind, 's', scope, 'u', unit, 'a', action or '', 'x', spent, 'e', estimate or ''}
-  if redis.call('XADD', log, 'NOMKSTREAM', '*', unpack(entry)) then return end
-  redis.call('XADD', log, '*', unpack(entry))
+  action, estimate = action or '', estimate or ''
+  if redis.call('XADD', log, 'NOMKSTREAM', '*', 'k', kind, 's', scope, 'u', unit, 'a', action, 'x', spent, 'e', estimate) then
+    return
+  end
+  redis.call('XADD', log, '*', 'k', kind, 's', scope, 'u', unit, 'a', action, 'x', spent, 'e', estimate)
   if due_index then
     redis.call('ZADD', due_index, 'LT', string.format('%d', sc.now), sc.name)
   end

@@ -230,7 +230,7 @@ async fn grace_boundary_is_inclusive() {
     let h = Harness::start().await;
     let lib = cycles_shared::ops::helpers();
     let probe = r#"
-local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace = 500,
+local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace_ms = 500,
   scope_path = 'tenant:x', unit = 'TOKENS', created_at = 0, extensions = 0, rec = {}}
 local ix = {reservation = KEYS[1], expiry_index = KEYS[2], events = KEYS[3], meta = KEYS[4], listing_index = KEYS[5],
   budgets = {}}
