@@ -55,7 +55,8 @@ end
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
 budget_events(sc, budgets, A.unit, nil, policy)
-local runs = ask.staged and count_actions(sc, ask.staged) or {}
+-- (the counts a hold moves, kept in its record; none for most)
+local runs = ask.staged and count_actions(sc, ask.staged) or ask.guarded and {} or nil
 if ask.guarded then hold_guards(sc, ask.guarded, amount, runs) end
 
 local codes = table.concat(ask.e.codes)
@@ -65,10 +66,10 @@ local grace = tonumber(A.grace_ms)
 -- The record keeps the answer (without the id: the record has it); answers carry it.
 local rec = {status = 'ACTIVE', codes = codes, ik = A.idempotency_key, ph = A.payload_hash, unit = A.unit,
   estimate = amount, subject = A.subject, scope = scope_path, action = A.action, created = now_s, expires = expires,
-  policy = policy, decision = ask.caps and 'ALLOW_WITH_CAPS' or nil, caps = ask.caps, balances = balances(budgets)}
+  policy = policy, decision = ask.caps and 'ALLOW_WITH_CAPS' or nil, caps = ask.caps or nil, balances = balances(budgets)}
 if grace ~= RULES.DEFAULT_GRACE_MS then rec.grace = A.grace_ms end
 if max_ext ~= RULES.MAX_EXTENSIONS then rec.max_ext = itoa(max_ext) end
-if #runs > 0 then rec.qrun = cjson.encode(runs) end
+if runs and #runs > 0 then rec.qrun = cjson.encode(runs) end
 -- metadata lives beside the record (`m` says so), so listings never load it unless asked
 if A.metadata ~= '' then
   rec.m = '1'

@@ -239,8 +239,9 @@ end
 -- The ask of a request (its mode, keys, arguments, clock and tenant record).
 local function ask_of(mode, K, A, now, tenant)
   local sc = scene(K.events, A.context, now, tenant)
+  -- (`e`, `pol` and `caps` named here, so the table is made at the size the checks fill)
   return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = string.sub(A.scopes[#A.scopes], 1, -10),
-    makes = mode ~= 'evaluate'}
+    makes = mode ~= 'evaluate', e = false, pol = false, caps = false}
 end
 
 -- reservation.denied for a denial `d` (a live refusal or an evaluated DENY), counted for the
@@ -330,7 +331,7 @@ local function evaluation(K, A, now, now_s, status, tenant)
     result.codes = ask.e and verdict.e and table.concat(ask.e.codes) or ''
   else
     result.decision = ask.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
-    result.caps, result.codes, result.balances = ask.caps, table.concat(ask.e.codes), balances(ask.e.budgets)
+    result.caps, result.codes, result.balances = ask.caps or nil, table.concat(ask.e.codes), balances(ask.e.budgets)
   end
   if observe then
     -- observed ALLOWs are sampled (the handler drew `sampled`); every observed DENY is written

@@ -16,14 +16,20 @@
 -- changed): the next request on a ledger finds its view here instead of matching it again.
 
 -- A ledger from its fields in view order (strings; '' or nil for none; `f` is left as it is).
+-- The optional fields are set only when present, so the table is made at the size it keeps
+-- (a settle adds `grew`).
 local function ledger_of(key, f)
-  local b = {key = key, scope = f[1], unit = f[2], status = f[3] ~= '' and f[3] or 'ACTIVE',
-    allocated = f[4] ~= '' and f[4] or '0', remaining = f[5] ~= '' and f[5] or '0', reserved = f[6] ~= '' and f[6] or '0',
-    spent = f[7] ~= '' and f[7] or '0', debt = f[8] ~= '' and f[8] or '0', overdraft_limit = f[9] ~= '' and f[9] or '0',
-    over = (f[10] == '1'), roll_at = f[12] ~= '' and f[12] or nil, policy = f[13] ~= '' and f[13] or nil,
-    caps = f[14] ~= '' and f[14] or nil, burn = f[15] ~= '' and f[15] or nil}
-  b.before = {allocated = b.allocated, remaining = b.remaining, reserved = b.reserved, spent = b.spent, debt = b.debt,
-    over = b.over, burn = b.burn}
+  local allocated, remaining, reserved = f[4] ~= '' and f[4] or '0', f[5] ~= '' and f[5] or '0', f[6] ~= '' and f[6] or '0'
+  local spent, debt, over, burn = f[7] ~= '' and f[7] or '0', f[8] ~= '' and f[8] or '0', (f[10] == '1'), f[15]
+  if burn == '' then burn = nil end
+  local b = {key = key, scope = f[1], unit = f[2], status = f[3] ~= '' and f[3] or 'ACTIVE', allocated = allocated,
+    remaining = remaining, reserved = reserved, spent = spent, debt = debt, overdraft_limit = f[9] ~= '' and f[9] or '0',
+    over = over, before = {allocated = allocated, remaining = remaining, reserved = reserved, spent = spent, debt = debt,
+    over = over, burn = burn}}
+  if f[12] ~= '' and f[12] then b.roll_at = f[12] end
+  if f[13] ~= '' and f[13] then b.policy = f[13] end
+  if f[14] ~= '' and f[14] then b.caps = f[14] end
+  if burn then b.burn = burn end
   return b
 end
 

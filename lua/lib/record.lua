@@ -27,12 +27,12 @@ end
 -- remaining, reserved, spent, debt, overdraft_limit and '1'/'0' (over the limit), separated
 -- by spaces; budgets separated by commas (`ops::LedgerState` reads it).
 local function balances(budgets)
-  local out = {}
+  local text = ''
   for i, b in ipairs(budgets) do
-    out[i] = b.allocated .. ' ' .. b.remaining .. ' ' .. b.reserved .. ' ' .. b.spent .. ' ' .. b.debt .. ' ' ..
-      b.overdraft_limit .. (b.over and ' 1' or ' 0')
+    text = text .. (i > 1 and ',' or '') .. b.allocated .. ' ' .. b.remaining .. ' ' .. b.reserved .. ' ' .. b.spent ..
+      ' ' .. b.debt .. ' ' .. b.overdraft_limit .. (b.over and ' 1' or ' 0')
   end
-  return table.concat(out, ',')
+  return text
 end
 
 -- Balances kept by records of the first layout: a list of 7-string lists, or (older still)

@@ -150,10 +150,11 @@ fn library_header() -> String {
     let record_pattern = |n: usize| format!("^2\\31(.)\\31{}$", joined(n - 2));
     let first_expires = record.iter().position(|f| *f == "first_expires").expect("a record field");
     // a record's first n fields as text, each by name in layout order (`s`: the status
-    // character), written out rather than looped over the names (-2.6% of a reserve)
+    // character), written out rather than looped over the names (-2.6% of a reserve), as one
+    // concatenation (no table of the fields to join)
     let text = |n: usize| {
-        let fields: Vec<String> = record[2..n].iter().map(|f| format!("r.{f} or ''")).collect();
-        format!("[{n}] = function(r, s) return table.concat({{'2', s, {}}}, '\\31') end", fields.join(", "))
+        let fields: Vec<String> = record[2..n].iter().map(|f| format!("(r.{f} or '')")).collect();
+        format!("[{n}] = function(r, s) return '2\\31' .. s .. '\\31' .. {} end", fields.join(" .. '\\31' .. "))
     };
     let texts =
         [reservations::RECORD_HEAD_FIELDS, reservations::RECORD_ACTIVE_FIELDS, record.len()].map(text).join(",\n    ");
@@ -554,14 +555,15 @@ mod reserve_size {
     /// rules made once with its decoded text (the review), 1,604 with the reservations made
     /// counted for the rate alerts from the created stream's own count instead of one `HINCRBY`
     /// per reserve (-1.7%) and a scope without a ledger told by `EXISTS` instead of a read of
-    /// the old fields (-5% of a reserve whose agent has none), against a target of 700 that the
-    /// engine work has not reached yet.
+    /// the old fields (-5% of a reserve whose agent has none), 1,607 with a ledger's optional
+    /// fields set only when present (made at the size it keeps: no table grows mid-request),
+    /// against a target of 700 that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_604, "a reserve as run is {code} lines of code (at most 1,604; target 700)");
+        assert!(code <= 1_607, "a reserve as run is {code} lines of code (at most 1,607; target 700)");
     }
 }
