@@ -25,8 +25,6 @@ if A.with_evidence ~= '' then
 end
 -- (records of the first layout may hold their metadata inline)
 local inline = r.rec.head_only and {} or r.rec
-local answer = ok({scope = r.scope_path, metadata = meta[1] or inline.metadata,
-  committed_metadata = meta[2] or inline.cmeta, evidence = evidence}, r.status, now_s)
 -- the record goes as it is stored, beside the answer: inside it, JSON would escape its quotes
-answer[5] = r.raw
-return answer
+return {'OK', cjson.encode({scope = r.scope_path, metadata = meta[1] or inline.metadata,
+  committed_metadata = meta[2] or inline.cmeta, evidence = evidence}), r.status, now_s, r.raw}

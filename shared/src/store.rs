@@ -455,7 +455,8 @@ fn slot_in_motion(e: &redis::RedisError) -> bool {
 
 /// What a script answered: its result (JSON, decoded into the call's reply type), the
 /// record's status where it has one, Redis's clock, and whether it is a replay of an earlier
-/// answer. Scripts answer `{'OK'|'REPLAY', result json, status, now}` or
+/// answer. Scripts answer `"OK|REPLAY\x1f<status>\x1f<now>\x1f<result json>"` (one string:
+/// Redis converts a table field by field), `{'OK', result json, status, now, attachment}` or
 /// `{'ERR', code, message, details, http status}` (`lua/lib/reply.lua`: `ok`, `replayed`, `err`).
 #[derive(Debug, Clone)]
 pub struct Reply<T> {
@@ -471,6 +472,10 @@ pub struct Reply<T> {
 impl<T: DeserializeOwned> Reply<T> {
     fn decode(script: &str, parts: Vec<String>) -> ApiResult<Reply<T>> {
         let malformed = |why: &str| ApiError::fault(format!("the {script} script answered malformed ({why})"));
+        let parts = match <[String; 1]>::try_from(parts) {
+            Ok([one]) => unjoined(one),
+            Err(parts) => parts,
+        };
         let mut parts = parts.into_iter();
         match parts.next().as_deref() {
             Some("ERR") => {
@@ -497,6 +502,18 @@ impl<T: DeserializeOwned> Reply<T> {
             }
             _ => Err(malformed("no tag")),
         }
+    }
+}
+
+/// A script's answer given as one string (`ok`, `replayed`) in the parts of one given as a
+/// table: tag, result, status, clock.
+fn unjoined(one: String) -> Vec<String> {
+    let mut it = one.splitn(4, '\x1f');
+    match (it.next(), it.next(), it.next(), it.next()) {
+        (Some(tag), Some(status), Some(now), Some(result)) => {
+            vec![tag.to_owned(), result.to_owned(), status.to_owned(), now.to_owned()]
+        }
+        _ => vec![one],
     }
 }
 
@@ -742,6 +759,14 @@ mod tests {
         assert_eq!(ok.attachment, None);
         let again = Reply::<serde_json::Value>::decode("x", parts(&["REPLAY", "{}", "", "0"])).unwrap();
         assert!(again.replay);
+        // one string (`ok`, `replayed`): tag, status, clock, then the result
+        let one = Reply::<serde_json::Value>::decode("x", parts(&["REPLAY\x1fACTIVE\x1f17\x1f{\"a\":[1,2]}"])).unwrap();
+        assert_eq!(
+            (one.value["a"][1].as_i64(), one.status.as_str(), one.now_ms, one.replay, one.attachment),
+            (Some(2), "ACTIVE", 17, true, None)
+        );
+        let e = Reply::<serde_json::Value>::decode("x", parts(&["OK\x1fACTIVE"])).unwrap_err();
+        assert_eq!(e.status(), 500);
         // a fifth part is handed over as it is, quotes and separators unescaped
         let raw = "2\x1fA\x1f{\"tenant\":\"t\"}";
         let with = Reply::<serde_json::Value>::decode("x", parts(&["OK", "{}", "ACTIVE", "0", raw])).unwrap();
