@@ -19,7 +19,7 @@ if verdict then return verdict.fail end
 local budgets, sc, X = ask.e.budgets, ask.sc, A.amount
 local policy = resolve_policy(A.overage_policy, budgets, tenant, policies_of(ask).ov)
 if policy == 'REJECT' then
-  for _, b in ipairs(budgets) do
+  for i = 1, #budgets do local b = budgets[i]
     if d_cmp(b.remaining, X) < 0 then
       return err('BUDGET_EXCEEDED', 'Insufficient budget on scope ' .. b.scope .. ' under overage policy REJECT')
     end

@@ -20,7 +20,7 @@ local limited = rate_check(K.policies, commit_rate, 'commits', counted_scope(com
 if limited then return limited end
 
 local budgets = read_budgets(K.budgets, r.sc)
-for _, b in ipairs(budgets) do
+for i = 1, #budgets do local b = budgets[i]
   if b.status == 'FROZEN' then return err('BUDGET_FROZEN', MSG.BUDGET_FROZEN .. b.scope) end
   if b.status == 'CLOSED' then return err('BUDGET_CLOSED', MSG.BUDGET_CLOSED .. b.scope) end
 end
@@ -40,7 +40,7 @@ budget_events(r.sc, budgets, r.unit, r.rid, r.policy)
 local ctx = d_cmp(X, E) > 0 and r.sc.ctx
 if ctx then
   local debt = '0'
-  for _, b in ipairs(budgets) do debt = d_max(debt, d_sub(b.debt, b.before.debt)) end
+  for i = 1, #budgets do debt = d_max(debt, d_sub(budgets[i].debt, budgets[i].before.debt)) end
   emit(K.events, 'reservation.commit_overage', ctx.tenant, r.scope_path, ctx, 'cycles-server',
     '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) .. ',"unit":"' ..
     r.unit .. '","estimated_amount":' .. E .. ',"actual_amount":' .. X .. ',"overage":' .. d_sub(X, E) ..

@@ -11,7 +11,7 @@ end)
 if not r then return answer end
 
 local budgets = read_budgets(K.budgets, r.sc)
-for _, b in ipairs(budgets) do
+for i = 1, #budgets do local b = budgets[i]
   b.reserved = d_sub(b.reserved, r.estimate)
   b.remaining = d_add(b.remaining, r.estimate)
 end

@@ -48,7 +48,7 @@ local ttl = math.min(tonumber(A.ttl_ms) or (pol.ttl_d and pol.ttl_d.value) or se
 local max_ext = math.min(settings.max_extensions, pol.ttl_x and pol.ttl_x.value or settings.max_extensions)
 local policy = resolve_policy(A.overage_policy, budgets, tenant, pol.ov)
 
-for _, b in ipairs(budgets) do
+for i = 1, #budgets do local b = budgets[i]
   b.reserved = d_add(b.reserved, amount)
   b.remaining = d_sub(b.remaining, amount)
 end

@@ -52,25 +52,25 @@ local function alert_settings(sc)
   return cfg
 end
 
--- (spent + reserved) / allocated; nil for a ledger without an allocation.
-local function utilization(allocated, spent, reserved)
-  if allocated == '0' then return nil end
-  local a = allocated + 0
-  if a <= 0 then return nil end
-  return (spent + reserved) / a
-end
-
--- budget.threshold_crossed for each threshold the ledger's utilization crossed since `from` (a
--- state with allocated, spent and reserved): rising from below to at-or-above, falling the
--- other way. A change that leaves the utilization on one side of a threshold emits nothing,
--- so each crossing is announced once per direction.
+-- budget.threshold_crossed for each threshold the ledger's utilization, (spent + reserved) /
+-- allocated, crossed since `from` (a state with allocated, spent and reserved): rising from
+-- below to at-or-above, falling the other way. A change that leaves the utilization on one
+-- side of a threshold emits nothing, so each crossing is announced once per direction. A
+-- ledger without an allocation has no utilization. (Each amount is read as a number once:
+-- reading digits costs more than the division.)
 local function threshold_events(sc, b, from)
-  if from.spent == b.spent and from.reserved == b.reserved and from.allocated == b.allocated then return end
-  local u0 = utilization(from.allocated, from.spent, from.reserved)
-  local u1 = utilization(b.allocated, b.spent, b.reserved)
-  if not u0 or not u1 or u0 == u1 then return end
-  for _, t in ipairs(alert_settings(sc).th) do
-    local dir = nil
+  local same_spent = from.spent == b.spent
+  if same_spent and from.reserved == b.reserved and from.allocated == b.allocated then return end
+  if b.allocated == '0' or from.allocated == '0' then return end
+  local a1 = b.allocated + 0
+  local a0 = from.allocated == b.allocated and a1 or from.allocated + 0
+  if a0 <= 0 or a1 <= 0 then return end
+  local s1 = b.spent + 0
+  local u0, u1 = ((same_spent and s1 or from.spent + 0) + from.reserved) / a0, (s1 + b.reserved) / a1
+  if u0 == u1 then return end
+  local th = alert_settings(sc).th
+  for i = 1, #th do
+    local t, dir = th[i], nil
     if u0 < t and u1 >= t then dir = 'rising' elseif u0 >= t and u1 < t then dir = 'falling' end
     if dir then
       emit(sc.events, 'budget.threshold_crossed', sc.name, b.scope, sc.ctx, 'cycles-server',
@@ -131,7 +131,7 @@ end
 -- Before a write that charges: each ledger whose spent grew (`b.grew`, as `settle` left it)
 -- moves its burn window.
 local function track_spend(sc, budgets)
-  for _, b in ipairs(budgets) do
+  for i = 1, #budgets do local b = budgets[i]
     if b.grew and b.grew ~= '0' then track_burn(sc, b, b.grew) end
   end
 end
@@ -250,7 +250,7 @@ end
 -- writes one twice.
 local function budget_events(sc, budgets, unit, reservation_id, policy)
   local events_key, now = sc.events, sc.now
-  for _, b in ipairs(budgets) do
+  for i = 1, #budgets do local b = budgets[i]
     threshold_events(sc, b, b.before)
     if b.anomaly then
       emit(events_key, 'budget.burn_rate_anomaly', sc.name, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)

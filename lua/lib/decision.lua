@@ -73,7 +73,7 @@ end
 local function scoped_budgets(ask)
   local budgets, codes = {}, {}
   local e = {budgets = budgets, codes = codes}
-  for i, key in ipairs(ask.K.budgets) do
+  for i = 1, #ask.K.budgets do local key = ask.K.budgets[i]
     local arg = ask.A.scopes[i]
     local scope, code = string.sub(arg, 1, -10), string.sub(arg, -8)
     local b = read_budget(key, scope)
@@ -178,7 +178,7 @@ function check.budgets(ask)
   end
   ask.e = e
   local worst, by
-  for _, b in ipairs(e.budgets) do
+  for i = 1, #e.budgets do local b = e.budgets[i]
     local k = denial(b, ask.A.amount, ask.mode == 'charge')
     if k and (not worst or k < worst) then worst, by = k, b end
   end
@@ -229,7 +229,7 @@ local function decide(ask)
   end
   local checks = CHECKS.plain
   if has_policies(ask) then checks = policies_of(ask).ruled and CHECKS.all or CHECKS.unruled end
-  for _, check in ipairs(checks) do
+  for i = 1, #checks do local check = checks[i]
     local verdict = check(ask)
     if verdict then return verdict end
   end

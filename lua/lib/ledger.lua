@@ -90,14 +90,14 @@ local function settle(budgets, E, X, policy)
   local c, overage = '0', d_pos(delta)
   if overage then
     c = delta
-    for _, b in ipairs(budgets) do
+    for i = 1, #budgets do local b = budgets[i]
       local zero_limit = not d_pos(b.overdraft_limit)
       if (policy ~= 'ALLOW_WITH_OVERDRAFT' or zero_limit) and d_cmp(b.remaining, delta) < 0 then
         c = d_min(c, d_max(b.remaining, '0'))
       end
     end
     if policy == 'ALLOW_WITH_OVERDRAFT' then
-      for _, b in ipairs(budgets) do
+      for i = 1, #budgets do local b = budgets[i]
         if d_pos(b.overdraft_limit) and d_cmp(b.remaining, c) < 0 then
           local shortfall = d_sub(c, d_max(b.remaining, '0'))
           if d_cmp(d_add(b.debt, shortfall), b.overdraft_limit) > 0 then return nil, b end
@@ -107,7 +107,7 @@ local function settle(budgets, E, X, policy)
   end
   local capped = d_cmp(c, delta) < 0
   local returned = not overage and d_sub(E, X)
-  for _, b in ipairs(budgets) do
+  for i = 1, #budgets do local b = budgets[i]
     local funded = c
     if d_pos(c) and d_cmp(b.remaining, c) < 0 then
       funded = d_max(b.remaining, '0')
@@ -148,12 +148,12 @@ end
 -- the update time `now_s` (the digits `now_ms` returns).
 local AMOUNTS = {'remaining', 'reserved', 'spent', 'debt'}
 local function write_budgets(budgets, now_s)
-  for _, b in ipairs(budgets) do
-    for _, field in ipairs(AMOUNTS) do
+  for i = 1, #budgets do local b = budgets[i]
+    for j = 1, #AMOUNTS do local field = AMOUNTS[j]
       if not d_fits(b[field]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
     end
   end
-  for _, b in ipairs(budgets) do save_view(b, now_s) end
+  for i = 1, #budgets do save_view(budgets[i], now_s) end
   return nil
 end
 

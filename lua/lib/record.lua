@@ -28,7 +28,7 @@ end
 -- by spaces; budgets separated by commas (`ops::LedgerState` reads it).
 local function balances(budgets)
   local text = ''
-  for i, b in ipairs(budgets) do
+  for i = 1, #budgets do local b = budgets[i]
     text = text .. (i > 1 and ',' or '') .. b.allocated .. ' ' .. b.remaining .. ' ' .. b.reserved .. ' ' .. b.spent ..
       ' ' .. b.debt .. ' ' .. b.overdraft_limit .. (b.over and ' 1' or ' 0')
   end

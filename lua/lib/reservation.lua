@@ -38,7 +38,7 @@ local function expire_if_overdue(r, ix, now, retention_ms)
   local tenant = string.match(r.rid, '^([^.]+)%.')
   local sc = r.sc or scene(ix.events, nil, now, r.tenant, tenant)
   local budgets = read_budgets(ix.budgets, sc)
-  for _, b in ipairs(budgets) do
+  for i = 1, #budgets do local b = budgets[i]
     b.reserved = d_sub(b.reserved, r.estimate)
     b.remaining = d_add(b.remaining, r.estimate)
   end
@@ -55,7 +55,7 @@ local function expire_if_overdue(r, ix, now, retention_ms)
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
     string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
   emit(ix.events, 'reservation.expired', tenant, r.scope_path, nil, 'cycles-expiry', data, now)
-  for _, b in ipairs(budgets) do threshold_events(sc, b, b.before) end
+  for i = 1, #budgets do threshold_events(sc, budgets[i], budgets[i].before) end
   count_and_check(sc, 'x')
   return true
 end
