@@ -5,7 +5,8 @@
 
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
--- path `scope`, whether it makes template ledgers (`makes`); the checks add the policies in
+-- path `scope`, whether it makes template ledgers (`makes`) and whether the tenant may have
+-- policies (`policed`); the checks add the policies in
 -- force (`pol`), the quota counters a hold moves (`staged`), the guard counts it moves
 -- (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
 -- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
@@ -22,13 +23,10 @@ local function governance_of(ask)
   return ask.G
 end
 
--- Whether the tenant may have policies (its record counts them; one without a record is read).
-local function has_policies(ask) return not (type(ask.tenant) == 'table' and ask.tenant.policies == 0) end
-
 -- The policies in force for the request's scope (read once; none for a tenant without any).
 local NO_POLICIES = {}
 local function policies_of(ask)
-  ask.pol = ask.pol or has_policies(ask) and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant) or NO_POLICIES
+  ask.pol = ask.pol or ask.policed and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant) or NO_POLICIES
   return ask.pol
 end
 
@@ -36,7 +34,7 @@ end
 -- policy in force with such rules), with those rules in `ask.pol`; decoded only then.
 local function ruled_action(ask)
   if ask.ruled == nil then
-    local pol = ask.mode ~= 'charge' and has_policies(ask) and policies_of(ask)
+    local pol = ask.mode ~= 'charge' and ask.policed and policies_of(ask)
     ask.ruled = pol and pol.ruled and governance_of(ask) or false
     if ask.ruled then action_rules(pol, ask.ruled) end
   end
@@ -79,7 +77,7 @@ local function scoped_budgets(ask)
     local b = read_budget(key, scope)
     if b then
       roll_due(ask.sc, b)
-    elseif has_policies(ask) then
+    elseif ask.policed then
       local verdict
       b, verdict = template_ledger(ask, policies_of(ask).tpls, key, scope, code, ask.makes)
       if verdict and ask.mode ~= 'charge' then return nil, nil, verdict end
@@ -123,8 +121,8 @@ end
 
 -- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
 function check.rate_limit(ask)
-  if ask.mode ~= 'hold' then return nil end
-  local setting = policies_of(ask).rl_r
+  local setting = ask.mode == 'hold' and policies_of(ask).rl_r
+  if not setting then return nil end
   local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
     ask.A.reclaimed == '')
   return limited and {fail = limited}
@@ -161,7 +159,7 @@ end
 -- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
 -- per minute and per hour (a hold or an evaluation; an event only counts its spend).
 function check.guards(ask)
-  if ask.mode == 'charge' or not has_policies(ask) then return nil end
+  if ask.mode == 'charge' or not ask.policed then return nil end
   return guard_denial(ask, policies_of(ask))
 end
 
@@ -228,7 +226,7 @@ local function decide(ask)
     end
   end
   local checks = CHECKS.plain
-  if has_policies(ask) then checks = policies_of(ask).ruled and CHECKS.all or CHECKS.unruled end
+  if ask.policed then checks = policies_of(ask).ruled and CHECKS.all or CHECKS.unruled end
   for i = 1, #checks do local check = checks[i]
     local verdict = check(ask)
     if verdict then return verdict end
@@ -239,9 +237,11 @@ end
 -- The ask of a request (its mode, keys, arguments, clock and tenant record).
 local function ask_of(mode, K, A, now, tenant)
   local sc = scene(K.events, A.context, now, tenant)
-  -- (`e`, `pol` and `caps` named here, so the table is made at the size the checks fill)
+  -- (`e`, `pol` and `caps` named here, so the table is made at the size the checks fill; a
+  -- tenant's record counts its policies, and one without a record has them read)
   return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = string.sub(A.scopes[#A.scopes], 1, -10),
-    makes = mode ~= 'evaluate', e = false, pol = false, caps = false}
+    makes = mode ~= 'evaluate', e = false, pol = false, caps = false,
+    policed = not (type(tenant) == 'table' and tenant.policies == 0)}
 end
 
 -- reservation.denied for a denial `d` (a live refusal or an evaluated DENY), counted for the

@@ -62,8 +62,8 @@ end
 -- The answers are remembered per script VM by the rules' digest (the tenant record keeps it:
 -- `refresh_tenant`, so no rule is read) and the scope path (`RULES_DECODED.settings`), each
 -- until the next time one of the rules starts or ends: changed rules have another digest, so
--- nothing is stale. A caller gets its own copy of the entry (it adds the action's rules to it);
--- the settings in it are only read. Only rules of at most `longest` bytes in all are
+-- nothing is stale. A caller gets its own copy of an entry with v0.1.26 rules (it adds the
+-- action's rules to it), the entry itself otherwise; the settings in it are only read. Only rules of at most `longest` bytes in all are
 -- remembered, each entry with the picks of at most 16 actions (`by_action`), so the memo never
 -- holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
@@ -103,6 +103,8 @@ local function policy_settings(rules_key, scope_path, now, tenant)
       if read then remember(RULES_DECODED.rows, digest, rows) end
     end
   end
+  -- (the entry itself when no action's rules will be added to it: it is only read)
+  if not known.settings.ruled then return known.settings end
   local copy = {}
   for f, v in pairs(known.settings) do copy[f] = v end
   return copy
