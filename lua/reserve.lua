@@ -25,7 +25,7 @@ if tenant ~= 'MALFORMED' and observing(A, tenant) then
 end
 if redis.call('EXISTS', K.dry_run_record) == 1 then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH_DRY_RUN) end
 
-local ask = ask_of('hold', K, A, now, tenant)
+local ask = ask_of('hold', K, A, now, tenant, scope_path)
 local verdict = decide(ask)
 if verdict then
   if verdict.fail then return verdict.fail end
@@ -43,9 +43,9 @@ local budgets, pol, sc, amount = ask.e.budgets, ask.pol or {}, ask.sc, A.amount
 -- TTL: request, else a policy's default, else the tenant's; capped by the tenant's maximum
 -- and a policy's (a policy tightens the tenant's limits, never loosens them).
 local settings = reservation_settings(tenant)
-local max_ttl = math.min(settings.max_ttl, pol.ttl_m and pol.ttl_m.value or settings.max_ttl)
+local max_ttl = pol.ttl_m and math.min(settings.max_ttl, pol.ttl_m.value) or settings.max_ttl
 local ttl = math.min(tonumber(A.ttl_ms) or (pol.ttl_d and pol.ttl_d.value) or settings.default_ttl, max_ttl)
-local max_ext = math.min(settings.max_extensions, pol.ttl_x and pol.ttl_x.value or settings.max_extensions)
+local max_ext = pol.ttl_x and math.min(settings.max_extensions, pol.ttl_x.value) or settings.max_extensions
 local policy = resolve_policy(A.overage_policy, budgets, tenant, pol.ov)
 
 for i = 1, #budgets do local b = budgets[i]

@@ -234,12 +234,13 @@ local function decide(ask)
   return nil
 end
 
--- The ask of a request (its mode, keys, arguments, clock and tenant record).
-local function ask_of(mode, K, A, now, tenant)
+-- The ask of a request (its mode, keys, arguments, clock and tenant record; its scope path
+-- when the caller has it).
+local function ask_of(mode, K, A, now, tenant, scope)
   local sc = scene(K.events, A.context, now, tenant)
   -- (`e`, `pol` and `caps` named here, so the table is made at the size the checks fill; a
   -- tenant's record counts its policies, and one without a record has them read)
-  return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = string.sub(A.scopes[#A.scopes], 1, -10),
+  return {mode = mode, K = K, A = A, now = now, tenant = tenant, sc = sc, scope = scope or string.sub(A.scopes[#A.scopes], 1, -10),
     makes = mode ~= 'evaluate', e = false, pol = false, caps = false,
     policed = not (type(tenant) == 'table' and tenant.policies == 0)}
 end

@@ -1,12 +1,14 @@
 -- Redis's clock, the replies every script gives, idempotency records and stored answers, and
 -- hash records as scripts hand them back.
--- needs: decimal
+-- needs: nothing
 
--- Redis's clock in ms, as a number and as digits.
+-- Redis's clock in ms, as a number and as digits: the seconds' digits and the first three of
+-- the microseconds' six (digits, read once as a number: cheaper than arithmetic on both and a
+-- format).
 local function now_ms()
   local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  return now, itoa(now)
+  local now_s = t[1] .. string.sub('00000' .. t[2], -6, -4)
+  return now_s + 0, now_s
 end
 
 -- A memo kept in the script VM across calls ({max, kept, known}; the library's top level
