@@ -26,5 +26,5 @@ end
 -- (records of the first layout may hold their metadata inline)
 local inline = r.rec.head_only and {} or r.rec
 -- the record goes as it is stored, beside the answer: inside it, JSON would escape its quotes
-return {'OK', cjson.encode({scope = r.scope_path, metadata = meta[1] or inline.metadata,
-  committed_metadata = meta[2] or inline.cmeta, evidence = evidence}), r.status, now_s, r.raw}
+return answer('OK', {scope = r.scope_path, metadata = meta[1] or inline.metadata,
+  committed_metadata = meta[2] or inline.cmeta, evidence = evidence}, r.status, now_s, r.raw)

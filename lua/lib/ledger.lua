@@ -160,12 +160,12 @@ end
 
 -- Checks that every new value fits int64, then writes all budgets (never half way), each with
 -- the update time `now_s` (the digits `now_ms` returns).
-local AMOUNTS = {'remaining', 'reserved', 'spent', 'debt'}
 local function write_budgets(budgets, now_s)
   for i = 1, #budgets do local b = budgets[i]
     -- (18 characters always fit: the common case, told without a call per amount)
-    for j = 1, (#b.remaining > 18 or #b.reserved > 18 or #b.spent > 18 or #b.debt > 18) and #AMOUNTS or 0 do
-      if not d_fits(b[AMOUNTS[j]]) then return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope) end
+    local long = #b.remaining > 18 or #b.reserved > 18 or #b.spent > 18 or #b.debt > 18
+    if long and not (d_fits(b.remaining) and d_fits(b.reserved) and d_fits(b.spent) and d_fits(b.debt)) then
+      return err('INTERNAL_ERROR', 'Amount overflow on scope ' .. b.scope)
     end
   end
   for i = 1, #budgets do save_view(budgets[i], now_s) end

@@ -35,11 +35,11 @@ end
 -- `ok` and `replayed` answer one string, the tag, status, clock and result joined by \31 (the
 -- result last, whatever it holds): Redis turns a script's table into its reply field by field,
 -- 1-1.7% of a request for four. A long result (a listing's page) goes as the table
--- {tag, result, status, now_s} instead: joining copies and hashes every byte of it again.
--- (An answer with an attachment, text handed over as stored, is that table with it last.)
-local function answer(tag, result, status, now_s)
+-- {tag, result, status, now_s} instead: joining copies and hashes every byte of it again; so
+-- does an answer with an `attachment` (text handed over as stored), last in the table.
+local function answer(tag, result, status, now_s, attachment)
   if type(result) ~= 'string' then result = cjson.encode(result) end
-  if #result > 1024 then return {tag, result, status or '', now_s or '0'} end
+  if attachment or #result > 1024 then return {tag, result, status or '', now_s or '0', attachment} end
   return tag .. '\31' .. (status or '') .. '\31' .. (now_s or '0') .. '\31' .. result
 end
 local function ok(result, status, now_s) return answer('OK', result, status, now_s) end
