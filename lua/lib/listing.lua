@@ -2,7 +2,7 @@
 -- needs: nothing
 
 -- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
--- reservation, one status member "<S><T><token>" (S: A, C, E or R for ACTIVE, COMMITTED,
+-- reservation the flush has reached (`index_reservation`), one status member "<S><T><token>" (S: A, C, E or R for ACTIVE, COMMITTED,
 -- EXPIRED, RELEASED; T: 0 when its subject names a tenant, else 1) and three value members:
 -- "r<estimate, 19 digits><token>", "p<scope path>\0<token>" and "x<expires_at_ms, 13
 -- digits><token>", so every sort order of the listing is a walk of ranges of it (the created
@@ -40,18 +40,27 @@ end
 
 -- A new reservation (`token`, its record `rec`) in the tenant's created stream (its entry id
 -- its creation time, so time windows and both directions are ranges of ids; an id Redis refuses
--- because the clock stepped back takes the next free one) and in its listing index.
+-- because the clock stepped back takes the next free one). Its listing members are not written
+-- here: `list_flush.lua` writes them from the stream later (each sweep visit, and first thing
+-- in every listing that walks the index), as the record stands then, so a reserve inserts
+-- nothing into the index's skiplist and a reservation that has ended by then goes straight
+-- into the compact chunks.
 local function index_reservation(K, token, rec)
   local added = redis.pcall('XADD', K.created_stream, rec.created .. '-*', 't', token)
   if type(added) == 'table' and added.err then redis.call('XADD', K.created_stream, '*', 't', token) end
-  list_add(K.listing_index, list_members(token, 'ACTIVE', rec.subject, rec.estimate, rec.scope, rec.expires))
+end
+
+-- A reservation's member `from` becomes `to` (its status member, or extend's expiry member)
+-- when the reservation has its members in the index; one the flush has not reached has none
+-- yet (the ZREM finds nothing, a dictionary miss) and is indexed as its record then stands.
+local function list_move(list_key, from, to)
+  if redis.call('ZREM', list_key, from) == 1 then redis.call('ZADD', list_key, '0', to) end
 end
 
 -- A reservation's status member moves with its status (`r` as `read_reservation` returns it).
 local function list_status(list_key, r, to)
   local token, t = token_of(r.rid), tenant_mark(r.rec.subject or '')
-  redis.call('ZREM', list_key, STATUS_MARK[r.status] .. t .. token)
-  redis.call('ZADD', list_key, '0', STATUS_MARK[to] .. t .. token)
+  list_move(list_key, STATUS_MARK[r.status] .. t .. token, STATUS_MARK[to] .. t .. token)
 end
 
 -- The compacted part of the listing index. Finished reservations never change again, so the

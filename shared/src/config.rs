@@ -39,6 +39,9 @@ pub struct Config {
     pub sweep_trim_tenants: usize,
     /// Whether the sweep compacts the listing index of finished reservations.
     pub sweep_compact_listing: bool,
+    /// Reservations made since the sweep's last visit that a listing walking the listing index
+    /// indexes first, at most (`CYCLES_LISTING_CATCH_UP`); with more waiting it answers 503.
+    pub listing_catch_up: usize,
     /// Webhook delivery settings.
     pub webhooks: WebhookConfig,
     /// How old the overview snapshot may be before a request rebuilds it (the sweep rebuilds it
@@ -445,6 +448,7 @@ impl Config {
             sweep_batch: env_count("CYCLES_SWEEP_BATCH", 200),
             sweep_trim_tenants: env_count("CYCLES_SWEEP_TRIM_TENANTS", 200),
             sweep_compact_listing: env("CYCLES_LISTING_COMPACTION").is_none_or(|v| v != "off"),
+            listing_catch_up: env_count("CYCLES_LISTING_CATCH_UP", 50_000),
             webhooks: WebhookConfig::from_env(&key_pepper),
             overview_max_age: env_ms("CYCLES_OVERVIEW_MAX_AGE_MS", 60_000),
             admin_allowed_cidrs: env("CYCLES_ADMIN_ALLOWED_CIDRS")

@@ -255,6 +255,9 @@ tenant_keys! {
     /// How far the listing index backfill of reservations written before it has come: the last
     /// created-index member done, or `done`.
     listing_backfill() => [":li:backfill"];
+    /// How far the listing index has been written from the created stream (`lua/list_flush.lua`):
+    /// the last stream entry id done (absent: none yet).
+    listing_flushed() => [":li:flushed"];
     /// The listing index's compacted part: the directory of its chunks (each chunk's lower
     /// bound, scored 0) and a chunk (a small sorted set named by its bound's SHA-1), see
     /// `CHUNKED` in `lua/lib/listing.lua`.

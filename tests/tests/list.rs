@@ -3,6 +3,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use cycles_tests::*;
 
 fn ids(r: &Resp) -> Vec<String> {
@@ -250,6 +252,9 @@ async fn listing_work_is_bounded_by_the_page_for_every_sort_key() {
     h.post(&t.key, &format!("/v1/reservations/{}/commit", ids[0]), &body).await.assert_error(400, "INVALID_REQUEST");
     h.commit(&t, &ids[1], 1).await.assert_ok();
     h.release(&t, &ids[2]).await.assert_ok();
+    // (the listing members of reservations made since the sweep's last visit are written once,
+    // by the sweep or the first listing that walks the index: `listing_index_is_written_from_the_created_stream`)
+    assert!(cycles_shared::ops::listing::flush(&h.store, &t.id, 10, true).await.unwrap());
     for sort in ["created_at_ms", "reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms"] {
         for dir in ["asc", "desc"] {
             let (gets, reads) = (calls(&h, "get").await, calls(&h, "hmget").await);
@@ -390,6 +395,9 @@ async fn compacting_the_listing_keeps_every_sort_order() {
         let extra = json!({"subject": subject, "ttl_ms": 60_000 + (i % 4) * 1000});
         made.push(h.reserve_ok(&t, 1 + (i * 7919) % 97, extra).await);
     }
+    // indexed while all are live (a listing writes the members first), so every member is in
+    // the index when they finish
+    assert_eq!(every_walk(&h, &t.key).await[0].len(), 330);
     for (i, id) in made.iter().enumerate() {
         match i % 6 {
             0..=2 => h.commit(&t, id, 1).await.assert_ok(),
@@ -468,7 +476,9 @@ async fn compacted_listing_work_is_bounded_by_the_page() {
         let id = h.reserve_ok(&t, 1000 + (i * 7919) % 401, json!({})).await;
         h.commit(&t, &id, 1).await.assert_ok();
     }
-    assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 400);
+    // ended before the index was written: their members go straight into the chunks
+    assert!(cycles_shared::ops::listing::flush(&h.store, &t.id, 10, true).await.unwrap());
+    assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 0);
     let (bounds, live) = chunks(&h, &t.id).await;
     assert!(bounds.len() > 40 && live.is_empty(), "{} chunks, {} live members", bounds.len(), live.len());
     for sort in ["reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms"] {
@@ -483,6 +493,131 @@ async fn compacted_listing_work_is_bounded_by_the_page() {
             // eight ranges (four statuses, with and without a tenant), the others one
             let most = if ["reservation_id", "tenant", "status"].contains(&sort) { 40 } else { 10 };
             assert!(ranges <= most, "{sort} {dir}: {ranges} range reads for a one-row page");
+        }
+    }
+}
+
+/// The listing members of a reservation are written from the created stream, not by the
+/// reserve: a reserve (and a creation-time listing) leaves the index empty; a flush call reads
+/// at most 200 reservations and says when it has not caught up; a listing that walks the index
+/// catches up first, a finished reservation's members straight into the chunks with its final
+/// status and an ACTIVE one's into the index, where its ending and its extension then move
+/// them; with compaction off every member goes into the index; more waiting than
+/// `CYCLES_LISTING_CATCH_UP` is a 503 for such a listing, never a partial one.
+#[tokio::test]
+async fn listing_index_is_written_from_the_created_stream() {
+    let h = Harness::start().await;
+    let t = h.funded(1_000_000_000).await;
+    let keys = cycles_shared::keys::TenantKeys::new(&t.id);
+    let mut made = Vec::new();
+    for i in 0..450i64 {
+        made.push(h.reserve_ok(&t, 1 + i % 7, json!({})).await);
+    }
+    for id in &made[..100] {
+        h.commit(&t, id, 1).await.assert_ok();
+    }
+    for id in &made[100..150] {
+        h.release(&t, id).await.assert_ok();
+    }
+    for id in &made[150..160] {
+        h.extend(&t, id, 5_000).await.assert_ok();
+    }
+    let card = |key: String| {
+        let h = &h;
+        async move { redis::cmd("ZCARD").arg(key).query_async::<usize>(&mut h.store.conn()).await.unwrap() }
+    };
+    assert_eq!(card(keys.listing_index()).await, 0, "a reserve writes no listing member");
+    assert_eq!(walk(&h, &t.key, "/v1/reservations?limit=200").await.len(), 450);
+    assert_eq!(card(keys.listing_index()).await, 0, "a creation-time listing writes none");
+
+    // one call reads one batch: not caught up with 450
+    assert!(!cycles_shared::ops::listing::flush(&h.store, &t.id, 1, true).await.unwrap());
+    let (bounds, live) = chunks(&h, &t.id).await;
+    assert_eq!(live.len() + chunk_members(&h, &t.id, &bounds).await, 200 * 4);
+    // a listing by status catches up first: every reservation, each in its status group
+    let statuses =
+        |rows: Vec<Value>| rows.iter().map(|r| r["status"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let rows = walk_rows(&h, &t.key, "/v1/reservations?sort_by=status&sort_dir=asc&limit=200").await;
+    let got = statuses(rows.clone());
+    let expected: Vec<&str> =
+        [("ACTIVE", 300), ("COMMITTED", 100), ("RELEASED", 50)].iter().flat_map(|(s, n)| vec![*s; *n]).collect();
+    assert_eq!(got, expected);
+    // the ended ones' members are in the chunks (their final status), the live ones' in the index
+    let (bounds, live) = chunks(&h, &t.id).await;
+    assert_eq!(live.len(), 300 * 4);
+    assert!(live.iter().all(|m| !m.starts_with(['C', 'E', 'R'])));
+    assert_eq!(chunk_members(&h, &t.id, &bounds).await, 150 * 4);
+    // an extension before the flush: its expiry member has the new expiry
+    let rows = walk_rows(&h, &t.key, "/v1/reservations?sort_by=expires_at_ms&sort_dir=desc&limit=200").await;
+    let expiries: Vec<i64> = rows.iter().map(|r| r["expires_at_ms"].as_i64().unwrap()).collect();
+    assert!(expiries.windows(2).all(|w| w[0] >= w[1]), "expires_at_ms descending");
+    let top: HashSet<String> = rows[..10].iter().map(|r| r["reservation_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(top, made[150..160].iter().cloned().collect::<HashSet<_>>(), "the extended ones expire last");
+
+    // after the flush, an ending moves the status member and an extension the expiry member
+    let token = |id: &str| id.split('.').nth(1).unwrap().to_string();
+    h.commit(&t, &made[160], 1).await.assert_ok();
+    h.extend(&t, &made[161], 60_000).await.assert_ok();
+    let (_, live) = chunks(&h, &t.id).await;
+    assert!(live.contains(&format!("C0{}", token(&made[160]))) && !live.contains(&format!("A0{}", token(&made[160]))));
+    let rows = walk_rows(&h, &t.key, "/v1/reservations?sort_by=expires_at_ms&sort_dir=desc&limit=1").await;
+    assert_eq!(rows[0]["reservation_id"], made[161].as_str());
+    assert_eq!(rows.len(), 450);
+
+    // compaction off: the flush puts every member into the index
+    let off = Harness::start_beside(&h, |c| c.sweep_compact_listing = false).await;
+    let u = off.funded(1_000).await;
+    let id = off.reserve_ok(&u, 1, json!({})).await;
+    off.commit(&u, &id, 1).await.assert_ok();
+    assert_eq!(walk(&off, &u.key, "/v1/reservations?sort_by=reserved").await, vec![id.clone()]);
+    let (bounds, live) = chunks(&off, &u.id).await;
+    assert!(bounds.is_empty() && live.len() == 4 && live.contains(&format!("C0{}", token(&id))), "{live:?}");
+
+    // more waiting than CYCLES_LISTING_CATCH_UP: a 503 for a walk of the index, nothing partial;
+    // a creation-time listing still answers, and once the sweep caught up the walk does too
+    let tight = Harness::start_beside(&h, |c| c.listing_catch_up = 200).await;
+    let v = tight.funded(1_000_000).await;
+    for _ in 0..201 {
+        tight.reserve_ok(&v, 1, json!({})).await;
+    }
+    let r = tight.get(&v.key, "/v1/reservations?sort_by=reserved&limit=5").await;
+    r.assert_error(503, "INTERNAL_ERROR");
+    assert!(r.body["message"].as_str().unwrap().contains("catching up"), "{}", r.raw);
+    tight.get(&v.key, "/v1/reservations?limit=5").await.assert_ok();
+    tight.sweep_tenant(&v, &cycles_shared::config::SweepOptions::default()).await;
+    assert_eq!(walk(&tight, &v.key, "/v1/reservations?sort_by=reserved&limit=200").await.len(), 201);
+}
+
+/// Members in the chunks named by `bounds`.
+async fn chunk_members(h: &Harness, tenant: &str, bounds: &[String]) -> usize {
+    let keys = cycles_shared::keys::TenantKeys::new(tenant);
+    let mut conn = h.store.conn();
+    let mut n = 0;
+    for bound in bounds {
+        let sha: String = redis::cmd("EVAL")
+            .arg("return redis.sha1hex(ARGV[1])")
+            .arg(0)
+            .arg(bound)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let card: usize = redis::cmd("ZCARD").arg(keys.listing_chunk(&sha[..20])).query_async(&mut conn).await.unwrap();
+        n += card;
+    }
+    n
+}
+
+/// Like `walk`, the rows themselves.
+async fn walk_rows(h: &Harness, key: &str, first: &str) -> Vec<Value> {
+    let mut rows = Vec::new();
+    let mut path = first.to_string();
+    loop {
+        let r = h.get(key, &path).await;
+        let b = r.assert_ok().clone();
+        rows.extend(b["reservations"].as_array().unwrap().iter().cloned());
+        match b.get("next_cursor").and_then(|c| c.as_str()) {
+            Some(c) => path = format!("{first}&cursor={c}"),
+            None => return rows,
         }
     }
 }

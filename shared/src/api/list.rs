@@ -28,6 +28,10 @@ const SORT_KEYS: [&str; 7] =
 const STATUSES: [&str; 4] = ["ACTIVE", "COMMITTED", "RELEASED", "EXPIRED"];
 /// Index entries examined per request at most (a page may end early, with a cursor).
 pub const SCAN_BUDGET: usize = 1_000;
+/// The answer when more reservations than `Config::listing_catch_up` wait to be indexed (the
+/// sweep or the next listing catches up; a creation-time listing never waits).
+const CATCHING_UP: &str =
+    "The listing index is catching up with recently created reservations; retry shortly, or sort by created_at_ms";
 
 #[derive(Serialize)]
 struct ListResponse {
@@ -452,6 +456,12 @@ async fn walk(app: &App, auth: &(String, String), tenant: &str, query: &Query) -
         return by_idempotency_key(app, auth, tenant, query, key).await;
     }
     let (listing, segments) = plan(query);
+    // A reserve writes no listing member: those of the reservations made since the sweep's
+    // last visit are written first (`ops::listing::flush`), so the walk sees every one.
+    let batches = app.config.listing_catch_up.div_ceil(listing::FLUSH_BATCH);
+    if listing && !listing::flush(&app.store, tenant, batches, app.config.sweep_compact_listing).await? {
+        return Err(ApiError::internal(CATCHING_UP).with_status(503));
+    }
     let mut position = query.cursor.as_ref().map(|c| position_of(query, &segments, c)).transpose()?;
     let mut rows: Vec<Row> = Vec::new();
     let mut scanned = 0;

@@ -267,8 +267,14 @@ pub async fn sweep_tenant(store: &Store, tenant: &str, opts: &SweepOptions, repo
 /// maintenance function's minute; more wait for the next visit, costing only memory until then).
 const MAX_COMPACT_BATCHES: usize = 10;
 
-/// Compacts the listing index of one tenant's finished reservations, unless switched off.
+/// Most listing flush calls for one tenant per visit (`ops::listing::flush`: 20,000 reservations
+/// created since the last visit; a listing that walks the index writes any left over first).
+const MAX_FLUSH_BATCHES: usize = 100;
+
+/// Writes the listing members of one tenant's reservations created since the last visit (a
+/// reserve writes none), then compacts those of its finished reservations, unless switched off.
 async fn compact_listing(store: &Store, tenant: &str, opts: &SweepOptions, report: &mut SweepReport) -> ApiResult<()> {
+    crate::ops::listing::flush(store, tenant, MAX_FLUSH_BATCHES, opts.compact_listing).await?;
     if opts.compact_listing {
         report.compacted += crate::ops::listing::compact(store, tenant, MAX_COMPACT_BATCHES).await? as u64;
     }

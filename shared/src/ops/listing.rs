@@ -140,6 +140,46 @@ pub async fn compact(store: &Store, tenant: &str, batches: usize) -> ApiResult<u
 }
 
 script! {
+    /// Writes the listing members of up to `batch` reservations created since the last flush,
+    /// as their records stand (`lua/list_flush.lua`): an ended one's into the compact chunks
+    /// when `pack` is "1", the others into the index.
+    pub struct Flush = list_flush -> Flushed {
+        keys: [listing_index, listing_chunks, created_stream, listing_flushed],
+        args: [batch, pack],
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Flushed {
+    /// Whether created-stream entries beyond the batch wait.
+    pub more: bool,
+}
+
+/// Reservations one flush call indexes at most (a few ms of script time, like a compaction's).
+pub const FLUSH_BATCH: usize = 200;
+
+/// Writes the listing members of `tenant`'s reservations created since the last flush, up to
+/// `batches` calls, ended ones straight into the compact chunks when `pack` (compaction on);
+/// answers whether the index caught up with the created stream.
+pub async fn flush(store: &Store, tenant: &str, batches: usize, pack: bool) -> ApiResult<bool> {
+    let keys = TenantKeys::new(tenant);
+    for _ in 0..batches {
+        let call = Flush {
+            listing_index: keys.listing_index(),
+            listing_chunks: keys.listing_chunks(),
+            created_stream: keys.created_stream(),
+            listing_flushed: keys.listing_flushed(),
+            batch: FLUSH_BATCH.to_string(),
+            pack: if pack { "1" } else { "" }.to_string(),
+        };
+        if !store.run(call).await?.value.more {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+script! {
     /// Puts reservations written before the listing index into it (`lua/list_backfill.lua`).
     pub struct Backfill = list_backfill -> super::Nothing {
         keys: [listing_index; records],

@@ -96,6 +96,7 @@ const SCRIPTS: &[Script] = &[
     listing::ReadMetadata::SCRIPT,
     listing::Backfill::SCRIPT,
     listing::Compact::SCRIPT,
+    listing::Flush::SCRIPT,
     ledgers::ListLedgers::SCRIPT,
     ledgers::ReadLedgers::SCRIPT,
     ledgers::CreateBudget::SCRIPT,
@@ -557,6 +558,8 @@ mod reserve_size {
     /// per reserve (-1.7%) and a scope without a ledger told by `EXISTS` instead of a read of
     /// the old fields (-5% of a reserve whose agent has none), 1,607 with a ledger's optional
     /// fields set only when present (made at the size it keeps: no table grows mid-request),
+    /// 1,592 with the listing members written from the created stream by the sweep or a listing
+    /// (`lua/list_flush.lua`) instead of by the reserve (-11% Redis instructions per reserve),
     /// against a target of 700 that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
@@ -564,6 +567,6 @@ mod reserve_size {
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_607, "a reserve as run is {code} lines of code (at most 1,607; target 700)");
+        assert!(code <= 1_592, "a reserve as run is {code} lines of code (at most 1,592; target 700)");
     }
 }

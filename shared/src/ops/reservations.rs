@@ -43,7 +43,7 @@ script! {
     /// Live reservation (`lua/reserve.lua`).
     pub struct Reserve = reserve -> Reserved {
         keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_stream, due_index,
-            listing_index, meta, policies, events; budgets],
+            meta, policies, events; budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
             idempotency_key, subject, action, metadata, reclaimed, context, observe, governance, record_ttl_ms; scopes],
     }
@@ -70,7 +70,6 @@ impl Reserve {
         self.expiry_index = keys.expiry_index();
         self.created_stream = keys.created_stream();
         self.due_index = keys.due_index();
-        self.listing_index = keys.listing_index();
         self.meta = keys.reservation_metadata(token);
         self.policies = keys.policy_rules();
         self.events = keys.events();
