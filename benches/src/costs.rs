@@ -129,6 +129,9 @@ const OPERATIONS: [&str; 14] = [
     "reserve (unbudgeted agent)",
 ];
 
+/// The row of the sweep's visit, per finished reservation (no gateway: the sweep is a job).
+const SWEEP_ROW: &str = "sweep visit (per finished reservation)";
+
 /// The tenants of the operations that use a policy: two quota rules (`q`), a cap on active
 /// holds (`g`), a budget template for every agent (`p`, whose `agent:known` has a ledger), and
 /// a policy that changes nothing a reserve counts (`o`: what any policy costs); and one without
@@ -426,6 +429,28 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
                 "redis_commands": cmds as f64 / calls as f64}),
         );
     }
+    // The sweep's visit, per finished reservation it meets (writing its listing members from
+    // the created stream or compacting them, and folding its usage entry): the work a reserve
+    // and commit leave for later, counted so it cannot grow unseen. This build's sweep only (it
+    // runs here, with this tree's library: a baseline's records are another build's).
+    if of.is_none() && wanted(SWEEP_ROW) {
+        let s = h.funded(1_000_000_000_000).await;
+        for i in 0..calls {
+            let r = h.post(&s.key, "/v1/reservations", &reserve_body(&s, &format!("s-{i}"))).await;
+            let id = r.body["reservation_id"].as_str().expect("reserve").to_string();
+            failed += usize::from(h.commit(&s, &id, 80).await.status != 200);
+        }
+        reset_stats(&h).await;
+        redis.take(None).await;
+        super::settle(&h.store, &s.id).await;
+        let redis_ir = redis.take(profiles.as_ref().map(|d| d.join("sweep.redis"))).await;
+        let per = |n: u64| (n as f64 / calls as f64).round() as u64;
+        measured.insert(
+            SWEEP_ROW.to_string(),
+            json!({"redis_instructions": per(redis_ir), "gateway_instructions": 0,
+                "redis_commands": commands(&h).await as f64 / calls as f64}),
+        );
+    }
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
     (measured, failed)
@@ -446,6 +471,7 @@ fn report(measured: &BTreeMap<String, Value>, failed: usize, update: bool, other
         let mut cell = |field: &str| -> String {
             let now = m[field].as_f64().unwrap_or(0.0);
             match b.and_then(|b| b[field].as_f64()) {
+                Some(limit) if limit == 0.0 => "-".to_string(),
                 Some(limit) => {
                     if now > limit * (1.0 + TOLERANCE) {
                         over.push(format!(
