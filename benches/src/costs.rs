@@ -471,7 +471,7 @@ fn report(measured: &BTreeMap<String, Value>, failed: usize, update: bool, other
         let mut cell = |field: &str| -> String {
             let now = m[field].as_f64().unwrap_or(0.0);
             match b.and_then(|b| b[field].as_f64()) {
-                Some(limit) if limit == 0.0 => "-".to_string(),
+                Some(0.0) => "-".to_string(),
                 Some(limit) => {
                     if now > limit * (1.0 + TOLERANCE) {
                         over.push(format!(
