@@ -53,7 +53,7 @@ for i = 1, #budgets do local b = budgets[i]
   b.remaining = d_sub(b.remaining, amount)
 end
 local failed = write_budgets(budgets, now_s)
-if failed then return failed end
+if failed then release_slots(ask); return failed end
 budget_events(sc, budgets, A.unit, nil, policy)
 -- (the counts a hold moves, kept in its record; none for most)
 local runs = ask.staged and count_actions(sc, ask.staged) or ask.guarded and {} or nil

@@ -229,7 +229,8 @@ local function decide(ask)
   if ask.policed then checks = policies_of(ask).ruled and CHECKS.all or CHECKS.unruled end
   for i = 1, #checks do local check = checks[i]
     local verdict = check(ask)
-    if verdict then return verdict end
+    -- (an active-hold slot the guards took goes back with a later refusal)
+    if verdict then release_slots(ask); return verdict end
   end
   return nil
 end

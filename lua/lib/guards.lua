@@ -8,6 +8,12 @@
 -- expiry, not a commit: the call happened), {a = field} an active-hold count, {w = window,
 -- f = field, ttl} an estimate counted in a spend window, which moves to what was `charged`
 -- (nothing when released or expired; a window that has ended stays gone).
+-- One active-hold slot of `field` given back (the field goes when none is left).
+local function give_slot(prefix, field)
+  local key = KEY.active_holds(prefix)
+  if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
+end
+
 local function give_back(prefix, rec, charged)
   if not rec.qrun then return end
   local decoded, items = pcall(cjson.decode, rec.qrun)
@@ -17,8 +23,7 @@ local function give_back(prefix, rec, charged)
       local key = KEY.quota_counter(prefix, item)
       if not charged and tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', '-1') end
     elseif item.a then
-      local key = KEY.active_holds(prefix)
-      if redis.call('HINCRBY', key, item.a, -1) <= 0 then redis.call('HDEL', key, item.a) end
+      give_slot(prefix, item.a)
     elseif item.w then
       local key = KEY.spend_window(prefix, item.w)
       local delta = d_sub(charged or '0', rec.estimate)
@@ -54,19 +59,33 @@ local function limit_verdict(reason, lim, fix, message, mark)
   return {deny = d, message = message, limit = lim, mark = mark}
 end
 
+-- The active-hold slots a live reserve took (`ask.guarded`), given back when a later check
+-- refuses it after all.
+local function release_slots(ask)
+  for _, g in ipairs(ask.guarded or {}) do if g.a then give_slot(ask.sc.prefix, g.a) end end
+  ask.guarded = nil
+end
+
 -- The active-hold cap and spend-rate limits of the policies in force on the request's scope
 -- (`pol`: `policy_settings`): a verdict, or nil after noting in `ask.guarded` what a live
--- reserve counts.
+-- reserve counts. A live reserve takes its active-hold slot here, in one command (the count
+-- before it decides; `release_slots` gives it back if a later check refuses); an evaluation
+-- only reads the count.
 local function guard_denial(ask, pol)
   if not (pol.ma or pol.sm or pol.sh) then return nil end
   local sc, A = ask.sc, ask.A
   local guarded = {}
+  ask.guarded = guarded
   local s = pol.ma
   if s then
     local scope = counted_scope(s, sc, ask.scope)
     local field = s.id .. '|' .. scope
-    local n = tonumber(redis.call('HGET', KEY.active_holds(sc.prefix), field) or '0')
+    local key = KEY.active_holds(sc.prefix)
+    local taking = ask.mode == 'hold'
+    local n = taking and redis.call('HINCRBY', key, field, 1) - 1 or tonumber(redis.call('HGET', key, field) or '0')
+    if taking then guarded[1] = {a = field} end
     if n >= s.value then
+      release_slots(ask)
       local lim = {policy_id = s.id, limit_name = 'max_active_reservations', limit = itoa(s.value), current = itoa(n),
         scope = scope}
       return limit_verdict('ACTIVE_RESERVATIONS_EXCEEDED', lim, 'Commit or release one of the ' .. n ..
@@ -74,7 +93,6 @@ local function guard_denial(ask, pol)
         'At most ' .. s.value .. ' reservations may be active at once on ' .. scope .. ' (policy ' .. s.id .. ')',
         minute_mark(sc))
     end
-    guarded[#guarded + 1] = {a = field}
   end
   for _, w in ipairs(SPEND_WINDOWS) do
     s = pol[w[1]]
@@ -86,6 +104,7 @@ local function guard_denial(ask, pol)
       local key = KEY.spend_window(sc.prefix, window)
       local spent = redis.call('HGET', key, field) or '0'
       if d_cmp(d_add(spent, A.amount), s.value.n) > 0 then
+        release_slots(ask)
         local resets = (n + 1) * w[3]
         local lim = {policy_id = s.id, limit_name = w[2], limit = s.value.n, current = spent, requested = A.amount,
           unit = A.unit, scope = scope, window_key = iso8601(n * w[3]), retry_after_ms = itoa(resets - sc.now)}
@@ -98,17 +117,15 @@ local function guard_denial(ask, pol)
       guarded[#guarded + 1] = {w = window, f = field, ttl = w[3] * 2}
     end
   end
-  ask.guarded = (#guarded > 0) and guarded or nil
+  if #guarded == 0 then ask.guarded = nil end
   return nil
 end
 
--- A live reserve's counts (the estimate `amount`); each guard goes to `items`, what its record
--- keeps to give back.
+-- A live reserve's counts (the estimate `amount`; its active-hold slot it took at the check);
+-- each guard goes to `items`, what its record keeps to give back.
 local function hold_guards(sc, guarded, amount, items)
   for _, g in ipairs(guarded) do
-    if g.a then
-      redis.call('HINCRBY', KEY.active_holds(sc.prefix), g.a, 1)
-    else
+    if not g.a then
       local key = KEY.spend_window(sc.prefix, g.w)
       redis.call('HINCRBY', key, g.f, amount)
       redis.call('PEXPIRE', key, g.ttl)

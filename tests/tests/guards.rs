@@ -462,3 +462,41 @@ async fn a_changed_policy_is_in_force_on_the_next_request() {
     h.admin("PATCH", &path, Some(&json!({"status": "DISABLED"}))).await.assert_ok();
     h.reserve_ok(&t, 1, json!({})).await;
 }
+
+/// A live reserve takes its active-hold slot at the check; one refused after that (by the
+/// budget, a spend-rate limit or a ledger that would pass int64) gives it back: the count stays
+/// what the ACTIVE reservations hold, and the cap still admits exactly N.
+#[tokio::test]
+async fn a_refused_reserve_gives_its_active_hold_slot_back() {
+    let h = Harness::start().await;
+    let t = h.funded(50).await;
+    let id = policy(
+        &h,
+        &t,
+        json!({"scope_pattern": "agent:*", "counting": "scope_path",
+        "rate_limits": {"max_active_reservations": 2, "max_amount_per_minute": {"unit": "TOKENS", "amount": 60}}}),
+    )
+    .await;
+    let field = format!("{id}|tenant:{}/agent:a", t.id);
+    h.reserve(&t, 55, agent(&t, "a")).await.assert_error(409, "BUDGET_EXCEEDED");
+    assert_eq!(active_count(&h, &t, &field).await, 0, "refused by the budget");
+    early_in_a_window(60_000, 10_000).await;
+    assert_eq!(limited(&h.reserve(&t, 70, agent(&t, "a")).await), "SPEND_RATE_EXCEEDED");
+    assert_eq!(active_count(&h, &t, &field).await, 0, "refused by the spend rate");
+    let scope = format!("tenant:{}/agent:b", t.id);
+    let reserved = (i64::MAX - 5).to_string();
+    let fields = [
+        ("scope", scope.as_str()),
+        ("unit", "TOKENS"),
+        ("allocated", "100"),
+        ("remaining", "100"),
+        ("reserved", reserved.as_str()),
+    ];
+    h.set_budget(&t.id, &scope, Unit::Tokens, &fields).await;
+    h.reserve(&t, 10, agent(&t, "b")).await.assert_error(500, "INTERNAL_ERROR");
+    assert_eq!(active_count(&h, &t, &format!("{id}|{scope}")).await, 0, "refused by int64");
+    h.reserve_ok(&t, 10, agent(&t, "a")).await;
+    h.reserve_ok(&t, 10, agent(&t, "a")).await;
+    assert_eq!(limited(&h.reserve(&t, 10, agent(&t, "a")).await), "ACTIVE_RESERVATIONS_EXCEEDED");
+    assert_eq!(active_count(&h, &t, &field).await, 2);
+}

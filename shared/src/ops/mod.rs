@@ -560,13 +560,15 @@ mod reserve_size {
     /// fields set only when present (made at the size it keeps: no table grows mid-request),
     /// 1,592 with the listing members written from the created stream by the sweep or a listing
     /// (`lua/list_flush.lua`) instead of by the reserve (-11% Redis instructions per reserve),
-    /// against a target of 700 that the engine work has not reached yet.
+    /// 1,603 with a live reserve taking its active-hold slot at the check and giving it back on
+    /// a later refusal (one command fewer per reserve under a cap: -2.7%), against a target of
+    /// 700 that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_592, "a reserve as run is {code} lines of code (at most 1,592; target 700)");
+        assert!(code <= 1_603, "a reserve as run is {code} lines of code (at most 1,603; target 700)");
     }
 }
