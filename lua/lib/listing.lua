@@ -2,11 +2,11 @@
 -- needs: nothing
 
 -- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
--- reservation the flush has reached (`index_reservation`), one status member "<S><T><token>" (S: A, C, E or R for ACTIVE, COMMITTED,
--- EXPIRED, RELEASED; T: 0 when its subject names a tenant, else 1) and three value members:
--- "r<estimate, 19 digits><token>", "p<scope path>\0<token>" and "x<expires_at_ms, 13
--- digits><token>", so every sort order of the listing is a walk of ranges of it (the created
--- index serves created_at).
+-- reservation the flush has reached (`index_reservation`), one status member "<S><T><token>"
+-- (S: A, C, E or R for ACTIVE, COMMITTED, EXPIRED, RELEASED; T: 0 when its subject names a
+-- tenant, else 1) and three value members: "r<estimate, 19 digits><token>", "p<scope
+-- path>\0<token>" and "x<expires_at_ms, 13 digits><token>", so every sort order of the listing
+-- is a walk of ranges of it (the created stream serves created_at).
 local STATUS_MARK = {ACTIVE = 'A', COMMITTED = 'C', EXPIRED = 'E', RELEASED = 'R'}
 
 local function padded(digits, width)
