@@ -6,8 +6,7 @@
 -- with `A.pack` set (compaction on) its members go straight into the compact chunks
 -- (`CHUNKED`); an ACTIVE one's go into the index, where its ending moves its status member and
 -- the sweep's compaction later packs them.
--- A record already gone (trimmed) indexes nothing. Answers how many entries it indexed and
--- whether more wait.
+-- A record already gone (trimmed) indexes nothing. Answers whether more entries wait.
 local prefix = KEY.prefix_of(K.listing_index)
 local after = redis.call('GET', K.listing_flushed)
 local batch = tonumber(A.batch)
@@ -28,4 +27,4 @@ end
 CHUNKED.sliced('ZADD', K.listing_index, live, 1, #live)
 if #packed > 0 then CHUNKED.add(K.listing_chunks, packed) end
 if n > 0 then redis.call('SET', K.listing_flushed, entries[n][1]) end
-return ok({read = n, more = #entries > batch})
+return ok({more = #entries > batch})

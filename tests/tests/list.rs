@@ -16,20 +16,9 @@ fn ids(r: &Resp) -> Vec<String> {
         .collect()
 }
 
-/// Follows cursors from `first` and returns every id visited, asserting on each page that no row repeats.
+/// Follows cursors from `first` and returns every id visited (`walk_rows`).
 async fn walk(h: &Harness, key: &str, first: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    let mut path = first.to_string();
-    loop {
-        let r = h.get(key, &path).await;
-        let b = r.assert_ok().clone();
-        seen.extend(ids(&r));
-        assert_eq!(b["has_more"].as_bool().unwrap(), b.get("next_cursor").is_some());
-        match b.get("next_cursor").and_then(|c| c.as_str()) {
-            Some(c) => path = format!("{first}&cursor={c}"),
-            None => return seen,
-        }
-    }
+    walk_rows(h, key, first).await.iter().map(|r| r["reservation_id"].as_str().unwrap().to_string()).collect()
 }
 
 #[tokio::test]
@@ -383,7 +372,6 @@ async fn compacting_the_listing_keeps_every_sort_order() {
     let h = Harness::start().await;
     let t = h.funded(1_000_000_000).await;
     let long_scope = "a-workspace-whose-name-is-long-enough-for-the-index";
-    let keys = cycles_shared::keys::TenantKeys::new(&t.id);
     let mut made = Vec::new();
     for i in 0..330i64 {
         let mut subject = json!({"tenant": t.id});
@@ -421,15 +409,7 @@ async fn compacting_the_listing_keeps_every_sort_order() {
     assert!(bounds.len() > 6, "chunks split as they filled: {}", bounds.len());
     let mut conn = h.store.conn();
     let mut packed = 0;
-    for bound in &bounds {
-        let sha: String = redis::cmd("EVAL")
-            .arg("return redis.sha1hex(ARGV[1])")
-            .arg(0)
-            .arg(bound)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let chunk = keys.listing_chunk(&sha[..20]);
+    for (bound, chunk) in bounds.iter().zip(chunk_keys(&h, &t.id, &bounds).await) {
         let encoding: String = redis::cmd("OBJECT").arg("ENCODING").arg(&chunk).query_async(&mut conn).await.unwrap();
         let card: usize = redis::cmd("ZCARD").arg(&chunk).query_async(&mut conn).await.unwrap();
         assert_eq!(encoding, "listpack", "{bound:?}");
@@ -588,11 +568,11 @@ async fn listing_index_is_written_from_the_created_stream() {
     assert_eq!(walk(&tight, &v.key, "/v1/reservations?sort_by=reserved&limit=200").await.len(), 201);
 }
 
-/// Members in the chunks named by `bounds`.
-async fn chunk_members(h: &Harness, tenant: &str, bounds: &[String]) -> usize {
+/// The chunk key of each of `bounds` (named by its bound's SHA-1, as `CHUNKED.key` names it).
+async fn chunk_keys(h: &Harness, tenant: &str, bounds: &[String]) -> Vec<String> {
     let keys = cycles_shared::keys::TenantKeys::new(tenant);
     let mut conn = h.store.conn();
-    let mut n = 0;
+    let mut out = Vec::new();
     for bound in bounds {
         let sha: String = redis::cmd("EVAL")
             .arg("return redis.sha1hex(ARGV[1])")
@@ -601,13 +581,24 @@ async fn chunk_members(h: &Harness, tenant: &str, bounds: &[String]) -> usize {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let card: usize = redis::cmd("ZCARD").arg(keys.listing_chunk(&sha[..20])).query_async(&mut conn).await.unwrap();
+        out.push(keys.listing_chunk(&sha[..20]));
+    }
+    out
+}
+
+/// Members in the chunks named by `bounds`.
+async fn chunk_members(h: &Harness, tenant: &str, bounds: &[String]) -> usize {
+    let mut conn = h.store.conn();
+    let mut n = 0;
+    for chunk in chunk_keys(h, tenant, bounds).await {
+        let card: usize = redis::cmd("ZCARD").arg(chunk).query_async(&mut conn).await.unwrap();
         n += card;
     }
     n
 }
 
-/// Like `walk`, the rows themselves.
+/// Follows cursors from `first` and returns every row visited, asserting on each page that
+/// `has_more` says whether a cursor follows.
 async fn walk_rows(h: &Harness, key: &str, first: &str) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut path = first.to_string();
@@ -615,6 +606,7 @@ async fn walk_rows(h: &Harness, key: &str, first: &str) -> Vec<Value> {
         let r = h.get(key, &path).await;
         let b = r.assert_ok().clone();
         rows.extend(b["reservations"].as_array().unwrap().iter().cloned());
+        assert_eq!(b["has_more"].as_bool().unwrap(), b.get("next_cursor").is_some());
         match b.get("next_cursor").and_then(|c| c.as_str()) {
             Some(c) => path = format!("{first}&cursor={c}"),
             None => return rows,
