@@ -48,7 +48,7 @@ if ctx then
 end
 
 local rec = r.rec
-give_back(r.sc.prefix, rec, charged)
+give_back(r.sc, rec, charged)
 record_ending(r.sc, K.due_index, 'c', r, charged)
 list_status(K.listing_index, r, 'COMMITTED')
 if A.metadata ~= '' then

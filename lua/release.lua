@@ -20,7 +20,7 @@ if failed then return failed end
 budget_events(r.sc, budgets, r.unit)
 
 local rec = r.rec
-give_back(r.sc.prefix, rec)
+give_back(r.sc, rec)
 record_ending(r.sc, K.due_index, 'r', r)
 list_status(K.listing_index, r, 'RELEASED')
 finish_record(K.reservation, rec, 'RELEASED', {fkey = A.idempotency_key, fhash = A.payload_hash,

@@ -21,8 +21,9 @@ for i = 1, n do
   local r = read_reservation(key, rid)
   if r and not r.corrupt and r.status == 'ACTIVE' then
     list_status(K.listing_index, r, 'RELEASED')
-    give_back(KEY.prefix_of(K.tenant), r.rec)
-    record_ending({prefix = KEY.prefix_of(K.tenant), name = tenant, now = now}, nil, 'r', r)
+    local sc = {prefix = KEY.prefix_of(K.tenant), name = tenant, now = now}
+    give_back(sc, r.rec)
+    record_ending(sc, nil, 'r', r)
     finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, meta, A.record_ttl_ms)
   end
   if not (r and r.corrupt) then redis.call('ZREM', K.expiry_index, rid) end

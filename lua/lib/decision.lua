@@ -31,12 +31,12 @@ local function policies_of(ask)
 end
 
 -- The request's action, where v0.1.26 rules apply to it (a hold or an evaluation, and a
--- policy in force with such rules), with those rules in `ask.pol`; decoded only then.
+-- policy in force with such rules), with those rules in `ask.rules`; decoded only then.
 local function ruled_action(ask)
   if ask.ruled == nil then
     local pol = ask.mode ~= 'charge' and ask.policed and policies_of(ask)
     ask.ruled = pol and pol.ruled and governance_of(ask) or false
-    if ask.ruled then action_rules(pol, ask.ruled) end
+    if ask.ruled then ask.rules = action_rules(pol, ask.ruled) end
   end
   return ask.ruled
 end
@@ -137,23 +137,18 @@ function check.attempt(ask)
   return nil
 end
 
--- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas.
-function check.action_access(ask)
+-- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas
+-- (their counters read at once).
+function check.action_rules(ask)
   local G = ruled_action(ask)
-  local d = G and access_denial(policies_of(ask), G, ask.scope)
+  if not G then return nil end
+  local d = access_denial(ask.rules, G, ask.scope)
+  if d then return {deny = d} end
+  ask.staged = ask.staged or {}
+  local bad
+  d, bad = quota_denial(ask.sc, quota_plan(ask.sc, ask.rules, G, ask.scope), G, ask.staged)
+  if bad then return {fail = bad} end
   return d and {deny = d}
-end
-
-function check.quotas(setting_of, by_risk)
-  return function(ask)
-    local G = ruled_action(ask)
-    if not G then return nil end
-    ask.staged = ask.staged or {}
-    local d, bad = quota_denial(ask.sc, setting_of(policies_of(ask)), by_risk and G.risk_label or G.kind, by_risk, G,
-      ask.scope, ask.staged)
-    if bad then return {fail = bad} end
-    return d and {deny = d}
-  end
 end
 
 -- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
@@ -208,9 +203,7 @@ local CHECKS = {
   {check.tenant_status},
   {check.rate_limit, policies = true},
   {check.attempt},
-  {check.action_access, policies = true, rules = true},
-  {check.quotas(function(pol) return pol.rq end, true), policies = true, rules = true},
-  {check.quotas(function(pol) return pol.aq end, false), policies = true, rules = true},
+  {check.action_rules, policies = true, rules = true},
   {check.guards, policies = true},
   {check.budgets},
   {check.caps},

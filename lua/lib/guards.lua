@@ -1,7 +1,7 @@
 -- Runaway-agent guards (an extension of policies): ledgers made from a policy's budget
 -- template, a cap on the reservations ACTIVE at once and spend-rate limits per calendar
 -- minute and hour, per matched scope; and what ending a reservation gives back.
--- needs: decimal, reply, calendar, events, ledger, policies
+-- needs: decimal, reply, calendar, events, ledger, policies, quotas
 
 -- The counters a reservation moved, given back when it ends; its record keeps them in `qrun`
 -- (a JSON list): a string is a v0.1.26 per_run quota member (given back by a release or an
@@ -14,14 +14,14 @@ local function give_slot(prefix, field)
   if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
 end
 
-local function give_back(prefix, rec, charged)
+local function give_back(sc, rec, charged)
   if not rec.qrun then return end
+  local prefix = sc.prefix
   local decoded, items = pcall(cjson.decode, rec.qrun)
   if not decoded or type(items) ~= 'table' then return end
   for _, item in ipairs(items) do
     if type(item) == 'string' then
-      local key = KEY.quota_counter(prefix, item)
-      if not charged and tonumber(redis.call('HGET', key, 'n') or '0') > 0 then redis.call('HINCRBY', key, 'n', '-1') end
+      if not charged then COUNTER.take_back(prefix, item, sc.now) end
     elseif item.a then
       give_slot(prefix, item.a)
     elseif item.w then

@@ -62,8 +62,7 @@ end
 -- The answers are remembered per script VM by the rules' digest (the tenant record keeps it:
 -- `refresh_tenant`, so no rule is read) and the scope path (`RULES_DECODED.settings`), each
 -- until the next time one of the rules starts or ends: changed rules have another digest, so
--- nothing is stale. A caller gets its own copy of an entry with v0.1.26 rules (it adds the
--- action's rules to it), the entry itself otherwise; the settings in it are only read. Only rules of at most `longest` bytes in all are
+-- nothing is stale. The entry is only read. Only rules of at most `longest` bytes in all are
 -- remembered, each entry with the picks of at most 16 actions (`by_action`), so the memo never
 -- holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
@@ -103,18 +102,14 @@ local function policy_settings(rules_key, scope_path, now, tenant)
       if read then remember(RULES_DECODED.rows, digest, rows) end
     end
   end
-  -- (the entry itself when no action's rules will be added to it: it is only read)
-  if not known.settings.ruled then return known.settings end
-  local copy = {}
-  for f, v in pairs(known.settings) do copy[f] = v end
-  return copy
+  return known.settings
 end
 
 -- The v0.1.26 rules of an action ({kind, risk_label, pick: the two as one key; `governance`})
--- into `pol` (as `policy_settings` answered it): each from the highest-priority policy that has
--- one for it (rules are never merged across policies): `ac` the allow/deny lists (value: the
--- policy row), `rq` the risk-class quotas of the action's class, `aq` the quotas of its kind
--- (values: the policy's lists).
+-- under the settings `pol` (as `policy_settings` answered them): each from the highest-priority
+-- policy that has one for it (rules are never merged across policies): `ac` the allow/deny
+-- lists (value: the policy row), `rq` the risk-class quotas of the action's class, `aq` the
+-- quotas of its kind (values: the policy's lists). Only read.
 local function names_rule(quotas, label)
   for _, q in ipairs(quotas or {}) do if q.k == label then return true end end
   return false
@@ -135,7 +130,7 @@ local function action_rules(pol, action)
     for f, p in pairs(best) do rules[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
     if memo then remember(memo, key, rules) end
   end
-  for f, v in pairs(rules) do pol[f] = v end
+  return rules
 end
 
 -- Where a setting's counts (quotas, rate limits) are kept for a request on `scope_path`: its

@@ -9,25 +9,75 @@
 -- request's observe_mode or ''), sampled (whether an observed ALLOW is written), rate (the
 -- sample rate when below 1).
 --
--- Quota counters are hashes `<prefix>:q:<scope>|<kind or __risk__:class>|<window>|<bucket>`
--- (n: used, lim, pol, last: last increment ms, ttl: per_run TTL, al: threshold announced),
--- indexed by member in `<prefix>:quotas` (lexicographic, for listing) and by cleanup deadline
--- in `<prefix>:quotas:due` (each new counter prunes up to two dead ones, so the indexes hold
--- about the live counters only).
+-- The counters are one hash per tenant (`KEY.quota_counters`): field the counter's member
+-- "<scope>|<kind or __risk__:class>|<window>|<bucket>", value `counter_text` (count, cleanup
+-- deadline, whether its threshold was announced, last increment, limit, policy). The members
+-- are indexed lexicographically in `<prefix>:quotas` (for listing) and by deadline in
+-- `<prefix>:quotas:due` (each new counter prunes up to two past theirs, so the hash and the
+-- indexes hold about the live counters only).
 
--- Each tumbling window: how long its counter outlives it, how long it lasts, and the length
--- of the ISO 8601 prefix that names its bucket. `counters`: each rule's last counter
--- (`quota_counter`).
+-- Each tumbling window: how long its counter outlives its start, how long it lasts, and the
+-- length of the ISO 8601 prefix that names its bucket; the pattern of a counter's text
+-- (`COUNTER.fields`), the quota steps in check order (rules, whether by risk class) and a
+-- quota rule's allowlists by the dimension of the action's keys each lists.
 local QUOTA = {windows = {
   per_minute_tumbling = {ttl_ms = 120000, span = 60000, bucket_len = 16},
   per_hour_tumbling = {ttl_ms = 3660000, span = 3600000, bucket_len = 13},
   per_day_tumbling = {ttl_ms = 90000000, span = 86400000, bucket_len = 10},
   per_tenant_per_day = {ttl_ms = 90000000, span = 86400000, bucket_len = 10},
-}, counters = {known = {}, kept = 0, max = 1000}}
+}, fields = '^(%d+)\31(%d+)\31(%d*)\31(%d*)\31([^\31]*)(\31?!?)$',
+  steps = {{'rq', true}, {'aq', false}}, allowlists = {h = 'host', d = 'recipient_domain', r = 'resource_type'}}
+
+-- The counters' fields. A counter's text (its parts strings) is "<n>\31<due>\31<last>\31<tail>",
+-- and "\31!" after it once its threshold was announced (`al`): its count, its deadline (ms: from
+-- then on it is gone, pruned or not), its last increment (ms), and "<limit>\31<policy>", the
+-- rule and policy that counted it last. (The reserve reads only the count, the mark and a
+-- per_run counter's deadline.)
+local COUNTER = {}
+function COUNTER.text(n, due, last, tail, al)
+  return n .. '\31' .. due .. '\31' .. last .. '\31' .. tail .. (al and '\31!' or '')
+end
+
+-- A counter's text as fields (nil when there is none, or it is past its deadline `due`): n,
+-- due, last, lim, pol (text) and al (whether its threshold was announced).
+function COUNTER.fields(text, now)
+  if not text then return nil end
+  local n, due, last, lim, pol, al = string.match(text, QUOTA.fields)
+  if not n or tonumber(due) <= now then return nil end
+  return n, due, last, lim, pol, al ~= ''
+end
+
+-- A counter written before the counters shared one hash (a hash of its own, `KEY.quota_counter`,
+-- that expires), moved into the hash where it is first read: its text, or false.
+function COUNTER.moved(prefix, member, now)
+  local key = KEY.quota_counter(prefix, member)
+  local f = redis.call('HMGET', key, 'n', 'lim', 'pol', 'last', 'al')
+  if not f[1] then return false end
+  local due = itoa(now + math.max(redis.call('PTTL', key), 1))
+  local text = COUNTER.text(f[1], due, f[4] or '', (f[2] or '') .. '\31' .. (f[3] or ''), f[5] ~= false)
+  redis.call('HSET', KEY.quota_counters(prefix), member, text)
+  redis.call('ZADD', KEY.quota_due(prefix), due, member)
+  redis.call('DEL', key)
+  return text
+end
+
+-- The text of counter `member` (false: none).
+function COUNTER.read(prefix, member, now)
+  return redis.call('HGET', KEY.quota_counters(prefix), member) or COUNTER.moved(prefix, member, now)
+end
+
+-- A per_run call given back (its reservation released or expired uncommitted): its counter one
+-- less, while it lasts and is above 0.
+function COUNTER.take_back(prefix, member, now)
+  local n, due, last, lim, pol, al = COUNTER.fields(COUNTER.read(prefix, member, now), now)
+  if n and tonumber(n) > 0 then
+    redis.call('HSET', KEY.quota_counters(prefix), member, COUNTER.text(itoa(n - 1), due, last, lim .. '\31' .. pol, al))
+  end
+end
 
 -- The request's action from its JSON (nil: none or unreadable), remembered per script VM by
 -- its text (an agent repeats its actions: `RULES_DECODED.actions`); the decoded table is only
--- read.
+-- read, but for the quota counters last planned for it (`quota_plan`).
 local function governance(raw)
   raw = raw or ''
   local memo = RULES_DECODED.actions
@@ -75,39 +125,19 @@ local function contains(list, v)
   return false
 end
 
--- The counter of quota rule `q` (on `label`) for `scope` now: {bucket, member, key}, its
--- bucket the window instance (a UTC calendar bucket; per_run: the run id `run`). Each rule's
--- last counter is remembered per script VM (by the rule's decoded table) while its window
--- instance lasts, so its key is made once per instance rather than once per request.
-local function quota_counter(sc, q, label, scope, run)
-  local c, now = QUOTA.counters.known[q], sc.now
-  local live = c and c.scope == scope and c.prefix == sc.prefix and now >= c.starts and now < c.ends
-  if live and (run == nil or c.bucket == run) then return c end
-  local bucket, starts, ends = run, 0, math.huge
-  if q.w ~= 'per_run' then
-    local w = QUOTA.windows[q.w]
-    bucket, starts = string.sub(iso8601(now), 1, w.bucket_len), now - now % w.span
-    ends = starts + w.span
-  end
-  local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
-  return remember(QUOTA.counters, q, {scope = scope, prefix = sc.prefix, starts = starts, ends = ends, bucket = bucket,
-    member = member, key = KEY.quota_counter(sc.prefix, member)})
-end
-
 -- A per-kind quota applies when each of its non-empty allowlists lists the request's key of
 -- that dimension; an absent key skips the rule (unknown routing is never denied by it).
-local ALLOWLISTS = {h = 'host', d = 'recipient_domain', r = 'resource_type'}
 local function keys_admit(q, keys)
-  for list, dim in pairs(ALLOWLISTS) do
+  for list, dim in pairs(QUOTA.allowlists) do
     if q[list] and not contains(q[list], keys[dim]) then return false end
   end
   return true
 end
 
 -- Step 1 of the reservation evaluation order: the access lists of the policy that has them
--- (`pol.ac`, from `policy_settings`). A DenyDetail, or nil.
-local function access_denial(pol, G, scope_path)
-  local ac = pol.ac
+-- (`rules.ac`, from `action_rules`). A DenyDetail, or nil.
+local function access_denial(rules, G, scope_path)
+  local ac = rules.ac
   if not ac then return nil end
   local p = ac.value
   if p.deny and contains(p.deny, G.kind) then
@@ -121,38 +151,85 @@ local function access_denial(pol, G, scope_path)
   return nil
 end
 
--- Steps 2 and 3: the quotas of one rule set (`setting`, a policy_settings entry: `pol.rq`, the
--- risk-class quotas of the action's class, or `pol.aq`, its kind's quotas) on `label` (the
--- risk label or the kind). Reads only. Returns a DenyDetail (among violated quotas the one
--- with the least headroom), or nil and an error (400: a per_run quota applies and the run id
--- is missing), or nil, nil after adding the counters a live reserve moves to `staged`.
-local function quota_denial(sc, setting, label, by_risk, G, scope_path, staged)
-  local worst
-  for _, q in ipairs(setting and setting.value or {}) do
-    if q.k == label and (by_risk or keys_admit(q, G.keys)) then
-      if q.w == 'per_run' and G.run == '' then
-        return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. setting.id ..
-          ' has a per_run quota on ' .. label)
-      end
-      local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or counted_scope(setting, sc, scope_path)
-      local c = quota_counter(sc, q, label, scope, q.w == 'per_run' and G.run or nil)
-      local used = tonumber(redis.call('HGET', c.key, 'n') or '0')
-      if used >= q.n then
-        if not worst or q.n - used < worst.limit - worst.used then
-          worst = {action_kind = G.kind, window = q.w, window_key = c.bucket, used = used, limit = q.n, scope = scope,
-            policy_id = setting.id, risk_class = by_risk and G.risk or nil}
+-- The counters the quota rules of action `G` (`rules`, from `action_rules`) apply to on
+-- `scope_path`, in two steps in check order (the risk-class quotas of its class, then those
+-- of its kind), each a list of counters {q (the rule), policy, scope, label, window, bucket,
+-- risk, member, due (a calendar window's deadline; per_run: nil, counted from each
+-- increment), tail (its text's "<limit>\31<policy>"), at (its place in `members`)} and
+-- `no_run` (the policy whose per_run quota applies without a run id); `dups` when two rules
+-- count one counter. Made once per action and rules in force and kept on the action
+-- (`G.plan`) until its earliest window instance ends: the same rules ask for the same counters.
+local function quota_plan(sc, rules, G, scope_path)
+  local plan = G.plan
+  if plan and plan.rules == rules and sc.now < plan.ends then return plan end
+  plan = {rules = rules, ends = math.huge, members = {}}
+  for i = 1, 2 do
+    local setting, by_risk = rules[QUOTA.steps[i][1]], QUOTA.steps[i][2]
+    local label, step = by_risk and G.risk_label or G.kind, {}
+    for _, q in ipairs(setting and setting.value or {}) do
+      if q.k == label and (by_risk or keys_admit(q, G.keys)) then
+        if q.w == 'per_run' and G.run == '' then step.no_run = setting.id; break end
+        local scope = (q.w == 'per_tenant_per_day') and ('tenant:' .. sc.name) or counted_scope(setting, sc, scope_path)
+        local bucket, due = G.run, nil
+        if q.w ~= 'per_run' then
+          local w = QUOTA.windows[q.w]
+          local starts = sc.now - sc.now % w.span
+          bucket, due = string.sub(iso8601(sc.now), 1, w.bucket_len), itoa(starts + w.ttl_ms)
+          plan.ends = math.min(plan.ends, starts + w.span)
         end
-      else
-        staged[#staged + 1] = {key = c.key, member = c.member, q = q, used = used, policy = setting.id}
+        local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
+        for _, m in ipairs(plan.members) do plan.dups = plan.dups or m == member end
+        plan.members[#plan.members + 1] = member
+        step[#step + 1] = {q = q, policy = setting.id, scope = scope, label = label, window = q.w, bucket = bucket,
+          risk = by_risk and G.risk or nil, member = member, due = due, tail = itoa(q.n) .. '\31' .. setting.id,
+          at = #plan.members}
       end
     end
+    plan[i] = step
   end
-  if worst then
-    return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
-      blocked_by_scope = worst.scope, suggested_fix = 'Increase the ' .. (by_risk and (G.risk .. ' risk-class') or
-      G.kind) .. ' quota from ' .. worst.limit .. ' ' .. worst.window .. " in policy '" .. worst.policy_id ..
-      "', or wait for the window to reset"}
+  G.plan = plan
+  return plan
+end
+
+-- Steps 2 and 3: the quotas of the plan (`quota_plan`), every counter read in one command.
+-- Reads only. Returns a DenyDetail (the first step with a violated quota: among them the one
+-- with the least headroom), or nil and an error (400: a per_run quota applies and the run id
+-- is missing), or nil, nil after adding the counters a live reserve moves to `staged`
+-- ({c: the plan's counter, used, al}; `staged.dups` when one is there twice).
+local function quota_denial(sc, plan, G, staged)
+  local members, now = plan.members, sc.now
+  local texts = #members > 0 and redis.call('HMGET', KEY.quota_counters(sc.prefix), unpack(members))
+  for i = 1, 2 do local step = plan[i]
+    if step.no_run then
+      return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. step.no_run ..
+        ' has a per_run quota on ' .. (i == 1 and G.risk_label or G.kind))
+    end
+    local worst
+    for j = 1, #step do local c = step[j]
+      local text, used, al = texts[c.at] or COUNTER.moved(sc.prefix, c.member, now), 0, false
+      -- (a calendar counter's member names its window instance: only a per_run one can be past
+      -- its deadline)
+      if text and (c.due or tonumber(string.match(text, '^%d+\31(%d+)')) > now) then
+        used, al = tonumber(string.match(text, '^%d+')), string.byte(text, -1) == 33
+      end
+      local q = c.q
+      if used >= q.n then
+        if not worst or q.n - used < worst.limit - worst.used then
+          worst = {action_kind = G.kind, window = q.w, window_key = c.bucket, used = used, limit = q.n, scope = c.scope,
+            policy_id = c.policy, risk_class = c.risk}
+        end
+      else
+        staged[#staged + 1] = {c = c, used = used, al = al}
+      end
+    end
+    if worst then
+      return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
+        blocked_by_scope = worst.scope, suggested_fix = 'Increase the ' .. (i == 1 and (G.risk .. ' risk-class') or
+        G.kind) .. ' quota from ' .. worst.limit .. ' ' .. worst.window .. " in policy '" .. worst.policy_id ..
+        "', or wait for the window to reset"}
+    end
   end
+  staged.dups = staged.dups or plan.dups
   return nil
 end
 
@@ -169,42 +246,43 @@ local function gate_message(d, kind)
     v.used .. ' of ' .. v.limit .. ' (' .. v.window .. ' ' .. v.window_key .. ') on ' .. v.scope
 end
 
--- Step 5 for the quotas: each staged counter +1 (its TTL set when new, refreshed for per_run),
+-- Step 5 for the quotas: each staged counter +1 (the count read at the check; a counter
+-- staged twice, +2) in one write, with its deadline (a per_run counter's refreshed), and
 -- quota.threshold_approaching once per window instance when it reaches its threshold. Returns
 -- the per_run counters (the reservation keeps them, to give the call back on release/expiry).
 local function count_actions(sc, staged)
-  local runs, counted = {}, {}
-  for _, s in ipairs(staged) do
-    local q = s.q
-    -- the count read at the check, +1 (and +1 more for each counter staged twice), in the
-    -- one write that also stamps the limit, the policy and when (reading the stamps to spare
-    -- their write costs more than writing them)
-    local n = (counted[s.key] or s.used) + 1
-    counted[s.key] = n
-    redis.call('HSET', s.key, 'n', itoa(n), 'lim', itoa(q.n), 'pol', s.policy, 'last', itoa(sc.now))
-    if q.w == 'per_run' then runs[#runs + 1] = s.member end
-    if n == 1 or q.w == 'per_run' then
-      local ttl = q.ttl or QUOTA.windows[q.w].ttl_ms
-      redis.call('PEXPIRE', s.key, ttl)
-      if q.ttl then redis.call('HSET', s.key, 'ttl', q.ttl) end
-      local due = KEY.quota_due(sc.prefix)
-      redis.call('ZADD', due, sc.now + ttl, s.member)
-      if n == 1 then
-        redis.call('ZADD', KEY.quota_index(sc.prefix), 0, s.member)
-        for _, dead in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', sc.now, 'LIMIT', 0, 2)) do
-          if redis.call('EXISTS', KEY.quota_counter(sc.prefix, dead)) == 0 then
-            redis.call('ZREM', due, dead)
-            redis.call('ZREM', KEY.quota_index(sc.prefix), dead)
-          end
-        end
-      end
+  if #staged == 0 then return {} end
+  local runs, texts, fresh, counted = {}, {}, false, staged.dups and {}
+  local due_key, now = KEY.quota_due(sc.prefix), itoa(sc.now)
+  for i = 1, #staged do local s = staged[i]
+    local c, used, al = s.c, s.used, s.al
+    local q, before = c.q, counted and counted[c.member]
+    if before then used, al = before[1], before[2] end
+    local n = used + 1
+    if not al and n / q.n >= q.th and used / q.n < q.th then
+      al = true
+      emit(sc.events, 'quota.threshold_approaching', sc.name, c.scope, correlated(sc, quota_correlation(sc.name, c)),
+        'cycles-server', cjson.encode({scope = c.scope, action_kind = c.risk and '__risk__' or c.label,
+        risk_class = c.risk, window = c.window, window_key = c.bucket, used = n, limit = q.n, threshold_pct = q.th,
+        policy_id = c.policy, tenant_id = sc.name}), sc.now)
     end
-    if n / q.n >= q.th and s.used / q.n < q.th and redis.call('HSETNX', s.key, 'al', '1') == 1 then
-      local m = quota_member(s.member)
-      emit(sc.events, 'quota.threshold_approaching', sc.name, m.scope, correlated(sc, quota_correlation(sc.name, m)),
-        'cycles-server', cjson.encode({scope = m.scope, action_kind = m.risk and '__risk__' or m.label,
-        risk_class = m.risk, window = m.window, window_key = m.bucket, used = n, limit = q.n, threshold_pct = q.th,
-        policy_id = s.policy, tenant_id = sc.name}), sc.now)
+    if counted then counted[c.member] = {n, al} end
+    local due = c.due or itoa(sc.now + q.ttl)
+    texts[#texts + 1], texts[#texts + 2] = c.member, COUNTER.text(itoa(n), due, now, c.tail, al)
+    if not c.due then runs[#runs + 1] = c.member end
+    if n == 1 or not c.due then redis.call('ZADD', due_key, due, c.member) end
+    if n == 1 then
+      redis.call('ZADD', KEY.quota_index(sc.prefix), '0', c.member)
+      fresh = true
+    end
+  end
+  redis.call('HSET', KEY.quota_counters(sc.prefix), unpack(texts))
+  if fresh then
+    local dead = redis.call('ZRANGEBYSCORE', due_key, '-inf', now, 'LIMIT', '0', '2')
+    if #dead > 0 then
+      redis.call('HDEL', KEY.quota_counters(sc.prefix), unpack(dead))
+      redis.call('ZREM', due_key, unpack(dead))
+      redis.call('ZREM', KEY.quota_index(sc.prefix), unpack(dead))
     end
   end
   return runs

@@ -44,7 +44,7 @@ local function expire_if_overdue(r, ix, now, retention_ms)
   end
   local e = write_budgets(budgets, itoa(now))
   if e then error(e[3]) end
-  give_back(sc.prefix, r.rec)
+  give_back(sc, r.rec)
   record_ending(sc, ix.due_index, 'x', r)
   list_status(ix.listing_index, r, 'EXPIRED')
   finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta, retention_ms)

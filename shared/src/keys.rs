@@ -295,9 +295,12 @@ tenant_keys! {
     periods() => [":periods"];
     /// The tenant's v0.1.26 action-quota counters: the index by member
     /// ("<scope>|<kind or __risk__:class>|<window>|<bucket>", lexicographic), the same by
-    /// cleanup deadline, and one counter (`count_actions` in `lua/lib/quotas.lua` writes them).
+    /// cleanup deadline, and the counters, one field per member (`count_actions` in
+    /// `lua/lib/quotas.lua` writes them). A counter of before had a hash of its own that expired
+    /// (`quota_counter`): moved into the counters where it is first read, never written.
     quota_index() => [":quotas"];
     quota_due() => [":quotas:due"];
+    quota_counters() => [":qc"];
     quota_counter(member) => [":q:" member];
     /// One tenth of the alerts' rate window (`size` ms): counts of attempts, denials, expiries,
     /// other writes and authentication failures (`lua/lib/alerts.lua`).

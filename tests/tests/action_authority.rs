@@ -31,6 +31,17 @@ async fn counters(h: &Harness, t: &Tenant, query: &str) -> Vec<Value> {
     r.assert_ok()["counters"].as_array().unwrap().clone()
 }
 
+/// How long counter `member` of `t` has left before its cleanup deadline (ms; its due score).
+async fn counter_deadline(h: &Harness, t: &Tenant, member: &str) -> i64 {
+    let due: f64 = redis::cmd("ZSCORE")
+        .arg(format!("cy:{{{}}}:quotas:due", t.id))
+        .arg(member)
+        .query_async(&mut h.store.conn())
+        .await
+        .unwrap();
+    due as i64 - cycles_shared::domain::now_ms()
+}
+
 async fn policy_ids(h: &Harness, t: &Tenant, q: &str) -> Vec<String> {
     let r = h.admin("GET", &format!("{POLICIES}?tenant_id={}&{q}", t.id), None).await;
     r.assert_ok()["policies"].as_array().unwrap().iter().map(|p| p["policy_id"].as_str().unwrap().into()).collect()
@@ -238,10 +249,10 @@ async fn a_per_minute_quota_counts_holds_and_a_quota_denial_touches_no_balance()
     assert!(c[0]["expires_at"].as_str().unwrap().ends_with(":00.000Z") && c[0]["last_incremented_at"].is_string());
     // another kind is not counted by this quota
     h.reserve_ok(&t, 10, kind("web.search")).await;
-    // the key TTL only cleans up (120 s for a minute bucket); it never defines the window
-    let key = format!("cy:{{{}}}:q:tenant:{}|llm.completion|per_minute_tumbling|{minute}", t.id, t.id);
-    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut h.store.conn()).await.unwrap();
-    assert!((60_000..=120_000).contains(&ttl), "{ttl}");
+    // the cleanup deadline (120 s after the minute starts) never defines the window
+    let member = format!("tenant:{}|llm.completion|per_minute_tumbling|{minute}", t.id);
+    let left = counter_deadline(&h, &t, &member).await;
+    assert!((60_000..=120_000).contains(&left), "{left}");
     let o = cycles_shared::ops::overview::refresh(&h.store).await.unwrap();
     assert!(o["quota_health"]["counters_at_limit"].as_i64().unwrap() >= 1);
 }
@@ -309,12 +320,8 @@ async fn per_run_quotas_need_the_run_id_and_give_uncommitted_calls_back() {
     let c = counters(&h, &t, "run_id=r1").await;
     assert_eq!((c.len(), c[0]["used"].as_i64(), c[0]["window_key"].as_str()), (1, Some(1), Some("r1")));
     assert!(c[0].get("expires_at").is_none());
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("cy:{{{}}}:q:tenant:{}|message.email.send|per_run|r1", t.id, t.id))
-        .query_async(&mut h.store.conn())
-        .await
-        .unwrap();
-    assert!((50_000..=60_000).contains(&ttl), "per_run TTL from the quota, refreshed per increment: {ttl}");
+    let left = counter_deadline(&h, &t, &format!("tenant:{}|message.email.send|per_run|r1", t.id)).await;
+    assert!((50_000..=60_000).contains(&left), "per_run deadline from the quota, refreshed per increment: {left}");
     // an expired, uncommitted call is given back too (once)
     reserve_run(&h, &t, "message.email.send", "r1", json!({"ttl_ms": 1000, "grace_period_ms": 0})).await.assert_ok();
     reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
@@ -482,14 +489,12 @@ async fn threshold_approaching_is_announced_once_and_an_operator_can_reset_a_cou
         (r["previous_used"].as_i64(), r["counter"]["used"].as_i64(), r["counter"]["remaining"].as_i64()),
         (Some(5), Some(0), Some(5))
     );
-    let key = format!(
-        "cy:{{{}}}:q:{}|db.write|per_hour_tumbling|{}",
-        t.id,
-        c["scope"].as_str().unwrap(),
-        c["window_key"].as_str().unwrap()
-    );
-    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut h.store.conn()).await.unwrap();
-    assert!(ttl > 3_000_000, "a calendar counter keeps its TTL: {ttl}");
+    let member =
+        format!("{}|db.write|per_hour_tumbling|{}", c["scope"].as_str().unwrap(), c["window_key"].as_str().unwrap());
+    let left = counter_deadline(&h, &t, &member).await;
+    let now = cycles_shared::domain::now_ms();
+    let expected = now - now % HOUR + HOUR + 60_000 - now;
+    assert!((expected - 5_000..=expected).contains(&left), "kept: a minute past its hour ({left}, {expected})");
     let reset = h.admin_events(&t.id, "quota.counter_reset").await;
     assert_eq!(reset.len(), 1);
     let d = &reset[0]["data"];
@@ -885,4 +890,96 @@ async fn a_tumbling_quota_counts_each_window_instance_on_its_own_counter() {
         c.iter().map(|x| (x["window_key"].as_str().unwrap().to_string(), x["used"].as_i64())).collect();
     keys.sort();
     assert_eq!(keys, vec![(first, Some(1)), (second, Some(1))]);
+}
+
+#[tokio::test]
+async fn a_per_run_counter_past_its_deadline_is_gone_before_it_is_pruned() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    policy(
+        &h,
+        &t,
+        json!({"action_quotas": [{"action_kind": "message.email.send", "max_calls": 1, "window": "per_run",
+        "per_run_counter_ttl_ms": 60000}]}),
+    )
+    .await;
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_ok();
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    // the run goes quiet past its counter's TTL (its deadline moved to the past, as time would)
+    let member = format!("tenant:{}|message.email.send|per_run|r1", t.id);
+    let counters_key = format!("cy:{{{}}}:qc", t.id);
+    let mut conn = h.store.conn();
+    let text: String = redis::cmd("HGET").arg(&counters_key).arg(&member).query_async(&mut conn).await.unwrap();
+    let parts: Vec<&str> = text.splitn(3, '\u{1f}').collect();
+    let past = cycles_shared::domain::now_ms() - 1;
+    let aged = format!("{}\u{1f}{past}\u{1f}{}", parts[0], parts[2]);
+    let _: () = redis::cmd("HSET").arg(&counters_key).arg(&member).arg(&aged).query_async(&mut conn).await.unwrap();
+    assert!(counters(&h, &t, "include_zero=true").await.is_empty(), "a counter past its deadline is not listed");
+    let r = reserve_run(&h, &t, "message.email.send", "r1", json!({})).await;
+    r.assert_ok();
+    let c = counters(&h, &t, "run_id=r1").await;
+    assert_eq!((c.len(), c[0]["used"].as_i64()), (1, Some(1)), "the run counts from 0 again");
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+}
+
+#[tokio::test]
+async fn counters_written_before_the_counter_hash_keep_counting() {
+    early_in_a_window(HOUR, 15_000).await; // one hour instance per test
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let p = policy(
+        &h,
+        &t,
+        json!({"action_quotas": [
+            {"action_kind": "db.write", "max_calls": 3, "window": "per_hour_tumbling"},
+            {"action_kind": "message.email.send", "max_calls": 2, "window": "per_run", "per_run_counter_ttl_ms": 60000}]}),
+    )
+    .await;
+    let pid = p["policy_id"].as_str().unwrap();
+    // two counters as the release before wrote them: a hash each, with a TTL, in both indexes
+    let now = cycles_shared::domain::now_ms();
+    let hour = &cycles_shared::domain::format_rfc3339_ms(now)[..13];
+    let hourly = format!("tenant:{}|db.write|per_hour_tumbling|{hour}", t.id);
+    let run = format!("tenant:{}|message.email.send|per_run|r1", t.id);
+    let mut conn = h.store.conn();
+    for (member, n, ttl) in [(&hourly, 3, 3_660_000), (&run, 2, 60_000)] {
+        let key = format!("cy:{{{}}}:q:{member}", t.id);
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(&["n", &n.to_string(), "lim", "3", "pol", pid, "last", &now.to_string()])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("PEXPIRE").arg(&key).arg(ttl).query_async(&mut conn).await.unwrap();
+        for (index, score) in [("quotas", 0), ("quotas:due", now + ttl)] {
+            let _: () = redis::cmd("ZADD")
+                .arg(format!("cy:{{{}}}:{index}", t.id))
+                .arg(score)
+                .arg(member)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+    // the reserve reads them where they are: both full
+    let r = h.reserve(&t, 1, kind("db.write")).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    assert_eq!(r.body["details"]["deny_detail"]["quota_violation"]["used"], 3);
+    reserve_run(&h, &t, "message.email.send", "r1", json!({})).await.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    // moved into the counter hash: the old hashes are gone, the listing and a reset see them
+    for member in [&hourly, &run] {
+        let old: bool =
+            redis::cmd("EXISTS").arg(format!("cy:{{{}}}:q:{member}", t.id)).query_async(&mut conn).await.unwrap();
+        assert!(!old, "{member} moved");
+    }
+    let c = counters(&h, &t, "").await;
+    assert_eq!(c.len(), 2);
+    assert!(c.iter().all(|x| x["policy_id"] == pid && x["last_incremented_at"].is_string()));
+    let left = counter_deadline(&h, &t, &run).await;
+    assert!((50_000..=60_000).contains(&left), "the old TTL became the deadline: {left}");
+    let body = json!({"tenant_id": t.id, "scope": format!("tenant:{}", t.id), "action_kind": "db.write",
+        "window": "per_hour_tumbling", "window_key": hour});
+    let r = h.admin("POST", &format!("{COUNTERS}/reset"), Some(&body)).await;
+    assert_eq!(r.assert_ok()["previous_used"], 3);
+    h.reserve_ok(&t, 1, kind("db.write")).await;
 }

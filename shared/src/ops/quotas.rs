@@ -13,7 +13,7 @@ use crate::store::Store;
 script! {
     /// listActionQuotaCounters (`lua/quota_list.lua`): a bounded walk of the counter index.
     pub struct ListCounters = quota_list -> CounterPage {
-        keys: [index, due],
+        keys: [index, due, counters],
         args: [after, scope, kind, window, run, include_zero, limit, examine],
     }
 }
@@ -21,7 +21,7 @@ script! {
 script! {
     /// resetActionQuotaCounter (`lua/quota_reset.lua`), with its event and audit row.
     pub struct ResetCounter = quota_reset -> CounterRow {
-        keys: [counter, events, audit_log],
+        keys: [counters, events, audit_log],
         args: [context, member, actor, reason],
     }
 }
@@ -74,6 +74,7 @@ pub async fn page(store: &Store, tenant: &str, f: CounterFilter) -> ApiResult<Co
     let call = ListCounters {
         index: keys.quota_index(),
         due: keys.quota_due(),
+        counters: keys.quota_counters(),
         after: f.after,
         scope: f.scope,
         kind: f.kind,
@@ -101,7 +102,7 @@ pub async fn reset(
 ) -> ApiResult<CounterRow> {
     let keys = TenantKeys::new(tenant);
     let call = ResetCounter {
-        counter: keys.quota_counter(&member),
+        counters: keys.quota_counters(),
         events: keys.events(),
         audit_log: keys.audit_log(),
         context,
