@@ -17,7 +17,7 @@ local ask = ask_of('charge', K, A, now, tenant)
 local verdict = decide(ask)
 if verdict then return verdict.fail end
 local budgets, sc, X = ask.e.budgets, ask.sc, A.amount
-local policy = resolve_policy(A.overage_policy, budgets, tenant, policies_of(ask).ov)
+local policy = resolve_policy(A.overage_policy, budgets, tenant, ask.pol.ov)
 if policy == 'REJECT' then
   for i = 1, #budgets do local b = budgets[i]
     if d_cmp(b.remaining, X) < 0 then
@@ -30,7 +30,7 @@ if overflow then
   return err('OVERDRAFT_LIMIT_EXCEEDED', 'Event would exceed the overdraft limit of scope ' .. overflow.scope)
 end
 track_spend(sc, budgets)
-count_spend(sc, policies_of(ask), ask.scope, A.unit, charged)
+count_spend(sc, ask.pol, ask.scope, A.unit, charged)
 record_usage(sc, K.due_index, 'e', ask.scope, A.unit, A.action, charged)
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end

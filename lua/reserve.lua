@@ -56,7 +56,7 @@ local failed = write_budgets(budgets, now_s)
 if failed then release_slots(ask); return failed end
 budget_events(sc, budgets, A.unit, nil, policy)
 -- (the counts a hold moves, kept in its record; none for most)
-local runs = ask.staged and count_actions(sc, ask.staged) or ask.guarded and {} or nil
+local runs = ask.counted and count_actions(sc, ask.counted, now_s) or ask.guarded and {} or nil
 if ask.guarded then hold_guards(sc, ask.guarded, amount, runs) end
 
 local codes = table.concat(ask.e.codes)

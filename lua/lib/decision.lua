@@ -7,7 +7,7 @@
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
 -- path `scope`, whether it makes template ledgers (`makes`) and whether the tenant may have
 -- policies (`policed`); the checks add the policies in
--- force (`pol`), the quota counters a hold moves (`staged`), the guard counts it moves
+-- force (`pol`), the quota counters a hold moves (`counted`), the guard counts it moves
 -- (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
 -- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
 
@@ -23,18 +23,14 @@ local function governance_of(ask)
   return ask.G
 end
 
--- The policies in force for the request's scope (read once; none for a tenant without any).
+-- (The policies in force for a tenant without any.)
 local NO_POLICIES = {}
-local function policies_of(ask)
-  ask.pol = ask.pol or ask.policed and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant) or NO_POLICIES
-  return ask.pol
-end
 
 -- The request's action, where v0.1.26 rules apply to it (a hold or an evaluation, and a
 -- policy in force with such rules), with those rules in `ask.rules`; decoded only then.
 local function ruled_action(ask)
   if ask.ruled == nil then
-    local pol = ask.mode ~= 'charge' and ask.policed and policies_of(ask)
+    local pol = ask.mode ~= 'charge' and ask.policed and ask.pol
     ask.ruled = pol and pol.ruled and governance_of(ask) or false
     if ask.ruled then ask.rules = action_rules(pol, ask.ruled) end
   end
@@ -79,7 +75,7 @@ local function scoped_budgets(ask)
       roll_due(ask.sc, b)
     elseif ask.policed then
       local verdict
-      b, verdict = template_ledger(ask, policies_of(ask).tpls, key, scope, code, ask.makes)
+      b, verdict = template_ledger(ask, ask.pol.tpls, key, scope, code, ask.makes)
       if verdict and ask.mode ~= 'charge' then return nil, nil, verdict end
     end
     if b then
@@ -121,7 +117,7 @@ end
 
 -- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
 function check.rate_limit(ask)
-  local setting = ask.mode == 'hold' and policies_of(ask).rl_r
+  local setting = ask.mode == 'hold' and ask.pol.rl_r
   if not setting then return nil end
   local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
     ask.A.reclaimed == '')
@@ -144,18 +140,20 @@ function check.action_rules(ask)
   if not G then return nil end
   local d = access_denial(ask.rules, G, ask.scope)
   if d then return {deny = d} end
-  ask.staged = ask.staged or {}
-  local bad
-  d, bad = quota_denial(ask.sc, quota_plan(ask.sc, ask.rules, G, ask.scope), G, ask.staged)
+  local plan, bad = quota_plan(ask.sc, ask.rules, G, ask.scope), nil
+  d, bad = quota_denial(ask.sc, plan, G)
   if bad then return {fail = bad} end
-  return d and {deny = d}
+  if d then return {deny = d} end
+  -- (the counters a hold moves)
+  if #plan.members > 0 then ask.counted = plan end
+  return nil
 end
 
 -- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
 -- per minute and per hour (a hold or an evaluation; an event only counts its spend).
 function check.guards(ask)
   if ask.mode == 'charge' or not ask.policed then return nil end
-  return guard_denial(ask, policies_of(ask))
+  return guard_denial(ask, ask.pol)
 end
 
 -- 7. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
@@ -184,7 +182,7 @@ end
 -- 8. Caps: a matching policy's over those of the deepest derived scope's budget (when it has one).
 function check.caps(ask)
   if ask.mode == 'charge' then return nil end
-  local pol = policies_of(ask)
+  local pol = ask.pol
   if pol.caps then
     ask.caps = pol.caps.value
   else
@@ -218,8 +216,10 @@ local function decide(ask)
       if not c.policies then table.insert(CHECKS.plain, c[1]) end
     end
   end
-  local checks = CHECKS.plain
-  if ask.policed then checks = policies_of(ask).ruled and CHECKS.all or CHECKS.unruled end
+  -- the policies in force for the request's scope, read once (none for a tenant without any)
+  local pol = ask.policed and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant) or NO_POLICIES
+  ask.pol = pol
+  local checks = not ask.policed and CHECKS.plain or pol.ruled and CHECKS.all or CHECKS.unruled
   for i = 1, #checks do local check = checks[i]
     local verdict = check(ask)
     -- (an active-hold slot the guards took goes back with a later refusal)

@@ -157,12 +157,15 @@ end
 -- risk, member, due (a calendar window's deadline; per_run: nil, counted from each
 -- increment), tail (its text's "<limit>\31<policy>"), at (its place in `members`)} and
 -- `no_run` (the policy whose per_run quota applies without a run id); `dups` when two rules
--- count one counter. Made once per action and rules in force and kept on the action
--- (`G.plan`) until its earliest window instance ends: the same rules ask for the same counters.
+-- count one counter, `args` the counters' write (each member, then its text), and the keys.
+-- Made once per action and rules in force and kept on the action (`G.plan`) until its
+-- earliest window instance ends: the same rules ask for the same counters. (Each counter
+-- also carries what the request that last checked it read, `used` and `al`, for its count.)
 local function quota_plan(sc, rules, G, scope_path)
   local plan = G.plan
   if plan and plan.rules == rules and sc.now < plan.ends then return plan end
-  plan = {rules = rules, ends = math.huge, members = {}}
+  plan = {rules = rules, ends = math.huge, members = {}, args = {}, counters = KEY.quota_counters(sc.prefix),
+    due = KEY.quota_due(sc.prefix), index = KEY.quota_index(sc.prefix)}
   for i = 1, 2 do
     local setting, by_risk = rules[QUOTA.steps[i][1]], QUOTA.steps[i][2]
     local label, step = by_risk and G.risk_label or G.kind, {}
@@ -180,6 +183,7 @@ local function quota_plan(sc, rules, G, scope_path)
         local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
         for _, m in ipairs(plan.members) do plan.dups = plan.dups or m == member end
         plan.members[#plan.members + 1] = member
+        plan.args[#plan.args + 1], plan.args[#plan.args + 2] = member, ''
         step[#step + 1] = {q = q, policy = setting.id, scope = scope, label = label, window = q.w, bucket = bucket,
           risk = by_risk and G.risk or nil, member = member, due = due, tail = itoa(q.n) .. '\31' .. setting.id,
           at = #plan.members}
@@ -194,11 +198,11 @@ end
 -- Steps 2 and 3: the quotas of the plan (`quota_plan`), every counter read in one command.
 -- Reads only. Returns a DenyDetail (the first step with a violated quota: among them the one
 -- with the least headroom), or nil and an error (400: a per_run quota applies and the run id
--- is missing), or nil, nil after adding the counters a live reserve moves to `staged`
--- ({c: the plan's counter, used, al}; `staged.dups` when one is there twice).
-local function quota_denial(sc, plan, G, staged)
+-- is missing), or nil, nil when every counter admits one more call (each then carries what
+-- was read of it: `used`, `al`).
+local function quota_denial(sc, plan, G)
   local members, now = plan.members, sc.now
-  local texts = #members > 0 and redis.call('HMGET', KEY.quota_counters(sc.prefix), unpack(members))
+  local texts = #members > 0 and redis.call('HMGET', plan.counters, unpack(members))
   for i = 1, 2 do local step = plan[i]
     if step.no_run then
       return nil, err('INVALID_REQUEST', 'subject.dimensions.run_id is required: policy ' .. step.no_run ..
@@ -218,9 +222,8 @@ local function quota_denial(sc, plan, G, staged)
           worst = {action_kind = G.kind, window = q.w, window_key = c.bucket, used = used, limit = q.n, scope = c.scope,
             policy_id = c.policy, risk_class = c.risk}
         end
-      else
-        staged[#staged + 1] = {c = c, used = used, al = al}
       end
+      c.used, c.al = used, al
     end
     if worst then
       return {reason_code = 'ACTION_QUOTA_EXCEEDED', quota_violation = worst, blocked_by_policy = worst.policy_id,
@@ -229,7 +232,6 @@ local function quota_denial(sc, plan, G, staged)
         "', or wait for the window to reset"}
     end
   end
-  staged.dups = staged.dups or plan.dups
   return nil
 end
 
@@ -246,43 +248,47 @@ local function gate_message(d, kind)
     v.used .. ' of ' .. v.limit .. ' (' .. v.window .. ' ' .. v.window_key .. ') on ' .. v.scope
 end
 
--- Step 5 for the quotas: each staged counter +1 (the count read at the check; a counter
--- staged twice, +2) in one write, with its deadline (a per_run counter's refreshed), and
--- quota.threshold_approaching once per window instance when it reaches its threshold. Returns
--- the per_run counters (the reservation keeps them, to give the call back on release/expiry).
-local function count_actions(sc, staged)
-  if #staged == 0 then return {} end
-  local runs, texts, fresh, counted = {}, {}, false, staged.dups and {}
-  local due_key, now = KEY.quota_due(sc.prefix), itoa(sc.now)
-  for i = 1, #staged do local s = staged[i]
-    local c, used, al = s.c, s.used, s.al
-    local q, before = c.q, counted and counted[c.member]
-    if before then used, al = before[1], before[2] end
-    local n = used + 1
-    if not al and n / q.n >= q.th and used / q.n < q.th then
-      al = true
-      emit(sc.events, 'quota.threshold_approaching', sc.name, c.scope, correlated(sc, quota_correlation(sc.name, c)),
-        'cycles-server', cjson.encode({scope = c.scope, action_kind = c.risk and '__risk__' or c.label,
-        risk_class = c.risk, window = c.window, window_key = c.bucket, used = n, limit = q.n, threshold_pct = q.th,
-        policy_id = c.policy, tenant_id = sc.name}), sc.now)
-    end
-    if counted then counted[c.member] = {n, al} end
-    local due = c.due or itoa(sc.now + q.ttl)
-    texts[#texts + 1], texts[#texts + 2] = c.member, COUNTER.text(itoa(n), due, now, c.tail, al)
-    if not c.due then runs[#runs + 1] = c.member end
-    if n == 1 or not c.due then redis.call('ZADD', due_key, due, c.member) end
-    if n == 1 then
-      redis.call('ZADD', KEY.quota_index(sc.prefix), '0', c.member)
-      fresh = true
+-- Step 5 for the quotas: each counter of the plan that admitted the hold +1 (the count read
+-- at the check; a counter there twice, +2) in one write, with its deadline (a per_run
+-- counter's refreshed), and quota.threshold_approaching once per window instance when it
+-- reaches its threshold (`now`: the clock's text). Returns the per_run counters (the
+-- reservation keeps them, to give the call back on release/expiry), or nil.
+local function count_actions(sc, plan, now)
+  local args, runs, fresh, counted = plan.args, nil, false, plan.dups and {}
+  for i = 1, 2 do local step = plan[i]
+    for j = 1, #step do local c = step[j]
+      local used, al, q = c.used, c.al, c.q
+      local before = counted and counted[c.member]
+      if before then used, al = before[1], before[2] end
+      local n = used + 1
+      if not al and n / q.n >= q.th and used / q.n < q.th then
+        al = true
+        emit(sc.events, 'quota.threshold_approaching', sc.name, c.scope, correlated(sc, quota_correlation(sc.name, c)),
+          'cycles-server', cjson.encode({scope = c.scope, action_kind = c.risk and '__risk__' or c.label,
+          risk_class = c.risk, window = c.window, window_key = c.bucket, used = n, limit = q.n, threshold_pct = q.th,
+          policy_id = c.policy, tenant_id = sc.name}), sc.now)
+      end
+      if counted then counted[c.member] = {n, al} end
+      local due = c.due or itoa(sc.now + q.ttl)
+      args[2 * c.at] = COUNTER.text(itoa(n), due, now, c.tail, al)
+      if not c.due then
+        runs = runs or {}
+        runs[#runs + 1] = c.member
+      end
+      if n == 1 or not c.due then redis.call('ZADD', plan.due, due, c.member) end
+      if n == 1 then
+        redis.call('ZADD', plan.index, '0', c.member)
+        fresh = true
+      end
     end
   end
-  redis.call('HSET', KEY.quota_counters(sc.prefix), unpack(texts))
+  redis.call('HSET', plan.counters, unpack(args))
   if fresh then
-    local dead = redis.call('ZRANGEBYSCORE', due_key, '-inf', now, 'LIMIT', '0', '2')
+    local dead = redis.call('ZRANGEBYSCORE', plan.due, '-inf', now, 'LIMIT', '0', '2')
     if #dead > 0 then
-      redis.call('HDEL', KEY.quota_counters(sc.prefix), unpack(dead))
-      redis.call('ZREM', due_key, unpack(dead))
-      redis.call('ZREM', KEY.quota_index(sc.prefix), unpack(dead))
+      redis.call('HDEL', plan.counters, unpack(dead))
+      redis.call('ZREM', plan.due, unpack(dead))
+      redis.call('ZREM', plan.index, unpack(dead))
     end
   end
   return runs

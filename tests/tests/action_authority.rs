@@ -983,3 +983,31 @@ async fn counters_written_before_the_counter_hash_keep_counting() {
     assert_eq!(r.assert_ok()["previous_used"], 3);
     h.reserve_ok(&t, 1, kind("db.write")).await;
 }
+
+#[tokio::test]
+async fn two_rules_on_one_counter_each_count_a_call() {
+    early_in_a_window(HOUR, 15_000).await; // one hour instance per test
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    // the same kind and window twice (as two allowlists of one kind may be): one counter, which
+    // each rule moves
+    policy(
+        &h,
+        &t,
+        json!({"action_quotas": [
+            {"action_kind": "db.write", "max_calls": 4, "window": "per_hour_tumbling", "threshold_pct": 0.75},
+            {"action_kind": "db.write", "max_calls": 10, "window": "per_hour_tumbling"}]}),
+    )
+    .await;
+    h.reserve_ok(&t, 1, kind("db.write")).await;
+    let c = counters(&h, &t, "").await;
+    assert_eq!((c.len(), c[0]["used"].as_i64()), (1, Some(2)));
+    h.reserve_ok(&t, 1, kind("db.write")).await;
+    let r = h.reserve(&t, 1, kind("db.write")).await;
+    r.assert_error(409, "ACTION_QUOTA_EXCEEDED");
+    let v = &r.body["details"]["deny_detail"]["quota_violation"];
+    assert_eq!((v["used"].as_i64(), v["limit"].as_i64()), (Some(4), Some(4)));
+    let th = h.admin_events(&t.id, "quota.threshold_approaching").await;
+    assert_eq!(th.len(), 1, "announced once, by the rule whose threshold its call reached");
+    assert_eq!((th[0]["data"]["used"].as_i64(), th[0]["data"]["limit"].as_i64()), (Some(3), Some(4)));
+}
