@@ -153,33 +153,49 @@ function CHUNKED.sliced(command, key, members, from, to)
 end
 
 -- Moves `members` (none of them in the index any more) into the chunks: each to the chunk that
--- holds its place; a chunk grown past CHUNKED.max is rewritten as pieces of CHUNKED.piece
--- members, each a new chunk after the first (made whole at once, so each is compact again).
+-- holds its place; a chunk that would grow past CHUNKED.max is written again as pieces of
+-- CHUNKED.piece members, each a new chunk after the first (made whole at once, so each is
+-- compact). The members are sorted first (by Redis, in a staging set), so the directory is
+-- asked once per chunk they fall into rather than once per member (a finished batch lands in
+-- a few), and a chunk that splits is merged with them there rather than grown member by member.
 function CHUNKED.add(dir, members)
-  local groups, bounds = {}, {}
-  for _, m in ipairs(members) do
-    local b = CHUNKED.bound_of(dir, m)
-    if b == nil or string.byte(b) ~= string.byte(m) then
+  if #members == 0 then return end
+  local staged = KEY.listing_staged(KEY.prefix_of(dir))
+  CHUNKED.sliced('ZADD', staged, members, 1, #members)
+  local from = '-'
+  while true do
+    local first = CHUNKED.lex(staged, from, '+', false, '1')[1]
+    if not first then break end
+    local b = CHUNKED.bound_of(dir, first)
+    if b == nil or string.byte(b) ~= string.byte(first) then
       -- a kind's first chunk starts at its letter
-      b = string.sub(m, 1, 1)
+      b = string.sub(first, 1, 1)
       redis.call('ZADD', dir, '0', b)
     end
-    if not groups[b] then groups[b] = {}; bounds[#bounds + 1] = b end
-    table.insert(groups[b], m)
-  end
-  for _, b in ipairs(bounds) do
+    -- the chunk of bound `b` holds the members up to the next bound, and never another kind's
+    local after = CHUNKED.lex(dir, '(' .. b, '+', false, '1')[1]
+    local kind = string.byte(first)
+    if not after or string.byte(after) ~= kind then after = string.char(kind + 1) end
+    local group = CHUNKED.lex(staged, '[' .. first, '(' .. after, false, '-1')
     local key = CHUNKED.key(dir, b)
-    CHUNKED.sliced('ZADD', key, groups[b], 1, #groups[b])
-    if redis.call('ZCARD', key) > CHUNKED.max then
-      local all = redis.call('ZRANGE', key, '0', '-1')
-      redis.call('DEL', key)
+    local held = redis.call('ZCARD', key)
+    if held + #group <= CHUNKED.max then
+      CHUNKED.sliced('ZADD', key, group, 1, #group)
+    else
+      if held > 0 then
+        CHUNKED.sliced('ZADD', staged, redis.call('ZRANGE', key, '0', '-1'), 1, held)
+        redis.call('DEL', key)
+      end
+      local all = CHUNKED.lex(staged, '[' .. b, '(' .. after, false, '-1')
       for i = 1, #all, CHUNKED.piece do
         local bound = i == 1 and b or all[i]
         if i > 1 then redis.call('ZADD', dir, '0', bound) end
         CHUNKED.sliced('ZADD', CHUNKED.key(dir, bound), all, i, math.min(i + CHUNKED.piece - 1, #all))
       end
     end
+    from = '[' .. after
   end
+  redis.call('DEL', staged)
 end
 
 -- Removes `members` from the listing index `index` and from its chunks (a chunk left empty

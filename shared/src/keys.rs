@@ -263,6 +263,9 @@ tenant_keys! {
     /// `CHUNKED` in `lua/lib/listing.lua`.
     listing_chunks() => [":lc"];
     listing_chunk(bound_sha) => [":lc:" bound_sha];
+    /// The members a move into the chunks is placing, sorted by Redis (written and deleted
+    /// within the one script that moves them: never seen outside it).
+    listing_staged() => [":lc:staged"];
     /// Sorted set of ACTIVE reservation ids scored by expires_at + grace.
     expiry_index() => [":exp"];
     /// The tenant's reservations in the order they were created: a stream whose entry ids are

@@ -403,8 +403,10 @@ async fn compacting_the_listing_keeps_every_sort_order() {
     let moved = cycles_shared::ops::listing::compact(&h.store, &t.id, 1).await.unwrap();
     assert_eq!(moved, 200);
     assert_eq!(every_walk(&h, &t.key).await, before, "partly compacted");
+    assert_chunks_placed(&h, &t.id).await;
     assert_eq!(cycles_shared::ops::listing::compact(&h.store, &t.id, 10).await.unwrap(), 20);
     assert_eq!(every_walk(&h, &t.key).await, before, "compacted");
+    assert_chunks_placed(&h, &t.id).await;
     let (bounds, live) = chunks(&h, &t.id).await;
     assert!(bounds.len() > 6, "chunks split as they filled: {}", bounds.len());
     let mut conn = h.store.conn();
@@ -430,6 +432,7 @@ async fn compacting_the_listing_keeps_every_sort_order() {
     let swept = h.sweep_tenant(&t, &cycles_shared::config::SweepOptions::default()).await;
     assert_eq!(swept.compacted, 55, "the sweep compacts");
     assert_eq!(every_walk(&h, &t.key).await, before, "compacted again");
+    assert_chunks_placed(&h, &t.id).await;
     let r = h.get(&t.key, "/v1/reservations?status=ACTIVE&limit=200").await;
     assert_eq!(ids(&r).len(), 55);
     // retention: every finished reservation goes, with its members in the chunks
@@ -569,6 +572,24 @@ async fn listing_index_is_written_from_the_created_stream() {
 }
 
 /// The chunk key of each of `bounds` (named by its bound's SHA-1, as `CHUNKED.key` names it).
+/// Every member of the chunks lies where a walk looks for it: from its chunk's bound (of its
+/// own kind: the same first byte) up to the next bound.
+async fn assert_chunks_placed(h: &Harness, tenant: &str) {
+    let (bounds, _) = chunks(h, tenant).await;
+    let mut conn = h.store.conn();
+    for (i, key) in chunk_keys(h, tenant, &bounds).await.iter().enumerate() {
+        let members: Vec<Vec<u8>> = redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+        let (bound, next) = (bounds[i].as_bytes(), bounds.get(i + 1).map(|b| b.as_bytes()));
+        for m in &members {
+            assert!(
+                m.as_slice() >= bound && next.is_none_or(|n| m.as_slice() < n),
+                "{m:?} outside its chunk {bound:?}"
+            );
+            assert_eq!(m[0], bound[0], "{m:?} in a chunk of another kind ({bound:?})");
+        }
+    }
+}
+
 async fn chunk_keys(h: &Harness, tenant: &str, bounds: &[String]) -> Vec<String> {
     let keys = cycles_shared::keys::TenantKeys::new(tenant);
     let mut conn = h.store.conn();
