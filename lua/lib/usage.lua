@@ -53,14 +53,13 @@ local function usage_buckets(ms)
     {'m' .. (y * 12 + m - 1), month_end}}
 end
 
--- Adds one entry's figures to a rollup value (nil or false: none yet).
-local function add_usage(value, kind, spent, estimate)
+-- A rollup value (nil or false: none yet) with the sums `sum` of some entries added (spent and
+-- estimated amounts as digits, charges, reservations and released as numbers).
+local function add_usage(value, sum)
   local f, i = {'0', '0', '0', '0', '0'}, 1
   for v in string.gmatch(value or '', '%S+') do f[i] = v; i = i + 1 end
-  f[1] = d_add(f[1], spent)
-  if kind == 'c' or kind == 'e' then f[3] = d_add(f[3], '1') end
-  if kind ~= 'e' then f[2], f[4] = d_add(f[2], estimate), d_add(f[4], '1') end
-  if kind == 'r' or kind == 'x' then f[5] = d_add(f[5], '1') end
+  f[1], f[2] = d_add(f[1], sum.spent), d_add(f[2], sum.estimated)
+  f[3], f[4], f[5] = d_add(f[3], itoa(sum.charges)), d_add(f[4], itoa(sum.reservations)), d_add(f[5], itoa(sum.released))
   return table.concat(f, ' ')
 end
 
@@ -86,19 +85,45 @@ end
 -- Folds up to `limit` entries of the usage log into the rollups (each bucket at most
 -- `max_groups` groups, the rest in the unit's `other` group; each kept `retention_ms` after
 -- it ends) and deletes them. Returns how many were folded, and whether the log has more.
+-- The entries are summed per hour and group first (a batch is mostly one hour, and its
+-- actions repeat), and each sum added to its hour's, day's and month's rollup once.
 local function fold_usage(log, max_groups, retention_ms, limit)
   local entries = redis.call('XRANGE', log, '-', '+', 'COUNT', limit)
   if #entries == 0 then return 0, false end
   local prefix = KEY.prefix_of(log)
-  local touched = {}
-  local order = {}
+  local hours, sums, actions = {}, {}, {}
   for _, e in ipairs(entries) do
     local f = {}
     for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
-    local kind, name = action_parts(f.a or '')
-    local group = table.concat({f.s or '', f.u or '', kind, name}, '\31')
-    local ms = tonumber(string.match(e[1], '^(%d+)'))
-    for _, b in ipairs(usage_buckets(ms)) do
+    local a = f.a or ''
+    local action = actions[a]
+    if not action then
+      local kind, name = action_parts(a)
+      action = kind .. '\31' .. name
+      actions[a] = action
+    end
+    local group = (f.s or '') .. '\31' .. (f.u or '') .. '\31' .. action
+    local hour = math.floor(tonumber(string.match(e[1], '^(%d+)')) / 3600000)
+    local in_hour = sums[hour]
+    if not in_hour then
+      in_hour = {order = {}}
+      sums[hour], hours[#hours + 1] = in_hour, hour
+    end
+    local sum = in_hour[group]
+    if not sum then
+      sum = {unit = f.u or '', spent = '0', estimated = '0', charges = 0, reservations = 0, released = 0}
+      in_hour[group], in_hour.order[#in_hour.order + 1] = sum, group
+    end
+    local kind = f.k or 'e'
+    sum.spent = d_add(sum.spent, f.x or '0')
+    if kind == 'c' or kind == 'e' then sum.charges = sum.charges + 1 end
+    if kind ~= 'e' then sum.estimated, sum.reservations = d_add(sum.estimated, f.e or ''), sum.reservations + 1 end
+    if kind == 'r' or kind == 'x' then sum.released = sum.released + 1 end
+  end
+  local touched, order = {}, {}
+  for _, hour in ipairs(hours) do
+    local in_hour = sums[hour]
+    for _, b in ipairs(usage_buckets(hour * 3600000)) do
       local key = KEY.usage_bucket(prefix, b[1])
       local t = touched[key]
       if not t then
@@ -106,8 +131,11 @@ local function fold_usage(log, max_groups, retention_ms, limit)
         touched[key] = t
         order[#order + 1] = key
       end
-      local g = usage_field(t, key, group, f.u or '', max_groups)
-      t.values[g] = add_usage(t.values[g], f.k or 'e', f.x or '0', f.e or '')
+      for _, group in ipairs(in_hour.order) do
+        local sum = in_hour[group]
+        local g = usage_field(t, key, group, sum.unit, max_groups)
+        t.values[g] = add_usage(t.values[g], sum)
+      end
     end
   end
   for _, key in ipairs(order) do
