@@ -6,9 +6,9 @@
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
 -- path `scope`, whether it makes template ledgers (`makes`) and whether the tenant may have
--- policies (`policed`); the checks add the policies in
--- force (`pol`), the quota counters a hold moves (`counted`), the guard counts it moves
--- (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
+-- policies (`policed`); `decide` adds the policies in force (`pol`, read once), the checks
+-- the action's rules (`rules`), the quota counters a hold moves (`counted`), the guard counts
+-- it moves (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
 -- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
 
 -- The effective observe mode, decided here only: the request's, else the tenant's (DISABLED: ENFORCE).

@@ -10,8 +10,8 @@
 -- sample rate when below 1).
 --
 -- The counters are one hash per tenant (`KEY.quota_counters`): field the counter's member
--- "<scope>|<kind or __risk__:class>|<window>|<bucket>", value `counter_text` (count, cleanup
--- deadline, whether its threshold was announced, last increment, limit, policy). The members
+-- "<scope>|<kind or __risk__:class>|<window>|<bucket>", value its text (`COUNTER.text`: count,
+-- cleanup deadline, last increment, limit, policy, and whether its threshold was announced). The members
 -- are indexed lexicographically in `<prefix>:quotas` (for listing) and by deadline in
 -- `<prefix>:quotas:due` (each new counter prunes up to two past theirs, so the hash and the
 -- indexes hold about the live counters only).
@@ -196,7 +196,7 @@ local function quota_plan(sc, rules, G, scope_path)
 end
 
 -- Steps 2 and 3: the quotas of the plan (`quota_plan`), every counter read in one command.
--- Reads only. Returns a DenyDetail (the first step with a violated quota: among them the one
+-- Reads only (but for moving a counter of before into the hash). Returns a DenyDetail (the first step with a violated quota: among them the one
 -- with the least headroom), or nil and an error (400: a per_run quota applies and the run id
 -- is missing), or nil, nil when every counter admits one more call (each then carries what
 -- was read of it: `used`, `al`).
