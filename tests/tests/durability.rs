@@ -364,8 +364,13 @@ async fn cluster_failover(level: &str) -> (Told, Harness, Tenant, Cluster) {
     let cluster = Cluster::start().await;
     let seeds = cluster.urls();
     let durability = durability_from(Some(level), None, Duration::from_millis(300));
-    let h = Arc::new(Harness::start_on_configured(seeds, move |c| c.durability = durability).await);
-    let t = h.funded(ALLOCATED).await;
+    // the tenant is made without waiting for replicas (a slow acknowledgement on a loaded
+    // machine would fail the setup, which is not what the failover tests), then the server
+    // under test starts beside it
+    let set_up = Harness::start_on_configured(seeds, |_| {}).await;
+    let t = set_up.funded(ALLOCATED).await;
+    let h = Arc::new(Harness::start_beside(&set_up, move |c| c.durability = durability).await);
+    drop(set_up);
     let slot = TenantKeys::new(&t.id).slot();
     let ((master, _), (replica, replica_id)) = cluster.master_and_replica(slot).await;
     let (master_url, replica_url) = (format!("redis://127.0.0.1:{master}"), format!("redis://127.0.0.1:{replica}"));
