@@ -28,7 +28,7 @@ while #rows <= limit and seen < examine do
         and (A.window == '' or A.window == m.window) and (A.run == '' or (m.window == 'per_run' and m.bucket == A.run))
         and (A.include_zero == '1' or tonumber(n) > 0) then
       rows[#rows + 1] = {scope = m.scope, label = m.label, window = m.window, bucket = m.bucket, used = n,
-        limit = lim ~= '' and lim or nil, policy = pol ~= '' and pol or nil, last = at ~= '' and at or nil}
+        limit = lim, policy = pol, last = at}
       if #rows > limit then break end
     end
     if seen >= examine then break end

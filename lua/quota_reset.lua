@@ -3,12 +3,12 @@
 -- an audit row in the same step. 404 when no such counter exists.
 local now, now_s = now_ms()
 local ctx = request_context(A.context)
-local n, due, last, lim, pol = COUNTER.fields(COUNTER.read(KEY.prefix_of(K.counters), A.member, now), now)
+local text = COUNTER.read(KEY.prefix_of(K.counters), A.member, now)
+local n, _, last, lim, pol = COUNTER.fields(text, now)
 if not n then return err('NOT_FOUND', 'No quota counter matches these key fields') end
 local previous = tonumber(n)
-redis.call('HSET', K.counters, A.member, COUNTER.text('0', due, last, lim .. '\31' .. pol, false))
+redis.call('HSET', K.counters, A.member, COUNTER.recount(text, 0, false))
 local m = quota_member(A.member)
-lim, pol, last = lim ~= '' and lim or nil, pol ~= '' and pol or nil, last ~= '' and last or nil
 local data = {scope = m.scope, action_kind = m.risk and '__risk__' or m.label, risk_class = m.risk, window = m.window,
   window_key = m.bucket, previous_used = previous, limit = tonumber(lim), actor_id = A.actor, policy_id = pol,
   tenant_id = ctx.tenant}

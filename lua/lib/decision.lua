@@ -140,10 +140,10 @@ function check.action_rules(ask)
   if not G then return nil end
   local d = access_denial(ask.rules, G, ask.scope)
   if d then return {deny = d} end
-  local plan, bad = quota_plan(ask.sc, ask.rules, G, ask.scope), nil
-  d, bad = quota_denial(ask.sc, plan, G)
+  local plan = quota_plan(ask.sc, ask.rules, G, ask.scope)
+  local denied, bad = quota_denial(ask.sc, plan, G)
   if bad then return {fail = bad} end
-  if d then return {deny = d} end
+  if denied then return {deny = denied} end
   -- (the counters a hold moves)
   if #plan.members > 0 then ask.counted = plan end
   return nil

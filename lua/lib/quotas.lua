@@ -17,15 +17,16 @@
 -- indexes hold about the live counters only).
 
 -- Each tumbling window: how long its counter outlives its start, how long it lasts, and the
--- length of the ISO 8601 prefix that names its bucket; the pattern of a counter's text
--- (`COUNTER.fields`), the quota steps in check order (rules, whether by risk class) and a
--- quota rule's allowlists by the dimension of the action's keys each lists.
+-- length of the ISO 8601 prefix that names its bucket; the patterns of a counter's text
+-- (`COUNTER.fields`) and of what a recount keeps of it (`COUNTER.recount`), the quota steps in
+-- check order (rules, whether by risk class) and a quota rule's allowlists by the dimension of
+-- the action's keys each lists.
 local QUOTA = {windows = {
   per_minute_tumbling = {ttl_ms = 120000, span = 60000, bucket_len = 16},
   per_hour_tumbling = {ttl_ms = 3660000, span = 3600000, bucket_len = 13},
   per_day_tumbling = {ttl_ms = 90000000, span = 86400000, bucket_len = 10},
   per_tenant_per_day = {ttl_ms = 90000000, span = 86400000, bucket_len = 10},
-}, fields = '^(%d+)\31(%d+)\31(%d*)\31(%d*)\31([^\31]*)(\31?!?)$',
+}, fields = '^(%d+)\31(%d+)\31(%d*)\31(%d*)\31([^\31]*)(\31?!?)$', kept = '^%d+(\31%d+\31%d*\31%d*\31[^\31]*)',
   steps = {{'rq', true}, {'aq', false}}, allowlists = {h = 'host', d = 'recipient_domain', r = 'resource_type'}}
 
 -- The counters' fields. A counter's text (its parts strings) is "<n>\31<due>\31<last>\31<tail>",
@@ -39,12 +40,18 @@ function COUNTER.text(n, due, last, tail, al)
 end
 
 -- A counter's text as fields (nil when there is none, or it is past its deadline `due`): n,
--- due, last, lim, pol (text) and al (whether its threshold was announced).
+-- due, last, lim, pol (text; each of the last three nil when it was not stamped) and al
+-- (whether its threshold was announced).
 function COUNTER.fields(text, now)
   if not text then return nil end
   local n, due, last, lim, pol, al = string.match(text, QUOTA.fields)
   if not n or tonumber(due) <= now then return nil end
-  return n, due, last, lim, pol, al ~= ''
+  return n, due, last ~= '' and last or nil, lim ~= '' and lim or nil, pol ~= '' and pol or nil, al ~= ''
+end
+
+-- A counter's text with count `n` and threshold mark `al` instead of its own, the rest kept.
+function COUNTER.recount(text, n, al)
+  return itoa(n) .. string.match(text, QUOTA.kept) .. (al and '\31!' or '')
 end
 
 -- A counter written before the counters shared one hash (a hash of its own, `KEY.quota_counter`,
@@ -69,10 +76,9 @@ end
 -- A per_run call given back (its reservation released or expired uncommitted): its counter one
 -- less, while it lasts and is above 0.
 function COUNTER.take_back(prefix, member, now)
-  local n, due, last, lim, pol, al = COUNTER.fields(COUNTER.read(prefix, member, now), now)
-  if n and tonumber(n) > 0 then
-    redis.call('HSET', KEY.quota_counters(prefix), member, COUNTER.text(itoa(n - 1), due, last, lim .. '\31' .. pol, al))
-  end
+  local text = COUNTER.read(prefix, member, now)
+  local n, _, _, _, _, al = COUNTER.fields(text, now)
+  if n and tonumber(n) > 0 then redis.call('HSET', KEY.quota_counters(prefix), member, COUNTER.recount(text, n - 1, al)) end
 end
 
 -- The request's action from its JSON (nil: none or unreadable), remembered per script VM by

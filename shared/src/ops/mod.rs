@@ -568,13 +568,15 @@ mod reserve_size {
     /// once per action and rules in force (`quota_plan`) and the policies in force read once
     /// per decision: -11% Redis instructions per reserve with two quota rules, 1,647 with the
     /// listing's staging key in the `KEY` table (the chunks' members sorted by Redis: a sweep
-    /// visit -22%), against a target of 700 that the engine work has not reached yet.
+    /// visit -22%), 1,649 with a counter's recount in one place (`COUNTER.recount`, for the reset
+    /// and the give-back, which the reserve's linked table carries), against a target of 700
+    /// that the engine work has not reached yet.
     #[test]
     fn a_reserve_as_run_does_not_grow() {
         let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
         let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_647, "a reserve as run is {code} lines of code (at most 1,647; target 700)");
+        assert!(code <= 1_649, "a reserve as run is {code} lines of code (at most 1,649; target 700)");
     }
 }
