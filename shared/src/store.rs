@@ -190,6 +190,23 @@ impl Functions {
     }
 }
 
+/// Keeps one timer of this runtime pending at all times, due within half of `timeout`. Every
+/// Redis call sets a response timer of `timeout`; when no timer is pending (a Lambda, or a
+/// server without background loops), tokio wakes its I/O driver for each new one: an eventfd
+/// write and one more `epoll_wait`, two of a request's eight system calls. With an earlier
+/// timer pending, a new one needs no wake. The task ends with its runtime (none outside one).
+fn keep_timers_pending(timeout: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let period = (timeout / 2).max(Duration::from_millis(10));
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+        }
+    });
+}
+
 impl Store {
     /// Connects to `url` (`redis://` or `rediss://`, with optional credentials). A
     /// comma-separated list of URLs, or a single node that reports `cluster_enabled:1`, selects
@@ -218,6 +235,7 @@ impl Store {
             let client = redis::Client::open(seeds[0])?;
             Conn::Single(client.get_connection_manager_with_config(config).await?)
         };
+        keep_timers_pending(timeout);
         Ok(Store { conn, cluster, functions: Arc::new(Functions::new()), durability: Durability::Primary })
     }
 
