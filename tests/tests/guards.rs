@@ -127,6 +127,25 @@ async fn a_template_gives_every_new_agent_its_own_ledger_at_its_first_call() {
     let other = json!({"subject": {"tenant": t.id, "workflow": "w"}});
     h.reserve_ok(&t, 10, other).await;
     assert!(!exists(&h, &t, &format!("tenant:{}/workflow:w", t.id)).await);
+
+    // the balances know every made ledger, beside a scope's ledger in another unit
+    let a5 = format!("tenant:{}/agent:a5", t.id);
+    h.budget(&t.id, &a5, Unit::Credits, 1_000).await;
+    h.reserve_ok(&t, 10, agent(&t, "a5")).await;
+    let r = h.admin_as(&t.key, "GET", "/v1/balances?limit=50", None).await;
+    let mut listed: Vec<String> = r.assert_ok()["balances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| format!("{}|{}", l["scope"].as_str().unwrap(), l["unit"].as_str().unwrap()))
+        .collect();
+    listed.sort();
+    let root = format!("tenant:{}", t.id);
+    let mut want: Vec<String> =
+        ["a1", "a2", "a3", "a4", "a5"].iter().map(|a| format!("{root}/agent:{a}|TOKENS")).collect();
+    want.extend([format!("{a5}|CREDITS"), format!("{root}|TOKENS")]);
+    want.sort();
+    assert_eq!(listed, want, "{}", r.raw);
 }
 
 #[tokio::test]
