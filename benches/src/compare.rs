@@ -59,9 +59,13 @@ impl Server {
         (cpu_seconds(self.gateway.id().unwrap_or(0)), cpu_seconds(self.redis.pid().unwrap_or(0)))
     }
 
+    /// The gateway's read and write system calls so far.
+    fn io_calls(&self) -> u64 {
+        io_calls(self.gateway.id().unwrap_or(0))
+    }
+
     async fn used_memory(&self) -> i64 {
-        let info: String = redis::cmd("INFO").arg("memory").query_async(&mut self.h.store.conn()).await.unwrap();
-        super::data_memory(&info)
+        super::data_memory(&self.h.store).await
     }
 }
 
@@ -81,6 +85,16 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
         .sum::<u64>() as f64
         / 1e9
+}
+
+/// Read and write system calls of every thread of a process so far (`syscr` + `syscw` of
+/// `/proc/<pid>/io`): a count that machine noise cannot move, unlike CPU seconds.
+pub fn io_calls(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .filter(|l| l.starts_with("syscr:") || l.starts_with("syscw:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 fn run(cmd: &mut std::process::Command) {
@@ -264,6 +278,7 @@ struct Spent {
     samples: Vec<f64>,
     gateway_s: f64,
     redis_s: f64,
+    gateway_io: u64,
     requests: f64,
     errors: usize,
 }
@@ -279,6 +294,9 @@ impl Spent {
     }
     fn redis_us(&self) -> f64 {
         self.redis_s * 1e6 / self.requests
+    }
+    fn gateway_io(&self) -> f64 {
+        self.gateway_io as f64 / self.requests
     }
 }
 
@@ -330,7 +348,7 @@ pub async fn compare(o: &CompareOpts) -> bool {
             for turn in 0..2 {
                 let k = (round + turn) % 2;
                 let s = servers[k];
-                let (g0, r0) = s.cpu();
+                let ((g0, r0), io0) = (s.cpu(), s.io_calls());
                 for _ in 0..o.block {
                     let started = Instant::now();
                     let answered = call(s, &fixtures[k], case, index, &mut next_held[k]).await;
@@ -338,9 +356,10 @@ pub async fn compare(o: &CompareOpts) -> bool {
                     spent[k].errors += usize::from(!answered);
                     index += 1;
                 }
-                let (g1, r1) = s.cpu();
+                let ((g1, r1), io1) = (s.cpu(), s.io_calls());
                 spent[k].gateway_s += g1 - g0;
                 spent[k].redis_s += r1 - r0;
+                spent[k].gateway_io += io1 - io0;
                 spent[k].requests += o.block as f64 * case.requests();
             }
         }
@@ -376,6 +395,13 @@ pub async fn compare(o: &CompareOpts) -> bool {
         );
         rows.push(json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b))}));
     }
+    println!("\ngateway read and write system calls per request (/proc/<pid>/io: counted, not timed)\n");
+    println!("| case | new | base |");
+    println!("|---|---|---|");
+    for (case, [n, b], missing) in &report {
+        let base = if *missing { "-".to_string() } else { format!("{:.2}", b.gateway_io()) };
+        println!("| {} | {:.2} | {} |", case.name(), n.gateway_io(), base);
+    }
     let plain = report.iter().find(|r| r.0 == Case::Reserve).map(|r| r.1[0].clone()).unwrap_or_default();
     if let Some((_, [q, _], _)) = report.iter().find(|r| r.0 == Case::ReserveTwoQuotas) {
         println!(
@@ -401,7 +427,8 @@ pub async fn compare(o: &CompareOpts) -> bool {
 }
 
 fn side(s: &Spent) -> Value {
-    json!({"p50_ms": s.p50_ms(), "gateway_cpu_us": s.gateway_us(), "redis_cpu_us": s.redis_us(), "errors": s.errors})
+    json!({"p50_ms": s.p50_ms(), "gateway_cpu_us": s.gateway_us(), "redis_cpu_us": s.redis_us(),
+        "gateway_io_calls": s.gateway_io(), "errors": s.errors})
 }
 
 /// Bytes of Redis memory per reservation reserved and committed (2,000 of them, after the
