@@ -161,6 +161,10 @@ impl TenantKeys {
     }
 }
 
+/// Room for what follows the tenant's prefix in a key (its longest suffixes, an idempotency
+/// record's 43 characters of digest or a counter's member, may grow it once).
+const KEY_SUFFIX_ROOM: usize = 64;
+
 /// Declares the keys of a tenant's slot once, for both languages: each line is a key's name, its
 /// parameters and its suffix after the tenant's prefix (literals and parameters in order). It
 /// gives `TenantKeys` one method per key and the script library its `KEY` table (`lua_table`),
@@ -170,7 +174,9 @@ macro_rules! tenant_keys {
     ($($(#[$doc:meta])* $name:ident($($param:ident),*) => [$($part:tt)+];)*) => {
         impl TenantKeys {
             $($(#[$doc])* pub fn $name(&self, $($param: impl std::fmt::Display),*) -> String {
-                let mut key = self.prefix.clone();
+                // (made at its size once: a request builds a dozen keys)
+                let mut key = String::with_capacity(self.prefix.len() + KEY_SUFFIX_ROOM);
+                key.push_str(&self.prefix);
                 $(tenant_keys!(@push key, $part);)+
                 key
             })*
@@ -196,7 +202,10 @@ macro_rules! tenant_keys {
         }
     };
     (@push $key:ident, $lit:literal) => { $key.push_str($lit) };
-    (@push $key:ident, $param:ident) => { $key.push_str(&$param.to_string()) };
+    (@push $key:ident, $param:ident) => {{
+        use std::fmt::Write as _;
+        let _ = write!($key, "{}", $param);
+    }};
     (@lua $lit:literal) => { format!(" .. '{}'", $lit) };
     (@lua $param:ident) => { format!(" .. {}", stringify!($param)) };
 }
