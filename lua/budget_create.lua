@@ -16,8 +16,7 @@ local b = {key = K.budget, scope = f.scope, unit = f.unit, status = 'ACTIVE', al
 f.allocated, f.overdraft_limit, f.commit_overage_policy, f.caps = nil, nil, nil, nil
 f.created_at_ms = now_s
 write_fields(K.budget, f)
-local units = redis.call('HGET', K.scope_units, f.scope) or ','
-if not string.find(units, ',' .. f.unit .. ',', 1, true) then redis.call('HSET', K.scope_units, f.scope, units .. f.unit .. ',') end
+add_scope_unit(K.scope_units, f.scope, f.unit)
 schedule_period(b, K.due_index, f.tenant_id, now_s)
 b = read_budget(K.budget)
 emit(K.events, 'budget.created', f.tenant_id, f.scope, ctx, 'cycles-admin',

@@ -258,11 +258,11 @@ pub async fn data_memory(store: &cycles_shared::store::Store) -> i64 {
 fn bucket_bytes(info: &str, stats: &redis::Value) -> Option<(i64, i64)> {
     // "db0:keys=N,expires=E,avg_ttl=..."
     let (mut keys, mut expires) = (0, 0);
-    for line in info.lines().filter(|l| l.starts_with("db")) {
-        for part in line.split([':', ',']) {
-            let number = |p: &str| p.split_once('=').and_then(|(_, v)| v.parse::<i64>().ok()).unwrap_or(0);
-            keys += if part.starts_with("keys=") { number(part) } else { 0 };
-            expires += if part.starts_with("expires=") { number(part) } else { 0 };
+    for part in info.lines().filter(|l| l.starts_with("db")).flat_map(|l| l.split([':', ','])) {
+        match part.split_once('=').map(|(name, v)| (name, v.trim().parse::<i64>().unwrap_or(0))) {
+            Some(("keys", n)) => keys += n,
+            Some(("expires", n)) => expires += n,
+            _ => {}
         }
     }
     fn overheads(v: &redis::Value, out: &mut i64) {

@@ -217,10 +217,7 @@ local function template_ledger(ask, tpls, key, scope, code, write)
   end
   f.v = view_of(b, now_s)
   write_fields(key, f)
-  -- (a scope a template budgets is most often new: its units written in one command)
-  if redis.call('HSETNX', ask.K.scope_units, scope, ',' .. A.unit .. ',') == 0 then
-    redis.call('HSET', ask.K.scope_units, scope, redis.call('HGET', ask.K.scope_units, scope) .. A.unit .. ',')
-  end
+  add_scope_unit(ask.K.scope_units, scope, A.unit)
   redis.call('ZADD', KEY.template_ledgers(sc.prefix), sc.now, code)
   emit(sc.events, 'budget.created', sc.name, scope, sc.ctx, 'cycles-server', '{"ledger_id":' ..
     cjson.encode(f.ledger_id) .. ',"scope":' .. cjson.encode(scope) .. ',"unit":"' .. A.unit ..

@@ -158,6 +158,14 @@ local function resolve_policy(requested, budgets, tenant, from_policy)
   return (tenant and tenant.default_policy) or RULES.DEFAULT_OVERAGE_POLICY
 end
 
+-- Lists `unit` among the units of `scope` in the tenant's scope index `units_key` (",A,B,"),
+-- once: a new scope (the common case) in one command.
+local function add_scope_unit(units_key, scope, unit)
+  if redis.call('HSETNX', units_key, scope, ',' .. unit .. ',') == 1 then return end
+  local units = redis.call('HGET', units_key, scope)
+  if not string.find(units, ',' .. unit .. ',', 1, true) then redis.call('HSET', units_key, scope, units .. unit .. ',') end
+end
+
 -- Checks that every new value fits int64, then writes all budgets (never half way), each with
 -- the update time `now_s` (the digits `now_ms` returns).
 local function write_budgets(budgets, now_s)

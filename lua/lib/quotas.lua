@@ -202,10 +202,10 @@ local function quota_plan(sc, rules, G, scope_path)
 end
 
 -- Steps 2 and 3: the quotas of the plan (`quota_plan`), every counter read in one command.
--- Reads only (but for moving a counter of before into the hash). Returns a DenyDetail (the first step with a violated quota: among them the one
--- with the least headroom), or nil and an error (400: a per_run quota applies and the run id
--- is missing), or nil, nil when every counter admits one more call (each then carries what
--- was read of it: `used`, `al`).
+-- Reads only (but for moving a counter of before into the hash). Returns a DenyDetail (the
+-- first step with a violated quota: among them the one with the least headroom), or nil and
+-- an error (400: a per_run quota applies and the run id is missing), or nil, nil when every
+-- counter admits one more call (each then carries what was read of it: `used`, `al`).
 local function quota_denial(sc, plan, G)
   local members, now = plan.members, sc.now
   local texts = #members > 0 and redis.call('HMGET', plan.counters, unpack(members))
