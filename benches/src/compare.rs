@@ -276,11 +276,28 @@ async fn call(s: &Server, f: &Fixture, case: Case, i: usize, next_held: &mut usi
 #[derive(Default, Clone)]
 struct Spent {
     samples: Vec<f64>,
-    gateway_s: f64,
-    redis_s: f64,
+    /// CPU µs per request of the gateway and of Redis, block by block (one block per round).
+    blocks: Vec<[f64; 2]>,
     gateway_io: u64,
     requests: f64,
     errors: usize,
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The median over rounds of new/base CPU per request of process `p` (0: gateway, 1: Redis):
+/// each round's two blocks ran next to each other, so a ratio per round cancels the machine's
+/// drift, and the median drops a block a neighbour's burst fell on (a sum keeps it).
+fn paired_ratio(new: &Spent, base: &Spent, p: usize) -> f64 {
+    median(new.blocks.iter().zip(&base.blocks).map(|(n, b)| n[p] / b[p]).collect())
 }
 
 impl Spent {
@@ -289,11 +306,12 @@ impl Spent {
         s.sort_by(|a, b| a.total_cmp(b));
         s.get(s.len().saturating_sub(1) / 2).copied().unwrap_or(f64::NAN)
     }
+    /// CPU µs per request: the median over blocks.
     fn gateway_us(&self) -> f64 {
-        self.gateway_s * 1e6 / self.requests
+        median(self.blocks.iter().map(|b| b[0]).collect())
     }
     fn redis_us(&self) -> f64 {
-        self.redis_s * 1e6 / self.requests
+        median(self.blocks.iter().map(|b| b[1]).collect())
     }
     fn gateway_io(&self) -> f64 {
         self.gateway_io as f64 / self.requests
@@ -357,10 +375,10 @@ pub async fn compare(o: &CompareOpts) -> bool {
                     index += 1;
                 }
                 let ((g1, r1), io1) = (s.cpu(), s.io_calls());
-                spent[k].gateway_s += g1 - g0;
-                spent[k].redis_s += r1 - r0;
+                let requests = o.block as f64 * case.requests();
+                spent[k].blocks.push([(g1 - g0) * 1e6 / requests, (r1 - r0) * 1e6 / requests]);
                 spent[k].gateway_io += io1 - io0;
-                spent[k].requests += o.block as f64 * case.requests();
+                spent[k].requests += requests;
             }
         }
         // a baseline without quota rules has no such case
@@ -371,13 +389,18 @@ pub async fn compare(o: &CompareOpts) -> bool {
     let (memory_new, sweep_us) = memory_per_reservation(&new).await;
     let memory = [memory_new, memory_per_reservation(&base).await.0];
 
-    println!("\nnew = this tree, base = {}; p50 per request, CPU per request of each process\n", o.rev);
+    println!(
+        "\nnew = this tree, base = {}; p50 per request; CPU per request of each process (the median over \
+         blocks; new/base: the median over rounds of each round's ratio)\n",
+        o.rev
+    );
     println!("| case | p50 ms new | base | new/base | gateway µs new | base | new/base | Redis µs new | base | new/base | errors |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for (case, [n, b], missing) in &report {
         let ratio = |x: f64, y: f64| if *missing { "-".to_string() } else { format!("{:.2}", x / y) };
         let base_cell = |v: f64| if *missing { "-".to_string() } else { format!("{v:.1}") };
+        let paired = |p: usize| if *missing { "-".to_string() } else { format!("{:.2}", paired_ratio(n, b, p)) };
         println!(
             "| {} | {:.3} | {} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {}/{} |",
             case.name(),
@@ -386,14 +409,15 @@ pub async fn compare(o: &CompareOpts) -> bool {
             ratio(n.p50_ms(), b.p50_ms()),
             n.gateway_us(),
             base_cell(b.gateway_us()),
-            ratio(n.gateway_us(), b.gateway_us()),
+            paired(0),
             n.redis_us(),
             base_cell(b.redis_us()),
-            ratio(n.redis_us(), b.redis_us()),
+            paired(1),
             n.errors,
             if *missing { 0 } else { b.errors },
         );
-        rows.push(json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b))}));
+        let ratios = (!missing).then(|| json!({"gateway_cpu": paired_ratio(n, b, 0), "redis_cpu": paired_ratio(n, b, 1)}));
+        rows.push(json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b)), "new_over_base": ratios}));
     }
     println!("\ngateway read and write system calls per request (/proc/<pid>/io: counted, not timed)\n");
     println!("| case | new | base |");
