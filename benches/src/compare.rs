@@ -416,8 +416,11 @@ pub async fn compare(o: &CompareOpts) -> bool {
             n.errors,
             if *missing { 0 } else { b.errors },
         );
-        let ratios = (!missing).then(|| json!({"gateway_cpu": paired_ratio(n, b, 0), "redis_cpu": paired_ratio(n, b, 1)}));
-        rows.push(json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b)), "new_over_base": ratios}));
+        let ratios =
+            (!missing).then(|| json!({"gateway_cpu": paired_ratio(n, b, 0), "redis_cpu": paired_ratio(n, b, 1)}));
+        rows.push(
+            json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b)), "new_over_base": ratios}),
+        );
     }
     println!("\ngateway read and write system calls per request (/proc/<pid>/io: counted, not timed)\n");
     println!("| case | new | base |");

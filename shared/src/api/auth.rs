@@ -120,7 +120,7 @@ pub fn key_digest(pepper: &str, key: &str) -> String {
         }
     });
     mac.update(key.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+    crate::ids::lower_hex(&mac.finalize().into_bytes())
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
