@@ -446,12 +446,11 @@ pub async fn compare(o: &CompareOpts) -> bool {
         let base = if *missing { "-".to_string() } else { format!("{:.2}", b.gateway_io()) };
         println!("| {} | {:.2} | {} |", case.name(), n.gateway_io(), base);
     }
-    let plain = report.iter().find(|r| r.0 == Case::Reserve).map(|r| r.1[0].clone()).unwrap_or_default();
-    if let Some((_, [q, _], _)) = report.iter().find(|r| r.0 == Case::ReserveTwoQuotas) {
+    let quotas = quota_over_plain(&new, &fixtures[0], o).await;
+    if let Some([gateway, redis]) = quotas {
         println!(
-            "\nreserve with 2 quota rules / plain reserve (new): Redis CPU {:.2}, gateway CPU {:.2}",
-            q.redis_us() / plain.redis_us(),
-            q.gateway_us() / plain.gateway_us()
+            "\nreserve with 2 quota rules / plain reserve (new, the median over rounds of a block of each): \
+             Redis CPU {redis:.2}, gateway CPU {gateway:.2}"
         );
     }
     println!(
@@ -464,10 +463,39 @@ pub async fn compare(o: &CompareOpts) -> bool {
     if let Some(path) = &o.json {
         let out = json!({"baseline": o.rev, "block": o.block, "rounds": o.rounds, "cases": rows,
             "memory_bytes_per_finished_reservation": {"new": memory[0], "base": memory[1]},
-            "sweep_redis_cpu_us_per_reservation": sweep_us});
+            "sweep_redis_cpu_us_per_reservation": sweep_us,
+            "quota_over_plain": quotas.map(|[g, r]| json!({"gateway_cpu": g, "redis_cpu": r}))});
         std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).expect("write --json file");
     }
     ok
+}
+
+/// CPU per request of a reserve with two quota rules over a plain reserve on server `s`
+/// (gateway, Redis): each round a block of each, next to each other (which goes first
+/// alternates), and the median over rounds of each round's ratio. None without quota rules.
+async fn quota_over_plain(s: &Server, f: &Fixture, o: &CompareOpts) -> Option<[f64; 2]> {
+    f.quota_tenant.as_ref()?;
+    let mut blocks: [Spent; 2] = Default::default();
+    // (idempotency keys apart from the cases' own)
+    let (mut index, mut next_held) = (1_000_000usize, 0usize);
+    for round in 0..o.rounds {
+        for turn in 0..2 {
+            let k = (round + turn) % 2;
+            let case = [Case::Reserve, Case::ReserveTwoQuotas][k];
+            let (g0, r0) = s.cpu();
+            for _ in 0..o.block {
+                if !call(s, f, case, index, &mut next_held).await {
+                    eprintln!("{}: a {} failed; no quota ratio", s.label, case.name());
+                    return None;
+                }
+                index += 1;
+            }
+            let (g1, r1) = s.cpu();
+            blocks[k].blocks.push([(g1 - g0) * 1e6 / o.block as f64, (r1 - r0) * 1e6 / o.block as f64]);
+        }
+    }
+    let [plain, quotas] = &blocks;
+    Some([paired_ratio(quotas, plain, 0), paired_ratio(quotas, plain, 1)])
 }
 
 fn side(s: &Spent) -> Value {

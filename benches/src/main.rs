@@ -60,7 +60,7 @@ fn opts() -> Opts {
         idle_tenants: 100_000,
         baseline: None,
         block: 100,
-        rounds: 40,
+        rounds: 12,
         costs: false,
         update_costs: false,
         costs_of: None,
