@@ -235,18 +235,19 @@ pub async fn settle(store: &cycles_shared::store::Store, tenant: &str) {
 }
 
 /// Redis's `used_memory` less what no reservation keeps: its clients' buffers
-/// (`mem_clients_normal`: a large reply leaves one grown for a while) and the heap of the Lua
-/// VM that runs Functions (`used_memory_vm_functions`, counted in `used_memory`: garbage a
-/// script left for the collector swings it by hundreds of KB); and the key tables' bucket
-/// arrays counted at one bucket (8 B) per key instead of as they are: they double at each
-/// power of two (+512 KB at 65,536 keys, +260 B per reservation of a 2,000-reservation window
-/// that a doubling falls in, whichever build it is).
+/// (`mem_clients_normal`: a large reply leaves one grown for a while); and the key tables'
+/// bucket arrays counted at one bucket (8 B) per key instead of as they are: they double at
+/// each power of two (+512 KB at 65,536 keys, +260 B per reservation of a 2,000-reservation
+/// window that a doubling falls in, whichever build it is). The Lua VMs' heaps are not in
+/// `used_memory` (Lua allocates with the C library's `realloc`, not Redis's allocator), so
+/// nothing is taken off for them: taking off `used_memory_vm_functions`, as this did, put the
+/// swing of that heap's garbage (hundreds of KB) into the figure.
 pub async fn data_memory(store: &cycles_shared::store::Store) -> i64 {
     let info: String = redis::cmd("INFO").arg("memory").arg("keyspace").query_async(&mut store.conn()).await.unwrap();
     let field = |name: &str| -> i64 {
         info.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
     };
-    let used = field("used_memory:") - field("mem_clients_normal:") - field("used_memory_vm_functions:");
+    let used = field("used_memory:") - field("mem_clients_normal:");
     let stats: redis::Value = redis::cmd("MEMORY").arg("STATS").query_async(&mut store.conn()).await.unwrap();
     used - bucket_bytes(&info, &stats).map_or(0, |(buckets, keys)| buckets - 8 * keys)
 }
