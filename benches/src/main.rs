@@ -217,10 +217,6 @@ async fn pre_create(h: &Harness, t: &Tenant, prefix: &str, n: usize) -> Vec<Stri
     ids
 }
 
-async fn used_memory(h: &Harness) -> i64 {
-    data_memory(&h.store).await
-}
-
 /// The sweep's visits to one tenant, as many as compaction needs (each compacts a bounded
 /// batch): what its finished reservations keep after that is their steady state.
 pub async fn settle(store: &cycles_shared::store::Store, tenant: &str) {
@@ -451,16 +447,16 @@ async fn extras(h: &Harness, o: &Opts) -> Value {
     // Memory: a finished reservation keeps one hash (its own idempotency record for reserve,
     // commit and release included) and one created-index entry until retention removes them.
     let t = h.funded(i64::MAX / 2).await;
-    let before = used_memory(h).await;
+    let before = data_memory(&h.store).await;
     let ids = fill(h, &t, "mem", n, json!({})).await;
     for id in &ids {
         assert_eq!(h.commit(&t, id, 80).await.status, 200);
     }
-    let before_compaction = (used_memory(h).await - before) / n as i64;
+    let before_compaction = (data_memory(&h.store).await - before) / n as i64;
     // what a finished reservation keeps once the sweep has visited its tenant (within a pass:
     // the listing compacted, the usage log folded)
     settle(&h.store, &t.id).await;
-    let per_reservation = (used_memory(h).await - before) / n as i64;
+    let per_reservation = (data_memory(&h.store).await - before) / n as i64;
     // The same, attributed key by key: the records plus the tenant's created stream, listing
     // index and listing chunks.
     let keys = cycles_shared::keys::TenantKeys::new(&t.id);

@@ -73,14 +73,11 @@ pub fn new_trace_id() -> String {
     }
 }
 
-/// Lowercase hex of `bytes`, written two digits per byte into a string made at its size (on
-/// every request: `hex::encode` collects its digits one `char` at a time, three times the work).
+/// Lowercase hex of `bytes`, written into a buffer made at its size (on every request:
+/// `hex::encode` collects its digits one `char` at a time, three times the work).
 pub fn lower_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]]);
-    }
+    let mut out = vec![0; bytes.len() * 2];
+    hex::encode_to_slice(bytes, &mut out).expect("the buffer is twice the input");
     String::from_utf8(out).expect("hex digits are ASCII")
 }
 
