@@ -92,14 +92,25 @@ pub fn due_index(slot: u16) -> String {
 /// Percent-encodes everything outside `[A-Za-z0-9._-]`; injective, and never yields `{` or `}`.
 pub fn encode_component(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
+    push_encoded(&mut out, s);
+    out
+}
+
+/// Appends `s` percent-encoded as `encode_component` does (a name needing none is copied whole).
+fn push_encoded(out: &mut String, s: &str) {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    if s.bytes().all(plain) {
+        out.push_str(s);
+        return;
+    }
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+        if plain(b) {
             out.push(b as char);
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            out.extend(['%', HEX[usize::from(b >> 4)] as char, HEX[usize::from(b & 15)] as char]);
         }
     }
-    out
 }
 
 /// sha256 of the parts (NUL-separated), base64url without padding.
@@ -136,7 +147,11 @@ pub struct TenantKeys {
 
 impl TenantKeys {
     pub fn new(tenant: &str) -> Self {
-        Self { prefix: format!("cy:{{{}}}", encode_component(tenant)) }
+        let mut prefix = String::with_capacity(tenant.len() + 5);
+        prefix.push_str("cy:{");
+        push_encoded(&mut prefix, tenant);
+        prefix.push('}');
+        Self { prefix }
     }
     /// The prefix every key of this tenant starts with (`cy:{<tenant>}`).
     pub fn prefix(&self) -> &str {
@@ -157,7 +172,7 @@ impl TenantKeys {
     pub fn idempotency(&self, ns: &str, parts: &[&str]) -> String {
         let mut all = vec![ns];
         all.extend_from_slice(parts);
-        format!("{}:i:{ns}:{}", self.prefix, digest(&all))
+        [&self.prefix, ":i:", ns, ":", &digest(&all)].concat()
     }
 }
 

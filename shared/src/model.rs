@@ -253,7 +253,8 @@ pub const TTL_MS: (i64, i64) = (1_000, 86_400_000);
 pub const GRACE_MS: (i64, i64) = (0, 60_000);
 pub const EXTEND_MS: (i64, i64) = (1, 86_400_000);
 
-fn check_len(field: &str, value: &str, min: usize, max: usize) -> ApiResult<()> {
+/// (`field` is written only into an error: callers name it with `format_args!`, free when valid)
+fn check_len(field: impl std::fmt::Display, value: &str, min: usize, max: usize) -> ApiResult<()> {
     let n = value.chars().count();
     if n < min || n > max {
         return Err(ApiError::invalid(format!("{field} must be between {min} and {max} characters (got {n})")));
@@ -268,7 +269,7 @@ fn check_range(field: &str, value: i64, (min, max): (i64, i64)) -> ApiResult<()>
     Ok(())
 }
 
-fn check_non_negative(field: &str, value: Option<i64>) -> ApiResult<()> {
+fn check_non_negative(field: impl std::fmt::Display, value: Option<i64>) -> ApiResult<()> {
     match value {
         Some(v) if v < 0 => Err(ApiError::invalid(format!("{field} must be >= 0 (got {v})"))),
         _ => Ok(()),
@@ -288,7 +289,7 @@ fn is_scope_value(s: &str) -> bool {
 
 impl Amount {
     pub fn validate(&self, field: &str) -> ApiResult<()> {
-        check_non_negative(&format!("{field}.amount"), Some(self.amount))
+        check_non_negative(format_args!("{field}.amount"), Some(self.amount))
     }
 }
 
@@ -298,7 +299,7 @@ impl Subject {
         for (level, value) in self.levels() {
             if let Some(v) = value {
                 any = true;
-                check_len(&format!("subject.{level}"), v, 1, 128)?;
+                check_len(format_args!("subject.{level}"), v, 1, 128)?;
                 if !is_scope_value(v) {
                     return Err(ApiError::invalid(format!("subject.{level} must match ^[a-zA-Z0-9_.-]+$")));
                 }
@@ -314,7 +315,7 @@ impl Subject {
                 return Err(ApiError::invalid("subject.dimensions must have at most 16 entries"));
             }
             for (k, v) in dims {
-                check_len(&format!("subject.dimensions.{k}"), v, 0, 256)?;
+                check_len(format_args!("subject.dimensions.{k}"), v, 0, 256)?;
             }
         }
         Ok(())
@@ -346,7 +347,7 @@ impl Action {
             let more = [("resource_type", &k.resource_type, 128), ("path_prefix", &k.path_prefix, 512)];
             for (name, v, max) in fields.into_iter().chain(more) {
                 if let Some(v) = v {
-                    check_len(&format!("action.policy_keys.{name}"), v, 0, max)?;
+                    check_len(format_args!("action.policy_keys.{name}"), v, 0, max)?;
                 }
             }
             if let Some(custom) = &k.custom {
@@ -354,7 +355,7 @@ impl Action {
                     return Err(ApiError::invalid("action.policy_keys.custom must have at most 8 entries"));
                 }
                 for (name, v) in custom {
-                    check_len(&format!("action.policy_keys.custom.{name}"), v, 0, 256)?;
+                    check_len(format_args!("action.policy_keys.custom.{name}"), v, 0, 256)?;
                 }
             }
         }

@@ -253,21 +253,28 @@ fn segments(path: &str) -> Vec<&str> {
     path.trim_end_matches('/').trim_start_matches('/').split('/').collect()
 }
 
-/// The parameters of `template` when it matches the path segments `given`, all of them. (Every
-/// request is tried against the routes before its own: a miss allocates nothing.)
-fn matched(template: &str, given: &[&str]) -> Option<Params> {
-    let want = template.trim_matches('/');
-    if want.bytes().filter(|b| *b == b'/').count() + 1 != given.len() {
-        return None;
-    }
-    if want.split('/').zip(given).any(|(w, g)| match param(w) {
-        Some(_) => g.is_empty(),
-        None => w != *g,
-    }) {
+/// The segments of a route template (`{name}` for a parameter).
+fn template_segments(template: &str) -> Vec<&str> {
+    template.trim_matches('/').split('/').collect()
+}
+
+/// Every route's template, split once (a request is tried against the routes before its own).
+static ROUTE_SEGMENTS: std::sync::LazyLock<Vec<Vec<&'static str>>> =
+    std::sync::LazyLock::new(|| ROUTES.iter().map(|r| template_segments(r.template)).collect());
+
+/// The parameters of the template `want` (its segments) when it matches the path segments
+/// `given`, all of them. A miss allocates nothing.
+fn matched(want: &[&str], given: &[&str]) -> Option<Params> {
+    if want.len() != given.len()
+        || want.iter().zip(given).any(|(w, g)| match param(w) {
+            Some(_) => g.is_empty(),
+            None => w != g,
+        })
+    {
         return None;
     }
     let mut params = Params::new();
-    for (w, g) in want.split('/').zip(given) {
+    for (w, g) in want.iter().zip(given) {
         if let Some(name) = param(w) {
             params.insert(name.to_string(), percent_decode(g)?);
         }
@@ -279,11 +286,11 @@ fn matched(template: &str, given: &[&str]) -> Option<Params> {
 /// as `cargo lambda watch`'s `/lambda-url/<fn>` still matches); `exact` requires no prefix.
 pub fn match_template(template: &str, path: &str, exact: bool) -> Option<Params> {
     let given = segments(path);
-    let wanted = template.trim_matches('/').bytes().filter(|b| *b == b'/').count() + 1;
-    if given.len() < wanted || (exact && given.len() != wanted) {
+    let want = template_segments(template);
+    if given.len() < want.len() || (exact && given.len() != want.len()) {
         return None;
     }
-    matched(template, &given[given.len() - wanted..])
+    matched(&want, &given[given.len() - want.len()..])
 }
 
 /// Query parameters (percent-decoded, `+` as space); a repeated name keeps its first value.
@@ -364,8 +371,9 @@ pub fn route(plane: Plane, method: &Method, path: &str) -> Option<(&'static Rout
     let given = segments(path);
     ROUTES
         .iter()
-        .filter(|r| r.plane == plane && r.method == *method)
-        .find_map(|r| matched(r.template, &given).map(|p| (r, p)))
+        .zip(ROUTE_SEGMENTS.iter())
+        .filter(|(r, _)| r.plane == plane && r.method == *method)
+        .find_map(|(r, want)| matched(want, &given).map(|p| (r, p)))
 }
 
 /// Per-request context: correlation ids, the operation and caller details the audit log

@@ -226,18 +226,32 @@ pub fn helpers() -> String {
 pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| Library::new("cycles", helpers(), SCRIPTS));
 
 /// A list in a script's answer. Lua's JSON encoder writes an empty table as `{}`, so an empty
-/// list may come as an empty object.
+/// list may come as an empty object. (Read as it comes: an untagged enum would buffer it.)
 pub(crate) fn lua_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum List<T> {
-        Items(Vec<T>),
-        Empty {},
+    d.deserialize_any(LuaList(|seq| seq, std::marker::PhantomData))
+}
+
+/// Reads a Lua list (`lua_list`) and makes it into `V` by `make`, which sees its items.
+struct LuaList<T, F>(F, std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>, V, F: FnOnce(Vec<T>) -> V> serde::de::Visitor<'de> for LuaList<T, F> {
+    type Value = V;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list (or an empty object)")
     }
-    Ok(match List::deserialize(d)? {
-        List::Items(items) => items,
-        List::Empty {} => Vec::new(),
-    })
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<V, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok((self.0)(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<V, A::Error> {
+        match map.next_key::<serde::de::IgnoredAny>()? {
+            None => Ok((self.0)(Vec::new())),
+            Some(_) => Err(serde::de::Error::custom("expected a list, found an object with members")),
+        }
+    }
 }
 
 /// Drops a stream's entries older than `horizon_ms` (retention): how many went.
@@ -311,26 +325,30 @@ impl LedgerState {
 
 /// Balances in a script's answer: the text `balances` writes, or (answers stored by earlier
 /// versions) a list of 7-string lists. Anything else is malformed: the reply is a fault.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum BalancesText {
-    Text(String),
-    Lists(#[serde(deserialize_with = "lua_list")] Vec<Vec<String>>),
-}
-
-impl BalancesText {
-    fn states(self) -> Option<Vec<LedgerState>> {
-        match self {
-            BalancesText::Text(t) => LedgerState::parse_all(&t),
-            BalancesText::Lists(l) => {
-                l.iter().map(|row| LedgerState::from_parts(row.iter().map(String::as_str))).collect()
-            }
-        }
-    }
-}
-
 pub(crate) fn ledger_states<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LedgerState>, D::Error> {
-    BalancesText::deserialize(d)?.states().ok_or_else(|| serde::de::Error::custom("malformed balances"))
+    d.deserialize_any(BalancesText)
+}
+
+struct BalancesText;
+
+impl<'de> serde::de::Visitor<'de> for BalancesText {
+    type Value = Vec<LedgerState>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("balances (text, or a list of 7-string lists)")
+    }
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Vec<LedgerState>, E> {
+        LedgerState::parse_all(text).ok_or_else(|| E::custom("malformed balances"))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Vec<LedgerState>, A::Error> {
+        let rows = |rows: Vec<Vec<String>>| -> Option<Vec<LedgerState>> {
+            rows.iter().map(|row| LedgerState::from_parts(row.iter().map(String::as_str))).collect()
+        };
+        let lists = LuaList(rows, std::marker::PhantomData);
+        lists.visit_seq(seq)?.ok_or_else(|| serde::de::Error::custom("malformed balances"))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Vec<LedgerState>, A::Error> {
+        LuaList(|_: Vec<Vec<String>>| Vec::new(), std::marker::PhantomData).visit_map(map)
+    }
 }
 
 impl<'de> Deserialize<'de> for LedgerState {
@@ -519,6 +537,48 @@ mod tests {
             loaded.push(module);
         }
         assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+    /// Script answers are read in one pass: a reserve's three answers told apart by their
+    /// fields, balances as text or as lists, Lua's empty table as an empty list; anything else
+    /// is an error (a fault), never a silently empty value.
+    #[test]
+    fn script_answers_decode_in_one_pass_and_refuse_what_is_malformed() {
+        use super::reservations::Reserved;
+        let states =
+            |v: serde_json::Value| -> Result<Vec<super::LedgerState>, serde_json::Error> { super::ledger_states(v) };
+        let held: Reserved = serde_json::from_str(
+            r#"{"reservation_id":"t.x.c","decision":"ALLOW","expires_at_ms":"17","balances":"10 9 1 0 0 0 0"}"#,
+        )
+        .unwrap();
+        let Reserved::Held(h) = held else { panic!("{held:?}") };
+        assert_eq!((h.reservation_id.as_str(), h.expires_at_ms.as_str(), h.balances.len()), ("t.x.c", "17", 1));
+        assert_eq!((h.balances[0].allocated, h.balances[0].remaining, h.balances[0].reserved), (10, 9, 1));
+        let reclaim: Reserved = serde_json::from_str(r#"{"reclaim":["a","b"]}"#).unwrap();
+        assert!(matches!(reclaim, Reserved::Reclaim { ref reclaim } if reclaim == &["a", "b"]), "{reclaim:?}");
+        let observed: Reserved = serde_json::from_str(
+            r#"{"decision":"DENY","reason_code":"BUDGET_EXCEEDED","balances":{},"observed":true}"#,
+        )
+        .unwrap();
+        let Reserved::Observed(e) = observed else { panic!("{observed:?}") };
+        assert_eq!(
+            (e.decision.as_str(), e.reason_code.as_deref(), e.observed),
+            ("DENY", Some("BUDGET_EXCEEDED"), true)
+        );
+        for bad in [r#"{"reservation_id":"t.x.c","decision":"ALLOW","balances":""}"#, r#"{"balances":""}"#] {
+            assert!(serde_json::from_str::<Reserved>(bad).is_err(), "{bad}");
+        }
+        let listed = states(serde_json::json!([["1", "2", "3", "4", "5", "6", "1"]])).unwrap();
+        assert_eq!((listed[0].allocated, listed[0].debt, listed[0].over_limit), (1, 5, true));
+        assert!(states(serde_json::json!({})).unwrap().is_empty());
+        for bad in
+            [serde_json::json!({"a": 1}), serde_json::json!("1 2"), serde_json::json!([["1"]]), serde_json::json!(7)]
+        {
+            assert!(states(bad.clone()).is_err(), "{bad}");
+        }
+        let list = |v: serde_json::Value| super::lua_list::<_, String>(v);
+        assert_eq!(list(serde_json::json!(["a"])).unwrap(), ["a"]);
+        assert!(list(serde_json::json!({})).unwrap().is_empty());
+        assert!(list(serde_json::json!({"a": "b"})).is_err());
     }
 }
 

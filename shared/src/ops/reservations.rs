@@ -36,7 +36,7 @@ impl<'a> Target<'a> {
 /// arguments: `<scope>|<ledger code>` of each, in canonical order (the scripts read the scope's
 /// budget under the code's key and check the scope stored there).
 fn budgets_and_scopes(keys: &TenantKeys, scopes: &[String], codes: &[String]) -> (Vec<String>, Vec<String>) {
-    scopes.iter().zip(codes).map(|(s, code)| (keys.budget_by_code(code), format!("{s}|{code}"))).unzip()
+    scopes.iter().zip(codes).map(|(s, code)| (keys.budget_by_code(code), [s, "|", code].concat())).unzip()
 }
 
 script! {
@@ -80,23 +80,67 @@ impl Reserve {
 
 /// A reserve's answer: the hold, (status RECLAIM) the overdue reservations to expire first, or
 /// (status OBSERVED) the evaluation of a reserve in observe mode.
-/// (The hold is tried first: it is the common answer, and neither other answer has its fields.)
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+/// (Told apart by their fields in one pass: a hold has a reservation id, a reclaim the ids to
+/// expire; an untagged enum would buffer the answer and try each in turn.)
+#[derive(Debug, Clone)]
 pub enum Reserved {
     Held(Hold),
     Reclaim { reclaim: Vec<String> },
     Observed(Evaluated),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+impl<'de> Deserialize<'de> for Reserved {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Reserved, D::Error> {
+        #[derive(Deserialize)]
+        struct Fields {
+            reclaim: Option<Vec<String>>,
+            reservation_id: Option<String>,
+            expires_at_ms: Option<String>,
+            #[serde(default)]
+            decision: String,
+            #[serde(default)]
+            reason_code: Option<String>,
+            #[serde(default)]
+            caps: Option<String>,
+            #[serde(default)]
+            codes: String,
+            #[serde(default, deserialize_with = "super::ledger_states")]
+            balances: Vec<LedgerState>,
+            #[serde(default)]
+            deny_detail: Option<Value>,
+            #[serde(default)]
+            observed: bool,
+        }
+        let f = Fields::deserialize(d)?;
+        let missing = |field| serde::de::Error::custom(format!("a reserve's answer without {field}"));
+        Ok(match (f.reclaim, f.reservation_id) {
+            (Some(reclaim), _) => Reserved::Reclaim { reclaim },
+            (None, Some(reservation_id)) => Reserved::Held(Hold {
+                reservation_id,
+                expires_at_ms: f.expires_at_ms.ok_or_else(|| missing("expires_at_ms"))?,
+                decision: (!f.decision.is_empty()).then_some(f.decision).ok_or_else(|| missing("decision"))?,
+                caps: f.caps,
+                balances: f.balances,
+            }),
+            (None, None) => Reserved::Observed(Evaluated {
+                decision: (!f.decision.is_empty()).then_some(f.decision).ok_or_else(|| missing("decision"))?,
+                reason_code: f.reason_code,
+                caps: f.caps,
+                codes: f.codes,
+                balances: f.balances,
+                deny_detail: f.deny_detail,
+                observed: f.observed,
+            }),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
 pub struct Hold {
     pub reservation_id: String,
     pub decision: String,
     pub expires_at_ms: String,
-    #[serde(default)]
     pub caps: Option<String>,
-    #[serde(deserialize_with = "super::ledger_states")]
     pub balances: Vec<LedgerState>,
 }
 
