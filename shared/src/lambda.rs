@@ -195,11 +195,7 @@ pub async fn handle_event(app: &App, route: &Route, event: Request) -> Response<
             res
         }
     };
-    let mut builder = Response::builder().status(res.status);
-    for (name, value) in res.headers {
-        builder = builder.header(name, value);
-    }
-    builder.body(Body::Text(String::from_utf8(res.body).unwrap_or_default())).expect("valid response parts")
+    api::into_http(res, |body| Body::Text(String::from_utf8(body).unwrap_or_default()))
 }
 
 #[cfg(test)]

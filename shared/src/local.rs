@@ -44,11 +44,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, plane: Plane) -> std::i
 }
 
 fn to_hyper(res: ApiResponse) -> Response<Full<Bytes>> {
-    let mut builder = Response::builder().status(res.status);
-    for (name, value) in res.headers {
-        builder = builder.header(name, value);
-    }
-    builder.body(Full::new(Bytes::from(res.body))).expect("valid response parts")
+    api::into_http(res, |body| Full::new(Bytes::from(body)))
 }
 
 async fn dispatch(app: &App, plane: Plane, req: Request<Incoming>, peer: &str) -> Response<Full<Bytes>> {

@@ -717,6 +717,42 @@ pub fn no_route(plane: Plane, req: &ApiRequest) -> ApiResponse {
 
 const JSON: &str = "application/json";
 
+/// An answer as an `http` response, for both front ends (`body` makes their body type). The
+/// headers every answer has are named by constants (no name parsed per request); a value no
+/// header can carry is dropped with a log line, never a panic.
+pub fn into_http<B>(res: ApiResponse, body: impl FnOnce(Vec<u8>) -> B) -> http::Response<B> {
+    use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+    const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+    const X_CYCLES_TRACE_ID: HeaderName = HeaderName::from_static("x-cycles-trace-id");
+    const X_CYCLES_TENANT: HeaderName = HeaderName::from_static("x-cycles-tenant");
+    let mut out = http::Response::new(body(res.body));
+    *out.status_mut() = http::StatusCode::from_u16(res.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = out.headers_mut();
+    headers.reserve(res.headers.len());
+    for (name, value) in res.headers {
+        let name = match name {
+            "content-type" => CONTENT_TYPE,
+            "x-request-id" => X_REQUEST_ID,
+            "x-cycles-trace-id" => X_CYCLES_TRACE_ID,
+            "x-cycles-tenant" => X_CYCLES_TENANT,
+            other => match HeaderName::from_bytes(other.as_bytes()) {
+                Ok(name) => name,
+                Err(_) => {
+                    tracing::warn!(header = other, "a response header with an invalid name was dropped");
+                    continue;
+                }
+            },
+        };
+        match HeaderValue::try_from(value) {
+            Ok(value) => {
+                headers.append(name, value);
+            }
+            Err(_) => tracing::warn!(header = %name, "a response header value no header can carry was dropped"),
+        }
+    }
+    out
+}
+
 fn respond(ctx: &Ctx, outcome: ApiResult<Answer>) -> ApiResponse {
     let mut throttle = None;
     let mut own = vec![];

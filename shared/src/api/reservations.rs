@@ -131,27 +131,17 @@ fn remaining_ttl(status: &str, now_ms: i64, expires_at_ms: i64) -> i64 {
     }
 }
 
-/// The request context scripts stamp on the events they write (serialized from a struct: a
-/// `json!` map costs an allocation per field on every hot request).
+/// The request context scripts stamp on the events they write (a flat object of strings,
+/// written directly: `json::string_object`).
 fn event_context(ctx: &Ctx, caller: Option<&TenantKey>, tenant: &str) -> String {
-    #[derive(serde::Serialize)]
-    struct EventContext<'a> {
-        request_id: &'a str,
-        trace_id: &'a str,
-        actor: &'a str,
-        key_id: &'a str,
-        tenant: &'a str,
-        trace_flags: &'a str,
-    }
-    serde_json::to_string(&EventContext {
-        request_id: &ctx.request_id,
-        trace_id: &ctx.trace.trace_id,
-        actor: if caller.is_some() { "api_key" } else { "admin_on_behalf_of" },
-        key_id: caller.map(|c| c.key_id.as_str()).unwrap_or(""),
-        tenant,
-        trace_flags: ctx.trace.inbound_flags.as_deref().unwrap_or(""),
-    })
-    .expect("serializable")
+    crate::json::string_object(&[
+        ("request_id", &ctx.request_id),
+        ("trace_id", &ctx.trace.trace_id),
+        ("actor", if caller.is_some() { "api_key" } else { "admin_on_behalf_of" }),
+        ("key_id", caller.map(|c| c.key_id.as_str()).unwrap_or("")),
+        ("tenant", tenant),
+        ("trace_flags", ctx.trace.inbound_flags.as_deref().unwrap_or("")),
+    ])
 }
 
 /// The v0.1.26 side of a request (`A.governance` of the reserve and evaluate scripts, decoded
