@@ -820,6 +820,29 @@ pub(crate) async fn throttle_public(app: &App, ctx: &Ctx) -> ApiResult<()> {
 mod tests {
     use super::*;
 
+    /// An answer becomes an `http` response with its status, body and headers in order; a header
+    /// no response can carry (a value with a line break, a name with a space) is dropped, never
+    /// a panic, and the rest still go out.
+    #[test]
+    fn answers_become_http_responses_and_unusable_headers_are_dropped() {
+        let res = ApiResponse {
+            status: 409,
+            headers: vec![
+                ("content-type", "application/json".into()),
+                ("x-request-id", "r-1".into()),
+                ("x-cycles-tenant", "bad\nvalue".into()),
+                ("bad name", "v".into()),
+                ("retry-after", "3".into()),
+            ],
+            body: b"{}".to_vec(),
+        };
+        let out = into_http(res, |b| b);
+        assert_eq!((out.status().as_u16(), out.body().as_slice()), (409, &b"{}"[..]));
+        let names: Vec<&str> = out.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-request-id", "retry-after"]);
+        assert_eq!(out.headers()["x-request-id"], "r-1");
+    }
+
     #[test]
     fn routes_match_exactly_and_by_suffix() {
         let (r, p) = route(Plane::Runtime, &Method::POST, "/v1/reservations/abc/commit").unwrap();
