@@ -96,8 +96,7 @@ impl<'de> Deserialize<'de> for Reserved {
             reclaim: Option<Vec<String>>,
             reservation_id: Option<String>,
             expires_at_ms: Option<String>,
-            #[serde(default)]
-            decision: String,
+            decision: Option<String>,
             #[serde(default)]
             reason_code: Option<String>,
             #[serde(default)]
@@ -113,17 +112,18 @@ impl<'de> Deserialize<'de> for Reserved {
         }
         let f = Fields::deserialize(d)?;
         let missing = |field| serde::de::Error::custom(format!("a reserve's answer without {field}"));
+        let decision = || f.decision.ok_or_else(|| missing("decision"));
         Ok(match (f.reclaim, f.reservation_id) {
             (Some(reclaim), _) => Reserved::Reclaim { reclaim },
             (None, Some(reservation_id)) => Reserved::Held(Hold {
                 reservation_id,
                 expires_at_ms: f.expires_at_ms.ok_or_else(|| missing("expires_at_ms"))?,
-                decision: (!f.decision.is_empty()).then_some(f.decision).ok_or_else(|| missing("decision"))?,
+                decision: decision()?,
                 caps: f.caps,
                 balances: f.balances,
             }),
             (None, None) => Reserved::Observed(Evaluated {
-                decision: (!f.decision.is_empty()).then_some(f.decision).ok_or_else(|| missing("decision"))?,
+                decision: decision()?,
                 reason_code: f.reason_code,
                 caps: f.caps,
                 codes: f.codes,
