@@ -664,9 +664,33 @@ pub fn link(lib: &str, body: &str) -> String {
         kept[i] = true;
         needed.extend(identifiers(&items[i].1));
     }
-    let mut out: String = items.iter().zip(&kept).filter(|(_, k)| **k).map(|(item, _)| item.1.as_str()).collect();
+    let kept: Vec<&str> = items.iter().zip(&kept).filter(|(_, k)| **k).map(|(item, _)| item.1.as_str()).collect();
+    let users = format!("{}{body}", kept.concat());
+    let mut out: String = kept.iter().map(|text| keyed_by_use(text, &users)).collect();
     out.push_str(body);
     out
+}
+
+/// The generated `KEY` table (one key function per line, `keys::lua_table`) with only the
+/// entries `users` calls: a script run by EVALSHA builds the table on every call, and most use
+/// a handful of its sixty keys. Any other definition is kept whole.
+fn keyed_by_use(text: &str, users: &str) -> String {
+    if !text.starts_with("local KEY = {\n") {
+        return text.to_string();
+    }
+    let used = |field: &str| {
+        users.match_indices("KEY.").any(|(at, _)| {
+            let rest = &users[at + 4..];
+            rest.starts_with(field) && !rest[field.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+        })
+    };
+    text.lines()
+        .filter(|line| match line.strip_prefix("  ").and_then(|l| l.split_once(" = function")) {
+            Some((field, _)) => used(field),
+            None => true,
+        })
+        .flat_map(|line| [line, "\n"])
+        .collect()
 }
 
 /// The top-level definitions of a piece of Lua, in order: the names each `local` definition
@@ -742,6 +766,21 @@ mod tests {
     fn link_keeps_what_the_body_needs_transitively_in_order() {
         let out = link(LIB, "return T.g()");
         assert_eq!(out, "local A, B = 1, 2\n\n-- uses A\nlocal function f(x)\n  return x + A\nend\nlocal T = {\n  g = function() return f(1) end,\n}\nreturn T.g()");
+    }
+
+    /// A script run by EVALSHA carries the `KEY` entries it calls, directly or through the
+    /// helpers it links, and no other (a name that merely starts with a used one is not kept).
+    #[test]
+    fn link_keeps_the_key_entries_a_script_calls() {
+        let lib = "local KEY = {\n  budget = function(p) return p .. ':b' end,\n  budget_by_code = function(p, c) \
+                   return p .. ':b:' .. c end,\n  tenant = function(p) return p .. ':tenant' end,\n}\n\
+                   local function t(p) return KEY.tenant(p) end\n";
+        let out = link(lib, "return KEY.budget_by_code(P, 'x') .. t(P)");
+        assert!(out.contains("  budget_by_code = function") && out.contains("  tenant = function"), "{out}");
+        assert!(!out.contains("  budget = function"), "{out}");
+        assert!(out.starts_with("local KEY = {\n") && out.contains("\n}\n"), "{out}");
+        // the whole library (Functions) keeps the table as generated
+        assert!(crate::ops::LIBRARY.code.matches(" = function(p").count() > 40);
     }
 
     #[test]
