@@ -319,9 +319,7 @@ fn paired_ratio(new: &Spent, base: &Spent, p: usize) -> f64 {
 
 impl Spent {
     fn p50_ms(&self) -> f64 {
-        let mut s = self.samples.clone();
-        s.sort_by(|a, b| a.total_cmp(b));
-        s.get(s.len().saturating_sub(1) / 2).copied().unwrap_or(f64::NAN)
+        median(self.samples.clone())
     }
     /// CPU µs per request: the median over blocks.
     fn gateway_us(&self) -> f64 {
