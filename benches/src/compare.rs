@@ -314,7 +314,58 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// each round's two blocks ran next to each other, so a ratio per round cancels the machine's
 /// drift, and the median drops a block a neighbour's burst fell on (a sum keeps it).
 fn paired_ratio(new: &Spent, base: &Spent, p: usize) -> f64 {
-    median(new.blocks.iter().zip(&base.blocks).map(|(n, b)| n[p] / b[p]).collect())
+    median(round_ratios(new, base, p))
+}
+
+fn round_ratios(new: &Spent, base: &Spent, p: usize) -> Vec<f64> {
+    new.blocks.iter().zip(&base.blocks).map(|(n, b)| n[p] / b[p]).collect()
+}
+
+/// A 95% confidence interval of the median of `v`, assuming nothing of its distribution: the
+/// k-th smallest and k-th largest values, k the largest with P(Binomial(n, 1/2) < k) <= 2.5%
+/// (each value falls below the median with probability 1/2). None below 6 values, where no
+/// such k exists. With 40 rounds it spans the 14th to the 27th value.
+fn median_interval(mut v: Vec<f64>) -> Option<(f64, f64)> {
+    let n = v.len();
+    let mut below = 0.5f64.powi(n as i32); // P(X < k) for k = 1: P(X = 0)
+    let mut term = below;
+    let mut k = 0;
+    for i in 1..n {
+        if below > 0.025 {
+            break;
+        }
+        k = i;
+        term *= (n - i + 1) as f64 / i as f64; // P(X = i)
+        below += term;
+    }
+    if k == 0 {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Some((v[k - 1], v[n - k]))
+}
+
+/// The paired ratio of process `p` with its interval, and the verdict on "at most 1.0": `yes`
+/// when the whole interval is at or below 1, `no` when it is above, else `noise`.
+fn paired_cell(new: &Spent, base: &Spent, p: usize) -> (String, Value) {
+    let ratios = round_ratios(new, base, p);
+    let mid = median(ratios.clone());
+    match median_interval(ratios) {
+        Some((lo, hi)) => {
+            let verdict = if hi <= 1.0 {
+                "yes"
+            } else if lo > 1.0 {
+                "no"
+            } else {
+                "noise"
+            };
+            (
+                format!("{mid:.2} [{lo:.2}, {hi:.2}] {verdict}"),
+                json!({"median": mid, "low": lo, "high": hi, "at_most_1": verdict}),
+            )
+        }
+        None => (format!("{mid:.2}"), json!({"median": mid})),
+    }
 }
 
 impl Spent {
@@ -406,7 +457,8 @@ pub async fn compare(o: &CompareOpts) -> bool {
 
     println!(
         "\nnew = this tree, base = {}; p50 per request; CPU per request of each process (the median over \
-         blocks; new/base: the median over rounds of each round's ratio)\n",
+         blocks; new/base: the median over rounds of each round's ratio, its 95% interval, and whether the \
+         ratio is at most 1.0: yes, no, or noise where the interval holds 1)\n",
         o.rev
     );
     println!("| case | p50 ms new | base | new/base | gateway µs new | base | new/base | Redis µs new | base | new/base | errors |");
@@ -415,7 +467,7 @@ pub async fn compare(o: &CompareOpts) -> bool {
     for (case, [n, b], missing) in &report {
         let ratio = |x: f64, y: f64| if *missing { "-".to_string() } else { format!("{:.2}", x / y) };
         let base_cell = |v: f64| if *missing { "-".to_string() } else { format!("{v:.1}") };
-        let paired = |p: usize| if *missing { "-".to_string() } else { format!("{:.2}", paired_ratio(n, b, p)) };
+        let paired = |p: usize| if *missing { "-".to_string() } else { paired_cell(n, b, p).0 };
         println!(
             "| {} | {:.3} | {} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {}/{} |",
             case.name(),
@@ -431,8 +483,10 @@ pub async fn compare(o: &CompareOpts) -> bool {
             n.errors,
             if *missing { 0 } else { b.errors },
         );
-        let ratios =
-            (!missing).then(|| json!({"gateway_cpu": paired_ratio(n, b, 0), "redis_cpu": paired_ratio(n, b, 1)}));
+        let ratios = (!missing).then(|| {
+            json!({"gateway_cpu": paired_ratio(n, b, 0), "redis_cpu": paired_ratio(n, b, 1),
+                "gateway_cpu_interval": paired_cell(n, b, 0).1, "redis_cpu_interval": paired_cell(n, b, 1).1})
+        });
         rows.push(
             json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b)), "new_over_base": ratios}),
         );
@@ -520,4 +574,18 @@ async fn memory_per_reservation(s: &Server) -> (i64, f64) {
     }
     let sweep_us = (s.cpu().1 - cpu) * 1e6 / N as f64;
     ((s.used_memory().await - before) / N as i64, sweep_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_interval;
+
+    #[test]
+    fn the_median_interval_takes_the_order_statistics_of_the_binomial() {
+        let values = |n: usize| (1..=n).rev().map(|i| i as f64).collect::<Vec<_>>();
+        assert_eq!(median_interval(values(40)), Some((14.0, 27.0)));
+        assert_eq!(median_interval(values(12)), Some((3.0, 10.0)));
+        assert_eq!(median_interval(values(6)), Some((1.0, 6.0)));
+        assert_eq!(median_interval(values(5)), None);
+    }
 }
