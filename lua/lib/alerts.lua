@@ -9,21 +9,22 @@
 -- prefix, so its slot. A context given as its JSON text is decoded only when an event needs it.
 
 -- The scene's request context and tenant name are worked out when first needed (most requests
--- write no event).
-local LAZY_SCENE = {__index = function(sc, field)
+-- write no event: `SCENE.lazy`); each events key's prefix is matched once per script VM
+-- (`SCENE.prefixes`).
+local SCENE = {prefixes = {known = {}, kept = 0, max = 1000}, lazy = {__index = function(sc, field)
   local v
   if field == 'ctx' then v = request_context(sc.raw_ctx) or false
   elseif field == 'name' then v = KEY.tag_of(sc.prefix)
   else return nil end
   rawset(sc, field, v)
   return v
-end}
+end}}
 
 local function scene(events_key, ctx, now, tenant, name)
-  local prefix = KEY.prefix_of(events_key)
+  local prefix = SCENE.prefixes.known[events_key] or remember(SCENE.prefixes, events_key, KEY.prefix_of(events_key))
   local sc = {events = events_key, prefix = prefix, now = now, tenant = tenant, name = name}
   if type(ctx) == 'string' then sc.raw_ctx = ctx else sc.ctx = ctx or false end
-  return setmetatable(sc, LAZY_SCENE)
+  return setmetatable(sc, SCENE.lazy)
 end
 
 -- The alert settings in force for the scene's tenant: its record's `alerts` (the union of its
@@ -87,7 +88,7 @@ end
 -- included). When this window's spend reaches burn_rate_multiplier x the baseline (after
 -- RULES.ALERTS.min_burn_windows windows of history), `b.anomaly` is set for
 -- budget.burn_rate_anomaly, once per window.
-local BURN = {weight = 1 / 12, memo = {known = {}, kept = 0, max = 2000}}
+local BURN = {weight = 1 / 12, memo = {known = {}, texts = {}, kept = 0, max = 2000}}
 local function track_burn(sc, b, delta)
   local cfg = alert_settings(sc)
   local w, now = cfg.bw * 1000, sc.now
@@ -125,7 +126,13 @@ local function track_burn(sc, b, delta)
   local whole = spend % 1 == 0 and math.abs(spend) < 1e15
   b.burn = head .. (whole and itoa(spend) or string.format('%.17g', spend)) .. tail
   -- the ledger's window as this VM last wrote it
-  remember(BURN.memo, b.key, {text = b.burn, value = {ws, spend, base, n, alerted, base_text, head, tail}})
+  -- (the remembered numbers are this VM's own table, so they are updated where they are)
+  if known then
+    known[1], known[2], known[3], known[4], known[5], known[6], known[7], known[8] = ws, spend, base, n, alerted, base_text, head, tail
+  else
+    known = {ws, spend, base, n, alerted, base_text, head, tail}
+  end
+  remember(BURN.memo, b.key, known, b.burn)
 end
 
 -- Before a write that charges: each ledger whose spent grew (`b.grew`, as `settle` left it)

@@ -23,9 +23,6 @@ local function governance_of(ask)
   return ask.G
 end
 
--- (The policies in force for a tenant without any.)
-local NO_POLICIES = {}
-
 -- The request's action, where v0.1.26 rules apply to it (a hold or an evaluation, and a
 -- policy in force with such rules), with those rules in `ask.rules`; decoded only then.
 local function ruled_action(ask)

@@ -42,7 +42,7 @@ local function read_budget(key, scope)
     if not f then
       f = {string.match(raw, LEDGER_VIEW.pattern)}
       if #f == 0 then error('malformed ledger view at ' .. key) end
-      remember(LEDGER_VIEW.memo, key, {text = raw, value = f})
+      remember(LEDGER_VIEW.memo, key, f, raw)
     end
     b = ledger_of(key, f)
   -- (a scope without a ledger, the common case on a deep subject, is told by the cheapest
@@ -65,7 +65,7 @@ local function view_of(b, now_s)
   local f = {b.scope, b.unit, b.status, b.allocated, b.remaining, b.reserved, b.spent, b.debt,
     b.overdraft_limit, b.over and '1' or '', now_s, b.roll_at or '', b.policy or '', b.caps or '', b.burn or ''}
   local raw = table.concat(f, '\31')
-  remember(LEDGER_VIEW.memo, b.key, {text = raw, value = f})
+  remember(LEDGER_VIEW.memo, b.key, f, raw)
   return raw
 end
 

@@ -47,6 +47,9 @@ local function decoded_rule(row)
   return RULES_DECODED.known[row] or remember(RULES_DECODED, row, cjson.decode(row))
 end
 
+-- The policies in force for a tenant without any (shared: never changed).
+local NO_POLICIES = {}
+
 -- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
 -- rl_r, rl_c, and the guards ma, sm, sh) from the highest-priority ACTIVE policy in effect now
 -- that matches the path and sets it (equal priority: the later-created policy, whose id sorts
@@ -66,7 +69,7 @@ end
 -- remembered, each entry with the picks of at most 16 actions (`by_action`), so the memo never
 -- holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
-  if type(tenant) == 'table' and tenant.policies == 0 then return {} end
+  if type(tenant) == 'table' and tenant.policies == 0 then return NO_POLICIES end
   local memo, digest = RULES_DECODED.settings, type(tenant) == 'table' and tenant.rules_digest
   local key = digest and digest .. '\0' .. scope_path
   local known = key and memo.known[key]

@@ -13,19 +13,20 @@ end
 
 -- A memo kept in the script VM across calls ({max, kept, known}; the library's top level
 -- outlives a call under Functions): `value` stored under `key` and returned; at most `max`
--- entries, then it starts over.
-local function remember(memo, key, value)
-  if memo.kept >= memo.max then memo.known, memo.kept = {}, 0 end
+-- entries, then it starts over. A memo of values decoded from stored texts also has `texts`
+-- and is given the `text` each value was read from (`recall`): two maps, so remembering a new
+-- text makes no table of its own.
+local function remember(memo, key, value, text)
+  if memo.kept >= memo.max then memo.known, memo.kept = {}, 0; if text then memo.texts = {} end end
   memo.known[key], memo.kept = value, memo.kept + 1
+  if text then memo.texts[key] = text end
   return value
 end
 
--- The value remembered for `key` with `remember(memo, key, {text = ..., value = ...})` while
--- the stored text is still `text` (the same string), else nil: a memo never stale whatever
--- else writes the text.
+-- The value remembered for `key` with `remember(memo, key, value, text)` while the stored text
+-- is still `text` (the same string), else nil: a memo never stale whatever else writes the text.
 local function recall(memo, key, text)
-  local last = memo.known[key]
-  return last and last.text == text and last.value or nil
+  return text ~= nil and memo.texts[key] == text and memo.known[key] or nil
 end
 
 -- The replies every script gives: `ok` (the result, a table or JSON text, with the record's

@@ -160,7 +160,7 @@ fn library_header() -> String {
     let texts =
         [reservations::RECORD_HEAD_FIELDS, reservations::RECORD_ACTIVE_FIELDS, record.len()].map(text).join(",\n    ");
     format!(
-        "{}{}{}local LEDGER_VIEW = {{fields = {{{}}}, pattern = '^{}$', memo = {{known = {{}}, kept = 0, max = 2000}}}}\n\
+        "{}{}{}local LEDGER_VIEW = {{fields = {{{}}}, pattern = '^{}$', memo = {{known = {{}}, texts = {{}}, kept = 0, max = 2000}}}}\n\
          local RECORD = {{fields = {{{}}}, active_fields = {}, head_fields = {},\n  text = {{{}}},\n  \
          active = '{}',\n  \
          finished = '{}',\n  \
