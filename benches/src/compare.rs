@@ -467,7 +467,9 @@ pub async fn compare(o: &CompareOpts) -> bool {
     for (case, [n, b], missing) in &report {
         let ratio = |x: f64, y: f64| if *missing { "-".to_string() } else { format!("{:.2}", x / y) };
         let base_cell = |v: f64| if *missing { "-".to_string() } else { format!("{v:.1}") };
-        let paired = |p: usize| if *missing { "-".to_string() } else { paired_cell(n, b, p).0 };
+        // (each process's paired ratio and interval, once: the table and the JSON show the same)
+        let cells = (!missing).then(|| [0, 1].map(|p| paired_cell(n, b, p)));
+        let paired = |p: usize| cells.as_ref().map_or("-".to_string(), |c| c[p].0.clone());
         println!(
             "| {} | {:.3} | {} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {}/{} |",
             case.name(),
@@ -483,9 +485,9 @@ pub async fn compare(o: &CompareOpts) -> bool {
             n.errors,
             if *missing { 0 } else { b.errors },
         );
-        let ratios = (!missing).then(|| {
-            json!({"gateway_cpu": paired_ratio(n, b, 0), "redis_cpu": paired_ratio(n, b, 1),
-                "gateway_cpu_interval": paired_cell(n, b, 0).1, "redis_cpu_interval": paired_cell(n, b, 1).1})
+        let ratios = cells.as_ref().map(|[(_, gateway), (_, redis)]| {
+            json!({"gateway_cpu": gateway["median"], "redis_cpu": redis["median"],
+                "gateway_cpu_interval": gateway, "redis_cpu_interval": redis})
         });
         rows.push(
             json!({"case": case.name(), "new": side(n), "base": (!missing).then(|| side(b)), "new_over_base": ratios}),
