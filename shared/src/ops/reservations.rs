@@ -91,21 +91,19 @@ pub enum Reserved {
 
 impl<'de> Deserialize<'de> for Reserved {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Reserved, D::Error> {
+        // (a missing optional field is None; the rest default to empty)
         #[derive(Deserialize)]
         struct Fields {
             reclaim: Option<Vec<String>>,
             reservation_id: Option<String>,
             expires_at_ms: Option<String>,
             decision: Option<String>,
-            #[serde(default)]
             reason_code: Option<String>,
-            #[serde(default)]
             caps: Option<String>,
             #[serde(default)]
             codes: String,
             #[serde(default, deserialize_with = "super::ledger_states")]
             balances: Vec<LedgerState>,
-            #[serde(default)]
             deny_detail: Option<Value>,
             #[serde(default)]
             observed: bool,
