@@ -14,7 +14,7 @@ if replayed_answer then return replayed_answer end
 
 local tenant = tenant_record(K.tenant)
 local ask = ask_of('charge', K, A, now, tenant)
-local verdict = decide(ask)
+local verdict = decide(ask, GOVERNED)
 if verdict then return verdict.fail end
 local budgets, sc, X = ask.e.budgets, ask.sc, A.amount
 local policy = resolve_policy(A.overage_policy, budgets, tenant, ask.pol.ov)

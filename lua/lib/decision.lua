@@ -1,37 +1,22 @@
 -- The decision: the checks every request that may spend goes through, in one ordered table (CHECKS),
--- and how each kind of request answers them: a live reserve holds or refuses, an evaluation
--- (dry_run, decide, a reserve in observe mode) answers a decision, an event charges or refuses.
--- needs: decimal, reply, record, tenant, events, ledger, alerts, periods, policies, quotas, guards
+-- and how a live reserve answers them (holds or refuses). The checks only a tenant with policies
+-- needs (rate limits, action rules, guards, template ledgers) are `GOVERNED`'s
+-- (lua/lib/governance.lua): a tenant without policies runs the others, in the same order.
+-- needs: decimal, reply, access, record, tenant, events, ledger, alerts, policies, listing
 
 -- An ask is one request's decision: `mode` ('hold', 'evaluate' or 'charge'), its keys `K` and
 -- arguments `A`, Redis's clock `now`, the tenant record, the scene `sc`, the request's scope
 -- path `scope`, whether it makes template ledgers (`makes`) and whether the tenant may have
 -- policies (`policed`); `decide` adds the policies in force (`pol`, read once), the checks
 -- the action's rules (`rules`), the quota counters a hold moves (`counted`), the guard counts
--- it moves (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the verdict:
--- {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}.
+-- it moves (`guarded`) and the budgets' evaluation (`e`). A check returns nil to go on, or the
+-- verdict: {deny = DenyDetail, message = ..., e = ...} or {fail = an error answer}; a verdict
+-- with `refusal` says itself how a live reserve refuses it.
 
 -- The effective observe mode, decided here only: the request's, else the tenant's (DISABLED: ENFORCE).
 local function observing(A, tenant)
   if A.observe ~= '' then return A.observe == 'OBSERVE' end
   return type(tenant) == 'table' and tenant.observe == 'OBSERVE'
-end
-
--- The request's action as the v0.1.26 rules see it, decoded when first needed (false: none).
-local function governance_of(ask)
-  if ask.G == nil then ask.G = governance(ask.A.governance) or false end
-  return ask.G
-end
-
--- The request's action, where v0.1.26 rules apply to it (a hold or an evaluation, and a
--- policy in force with such rules), with those rules in `ask.rules`; decoded only then.
-local function ruled_action(ask)
-  if ask.ruled == nil then
-    local pol = ask.mode ~= 'charge' and ask.policed and ask.pol
-    ask.ruled = pol and pol.ruled and governance_of(ask) or false
-    if ask.ruled then ask.rules = action_rules(pol, ask.ruled) end
-  end
-  return ask.ruled
 end
 
 -- The DenyDetail of a budget or tenant denial (`b`: the ledger that denied).
@@ -57,11 +42,12 @@ local function deny_detail(reason, b, ask, scope)
 end
 
 -- The budgets of the derived scopes in the request's unit (their keys in `K.budgets`, aligned
--- with "<scope>|<8-character code>" in `A.scopes`), each rolled into its current period; a
--- scope without one gets one from a policy's budget template when one is in force for it
--- (a hold, an event or an enforced decide makes it; dry_run and observed evaluations see what
--- would be made).
-local function scoped_budgets(ask)
+-- with "<scope>|<8-character code>" in `A.scopes`). With `governed` (lua/lib/governance.lua),
+-- each is rolled into its current period, and a scope without one gets one from a policy's
+-- budget template when one is in force for it (a hold, an event or an enforced decide makes
+-- it; dry_run and observed evaluations see what would be made). Without it (a plain tenant's
+-- reserve), a ledger whose period has ended hands the reserve to lua/reserve_governed.lua.
+local function scoped_budgets(ask, governed)
   local budgets, codes = {}, {}
   local e = {budgets = budgets, codes = codes}
   for i = 1, #ask.K.budgets do local key = ask.K.budgets[i]
@@ -69,10 +55,13 @@ local function scoped_budgets(ask)
     local scope, code = string.sub(arg, 1, -10), string.sub(arg, -8)
     local b = read_budget(key, scope)
     if b then
-      roll_due(ask.sc, b)
-    elseif ask.policed then
+      if b.roll_at and tonumber(b.roll_at) <= ask.now then
+        if not governed then return nil, {'HANDOVER', 'reserve_governed'} end
+        governed.roll_period(ask.sc, b)
+      end
+    elseif governed and ask.policed then
       local verdict
-      b, verdict = template_ledger(ask, ask.pol.tpls, key, scope, code, ask.makes)
+      b, verdict = governed.template_ledger(ask, ask.pol.tpls, key, scope, code, ask.makes)
       if verdict and ask.mode ~= 'charge' then return nil, nil, verdict end
     end
     if b then
@@ -97,7 +86,7 @@ local function scoped_budgets(ask)
   return nil
 end
 
-local check = {} -- the checks, numbered in their order (CHECKS, below)
+local check = {} -- the checks of every request, numbered in their order (CHECKS, below)
 
 -- 1. The tenant accepts new spending: an evaluation answers DENY, a hold or a charge refuses.
 function check.tenant_status(ask)
@@ -112,15 +101,6 @@ function check.tenant_status(ask)
   return {fail = err('FORBIDDEN', MSG.TENANT_SUSPENDED_SPENDING)}
 end
 
--- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
-function check.rate_limit(ask)
-  local setting = ask.mode == 'hold' and ask.pol.rl_r
-  if not setting then return nil end
-  local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
-    ask.A.reclaimed == '')
-  return limited and {fail = limited}
-end
-
 -- Every live reserve marks its tenth for the rate alerts before it may make a reservation (the
 -- reservations made are counted from the created stream; a denial counts itself,
 -- `denied_event`); an event is counted as another API-key write.
@@ -130,34 +110,11 @@ function check.attempt(ask)
   return nil
 end
 
--- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas
--- (their counters read at once).
-function check.action_rules(ask)
-  local G = ruled_action(ask)
-  if not G then return nil end
-  local d = access_denial(ask.rules, G, ask.scope)
-  if d then return {deny = d} end
-  local plan = quota_plan(ask.sc, ask.rules, G, ask.scope)
-  local denied, bad = quota_denial(ask.sc, plan, G)
-  if bad then return {fail = bad} end
-  if denied then return {deny = denied} end
-  -- (the counters a hold moves)
-  if #plan.members > 0 then ask.counted = plan end
-  return nil
-end
-
--- 6. The runaway-agent guards of the policies in force: ACTIVE reservations at once, spend
--- per minute and per hour (a hold or an evaluation; an event only counts its spend).
-function check.guards(ask)
-  if ask.mode == 'charge' or not ask.policed then return nil end
-  return guard_denial(ask, ask.pol)
-end
-
 -- 7. The budgets of the derived scopes: each budgeted scope admits the amount (a hold or an
 -- evaluation: one condition at a time across the scopes, the earliest condition first, then
 -- the shallowest scope), or (a charge) none is frozen or closed.
-function check.budgets(ask)
-  local e, bad, verdict = scoped_budgets(ask)
+function check.budgets(ask, governed)
+  local e, bad, verdict = scoped_budgets(ask, governed)
   if bad then return {fail = bad} end
   if verdict then return verdict end
   if not e then
@@ -189,38 +146,45 @@ function check.caps(ask)
   return nil
 end
 
--- The checks, in the normative order (protocol v0.1.26: access, risk-class quotas, per-kind
--- quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent guards
--- before the budgets; caps last). Those marked `policies` find nothing to check without a
--- policy, those marked `rules` nothing without a v0.1.26 action rule in the policies in force:
--- a request runs the others only (`CHECKS.plain`, `CHECKS.unruled`), in the same order.
+-- The checks, by name, in the normative order (protocol v0.1.26: access, risk-class quotas,
+-- per-kind quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent
+-- guards before the budgets; caps last). Those marked `policies` are `GOVERNED`'s and find
+-- nothing to check without a policy, those marked `rules` nothing without a v0.1.26 action rule
+-- in the policies in force: a request runs the others only, in the same order.
 local CHECKS = {
-  {check.tenant_status},
-  {check.rate_limit, policies = true},
-  {check.attempt},
-  {check.action_rules, policies = true, rules = true},
-  {check.guards, policies = true},
-  {check.budgets},
-  {check.caps},
+  {'tenant_status'},
+  {'rate_limit', policies = true},
+  {'attempt'},
+  {'action_rules', policies = true, rules = true},
+  {'guards', policies = true},
+  {'budgets'},
+  {'caps'},
+  lists = {},
 }
 
-local function decide(ask)
-  if not CHECKS.all then -- (made at the first call: a library's top level calls nothing)
-    CHECKS.all, CHECKS.unruled, CHECKS.plain = {}, {}, {}
-    for _, c in ipairs(CHECKS) do
-      table.insert(CHECKS.all, c[1])
-      if not c.rules then table.insert(CHECKS.unruled, c[1]) end
-      if not c.policies then table.insert(CHECKS.plain, c[1]) end
-    end
-  end
-  -- the policies in force for the request's scope, read once (none for a tenant without any)
-  local pol = ask.policed and policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant) or NO_POLICIES
+-- The verdict of the checks on `ask` (nil: admitted). `governed` (lua/lib/governance.lua), when
+-- the script has it, reads the policies in force once and adds their checks.
+local function decide(ask, governed)
+  local policed = governed and ask.policed
+  local pol = policed and governed.policies(ask) or NO_POLICIES
   ask.pol = pol
-  local checks = not ask.policed and CHECKS.plain or pol.ruled and CHECKS.all or CHECKS.unruled
-  for i = 1, #checks do local check = checks[i]
-    local verdict = check(ask)
+  local which = not policed and 'plain' or pol.ruled and 'all' or 'unruled'
+  local checks = CHECKS.lists[which]
+  if not checks then -- (made at the first call: a library's top level calls nothing)
+    checks = {}
+    for _, c in ipairs(CHECKS) do
+      local run = check[c[1]] or which ~= 'plain' and (which == 'all' or not c.rules) and governed.check[c[1]]
+      if run then checks[#checks + 1] = run end
+    end
+    CHECKS.lists[which] = checks
+  end
+  for i = 1, #checks do
+    local verdict = checks[i](ask, governed)
     -- (an active-hold slot the guards took goes back with a later refusal)
-    if verdict then release_slots(ask); return verdict end
+    if verdict then
+      if ask.guarded then governed.release_slots(ask) end
+      return verdict
+    end
   end
   return nil
 end
@@ -251,88 +215,85 @@ local function denied_event(ask, d, by)
   count_and_check(sc, 'd')
 end
 
--- A live reserve's refusal of verdict `v`: reservation.denied, and the error carrying the
--- detail (a guard's: 409 LIMIT_EXCEEDED naming the limit, and policy.limit_reached).
-local function refused(ask, v)
+-- A live reserve's answer to verdict `v`: its failure; for want of budget while the tenant has
+-- overdue holds, their ids to reclaim (holds of dead reservations must never block a reserve:
+-- the caller expires them, their keys unknown here, and retries once); else reservation.denied
+-- and the error carrying the detail (or the verdict's own `refusal`: a guard's 409
+-- LIMIT_EXCEEDED naming the limit). A denial moves no counter.
+local function refused(ask, v, now_s)
+  if v.fail then return v.fail end
+  if v.deny.reason_code == 'BUDGET_EXCEEDED' and ask.A.reclaimed == '' then
+    local overdue = redis.call('ZRANGEBYSCORE', ask.K.expiry_index, '-inf', '(' .. now_s, 'LIMIT', '0', '50')
+    if #overdue > 0 then return ok({reclaim = overdue}, 'RECLAIM', now_s) end
+  end
   local d = v.deny
   denied_event(ask, d, v.by)
-  if v.limit then
-    limit_reached(ask.sc, v)
-    return err('LIMIT_EXCEEDED', v.message, '{"deny_detail":' .. detail_json(d) .. ',"limit":' .. limit_json(v.limit) ..
-      '}', 409)
-  end
-  local message = v.message or gate_message(d, governance_of(ask).kind)
-  return err(d.reason_code, message, '{"deny_detail":' .. detail_json(d) .. '}')
+  if v.refusal then return v.refusal(ask.sc, v) end
+  return err(d.reason_code, v.message, '{"deny_detail":' .. detail_json(d) .. '}')
 end
 
--- reservation.observed_denied / observed_allowed of an observe-mode evaluation.
-local function observed_event(ask, result)
-  local sc, A, G = ask.sc, ask.A, governance_of(ask) or {run = ''}
-  local denied = result.decision == 'DENY'
-  local correlation
-  local data = '{"observe_mode":"OBSERVE","unit":"' .. A.unit .. '","estimated_amount":' .. A.amount .. ',"action":' ..
-    A.action .. ',"subject":' .. A.subject
-  local scope = ask.scope
-  if denied then
-    local d = result.deny_detail
-    scope = d.blocked_by_scope or scope
-    local v = d.quota_violation or {}
-    correlation = redis.sha1hex(sc.name .. '|' .. scope .. '|' .. (G.kind or '') .. '|' .. (v.window_key or '') .. '|' ..
-      d.reason_code .. '|' .. (d.blocked_by_policy or ''))
-    data = data .. ',"scope":' .. cjson.encode(scope) .. ',"deny_detail":' .. detail_json(d) ..
-      ',"would_have_blocked_at":' .. cjson.encode(scope) .. '}'
-  else
-    correlation = (G.run ~= '') and redis.sha1hex(sc.name .. '|' .. scope .. '|' .. G.run) or nil
-    data = data .. ',"scope":' .. cjson.encode(scope) .. ',"decision":"' .. result.decision .. '"' ..
-      (result.caps and (',"caps_applied":' .. result.caps) or '') ..
-      (G.rate and (',"sample_rate":' .. G.rate) or '') .. '}'
-  end
-  emit(sc.events, denied and 'reservation.observed_denied' or 'reservation.observed_allowed', sc.name, scope,
-    correlated(sc, correlation), 'cycles-server', data, sc.now)
+-- What every live reserve does first: the key check, its scope filter, and the replay of the
+-- reservation its idempotency key made before (nil: none; go on).
+local function reserve_opening(K, A, now, now_s, scope_path)
+  local denied, filter = authorize(K.api_key, A.digest, A.accepted, now)
+  if denied then return denied end
+  denied = filter and scope_guard(filter, scope_path)
+  if denied then return denied end
+  local existing = load_record(K.reservation)
+  if not existing then return nil end
+  if existing.ik ~= A.idempotency_key then return err('INTERNAL_ERROR', MSG.RESERVATION_ID_COLLISION) end
+  if existing.ph ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
+  return replayed(reserve_answer(existing, A.id_prefix .. existing.codes), existing.status, now_s)
 end
 
--- Evaluation without a reservation (dry_run, decide, and a reserve in observe mode): the
--- checks in their order, answered as a decision; only the idempotency record is written, with
--- reservation.denied on a denial (or, observing, the observed_* event instead). `K.record` is
--- this namespace's idempotency record, `K.live` the reservation the same key would create (for
--- decide, the record again); `status` the answer's status ('OBSERVED' for a reserve in observe
--- mode).
-local function evaluation(K, A, now, now_s, status, tenant)
-  local replayed_answer = replay(K.record, A.payload_hash, status, now_s, function(old)
-    return {decision = old[1], reason_code = (old[2] ~= '') and old[2] or nil, caps = (old[3] ~= '') and old[3] or nil,
-      codes = old[4], balances = legacy_balances(old, 5)}
-  end)
-  if replayed_answer then return replayed_answer end
-  local live = (K.live ~= K.record) and load_record(K.live)
-  if live and live.ik == A.idempotency_key then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH_LIVE) end
+-- The hold of a live reserve the checks admitted: the estimate held on every budgeted scope,
+-- the record and its indexes, and the answer. `moves` (a governed reserve's) moves the quota
+-- and guard counts the hold takes and returns what the record keeps to give them back. The
+-- second value is true when nothing was written (an amount past a ledger's digits).
+local function hold(ask, tenant, now_s, moves)
+  local K, A = ask.K, ask.A
+  local budgets, pol, sc, amount = ask.e.budgets, ask.pol, ask.sc, A.amount
+  -- TTL: request, else a policy's default, else the tenant's; capped by the tenant's maximum
+  -- and a policy's (a policy tightens the tenant's limits, never loosens them).
+  local settings = reservation_settings(tenant)
+  local max_ttl = pol.ttl_m and math.min(settings.max_ttl, pol.ttl_m.value) or settings.max_ttl
+  local ttl = math.min(tonumber(A.ttl_ms) or (pol.ttl_d and pol.ttl_d.value) or settings.default_ttl, max_ttl)
+  local max_ext = pol.ttl_x and math.min(settings.max_extensions, pol.ttl_x.value) or settings.max_extensions
+  local policy = resolve_policy(A.overage_policy, budgets, tenant, pol.ov)
 
-  if tenant == nil then tenant = tenant_record(K.tenant) end
-  if tenant == 'MALFORMED' then return err('INTERNAL_ERROR', MSG.TENANT_MALFORMED) end
-  local ask = ask_of('evaluate', K, A, now, tenant)
-  local observe = observing(A, tenant)
-  -- decide (its record is its own `live`) makes template ledgers as a reserve would; dry_run
-  -- and observed evaluations never write one
-  ask.makes = K.live == K.record and not observe
-  -- observed evaluations stay out of the production denial rate
-  if A.digest ~= '' and not observe then RATES.count(ask.sc, 'n') end
-  local verdict = decide(ask)
-  if verdict and verdict.fail then return verdict.fail end
-  local result = {decision = 'DENY', observed = observe or nil}
-  if verdict then
-    result.reason_code, result.deny_detail = verdict.deny.reason_code, verdict.deny
-    result.codes = ask.e and verdict.e and table.concat(ask.e.codes) or ''
-  else
-    result.decision = ask.caps and 'ALLOW_WITH_CAPS' or 'ALLOW'
-    result.caps, result.codes, result.balances = ask.caps or nil, table.concat(ask.e.codes), balances(ask.e.budgets)
+  for i = 1, #budgets do local b = budgets[i]
+    b.reserved = d_add(b.reserved, amount)
+    b.remaining = d_sub(b.remaining, amount)
   end
-  if observe then
-    -- observed ALLOWs are sampled (the handler drew `sampled`); every observed DENY is written
-    if verdict or (governance_of(ask) and ask.G.sampled) then observed_event(ask, result) end
-  elseif verdict then
-    denied_event(ask, verdict.deny, verdict.by)
+  local failed = write_budgets(budgets, now_s)
+  if failed then return failed, true end
+  budget_events(sc, budgets, A.unit, nil, policy)
+  -- (the counts a hold moves, kept in its record; none for most)
+  local runs = moves and moves(ask, now_s)
+
+  local codes = table.concat(ask.e.codes)
+  local rid = A.id_prefix .. codes
+  local now = ask.now
+  local expires = itoa(now + ttl)
+  local grace = tonumber(A.grace_ms)
+  -- The record keeps the answer (without the id: the record has it); answers carry it.
+  local rec = {status = 'ACTIVE', codes = codes, ik = A.idempotency_key, ph = A.payload_hash, unit = A.unit,
+    estimate = amount, subject = A.subject, scope = ask.scope, action = A.action, created = now_s, expires = expires,
+    policy = policy, decision = ask.caps and 'ALLOW_WITH_CAPS' or nil, caps = ask.caps or nil, balances = balances(budgets)}
+  if grace ~= RULES.DEFAULT_GRACE_MS then rec.grace = A.grace_ms end
+  if max_ext ~= RULES.MAX_EXTENSIONS then rec.max_ext = itoa(max_ext) end
+  if runs and #runs > 0 then rec.qrun = cjson.encode(runs) end
+  -- metadata lives beside the record (`m` says so), so listings never load it unless asked
+  if A.metadata ~= '' then
+    rec.m = '1'
+    redis.call('HSET', K.meta, 'metadata', A.metadata)
   end
-  local json = detail_json(result)
-  redis.call('HSET', K.record, 'payload_hash', A.payload_hash, 'result', json)
-  redis.call('PEXPIRE', K.record, A.record_ttl_ms)
-  return ok(json, status, now_s)
+  save_record(K.reservation, rec, K.meta)
+  local due = itoa(now + ttl + grace)
+  redis.call('ZADD', K.expiry_index, due, rid)
+  -- the tenant's name: the id's first part (the prefix is "<tenant>.<14-character token>.")
+  redis.call('ZADD', K.due_index, 'LT', due, string.sub(A.id_prefix, 1, -17))
+  local token = string.sub(A.id_prefix, -15, -2)
+  index_reservation(K, token, rec)
+  return ok(reserve_answer(rec, rid), 'ACTIVE', now_s)
 end

@@ -52,11 +52,25 @@ end
 -- policy.limit_reached was written: the minute's policy rate hash, for two minutes.
 local function minute_mark(sc) return {KEY.policy_rate(sc.prefix, math.floor(sc.now / 60000)), 120000} end
 
+-- A live reserve's refusal by a guard's verdict `v`: 409 LIMIT_EXCEEDED naming the limit, and
+-- policy.limit_reached once per limit, policy, scope and window (a marker beside the counts).
+local function limit_refusal(sc, v)
+  local lim, key = v.limit, v.mark[1]
+  if redis.call('HSETNX', key, '!' .. lim.limit_name .. '|' .. lim.policy_id .. '|' .. lim.scope, '1') == 1 then
+    redis.call('PEXPIRE', key, v.mark[2])
+    local data = {tenant_id = sc.name, reason_code = v.deny.reason_code}
+    for k, x in pairs(lim) do data[k] = x end
+    emit(sc.events, 'policy.limit_reached', sc.name, lim.scope, sc.ctx, 'cycles-server', limit_json(data), sc.now)
+  end
+  return err('LIMIT_EXCEEDED', v.message, '{"deny_detail":' .. detail_json(v.deny) .. ',"limit":' .. limit_json(lim) ..
+    '}', 409)
+end
+
 -- A guard's denial: the DenyDetail, the message, and what the 409 and policy.limit_reached
 -- say of the limit (`mark`: where the event's once-per-window marker lives).
 local function limit_verdict(reason, lim, fix, message, mark)
   local d = {reason_code = reason, blocked_by_policy = lim.policy_id, blocked_by_scope = lim.scope, suggested_fix = fix}
-  return {deny = d, message = message, limit = lim, mark = mark}
+  return {deny = d, message = message, limit = lim, mark = mark, refusal = limit_refusal}
 end
 
 -- The active-hold slots a live reserve took (`ask.guarded`), given back when a later check
@@ -145,16 +159,6 @@ local function count_spend(sc, pol, scope_path, unit, amount)
       redis.call('PEXPIRE', key, w[3] * 2)
     end
   end
-end
-
--- policy.limit_reached, once per limit, policy, scope and window (a marker beside the counts).
-local function limit_reached(sc, v)
-  local lim, key = v.limit, v.mark[1]
-  if redis.call('HSETNX', key, '!' .. lim.limit_name .. '|' .. lim.policy_id .. '|' .. lim.scope, '1') == 0 then return end
-  redis.call('PEXPIRE', key, v.mark[2])
-  local data = {tenant_id = sc.name, reason_code = v.deny.reason_code}
-  for k, x in pairs(lim) do data[k] = x end
-  emit(sc.events, 'policy.limit_reached', sc.name, lim.scope, sc.ctx, 'cycles-server', limit_json(data), sc.now)
 end
 
 -- The template in force for a scope without a ledger in `unit`: among the ACTIVE policies'

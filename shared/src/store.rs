@@ -288,10 +288,20 @@ impl Store {
     /// `NOT_DURABLE` when they fall short.
     pub async fn run<C: Call>(&self, call: C) -> ApiResult<Reply<C::Reply>> {
         let (keys, args) = call.into_parts();
+        let library = C::library();
         let wait = if C::SCRIPT.read_only { None } else { self.durability.command() };
-        let (raw, copies) = self.call(C::library(), &C::SCRIPT, &keys, &args, wait.as_ref()).await?;
-        confirmed(wait.as_ref(), copies, C::SCRIPT.name)?;
-        Reply::decode(C::SCRIPT.name, raw)
+        // (a script whose first key handed over before: its successor, directly)
+        let script = library.successor(&C::SCRIPT, &keys).unwrap_or(C::SCRIPT);
+        let (mut raw, mut copies) = self.call(library, &script, &keys, &args, wait.as_ref()).await?;
+        let mut ran = script;
+        if let [tag, to] = raw.as_slice() {
+            if tag == "HANDOVER" && ran.name == C::SCRIPT.name {
+                ran = library.hand_over(&C::SCRIPT, to, &keys)?;
+                (raw, copies) = self.call(library, &ran, &keys, &args, wait.as_ref()).await?;
+            }
+        }
+        confirmed(wait.as_ref(), copies, ran.name)?;
+        Reply::decode(ran.name, raw)
     }
 
     /// Runs one state-changing command outside the scripts (the owner of a new id, a registry
@@ -606,8 +616,18 @@ pub struct Library {
     pub version: String,
     pub code: String,
     helpers: String,
+    scripts: Vec<Script>,
     evalsha: std::sync::Mutex<std::collections::HashMap<&'static str, &'static redis::Script>>,
+    /// The scripts that may answer `HANDOVER` (their bodies say so).
+    handing_over: Vec<&'static str>,
+    /// The first keys (a tenant's record) of calls that were handed over, with the script that
+    /// handed them and its successor: calls with the same first key go to the successor directly.
+    handed_over: std::sync::Mutex<std::collections::HashMap<String, (&'static str, Script)>>,
 }
+
+/// How many first keys a library remembers as handed over (then it starts over: a forgotten
+/// one costs its next call one more round trip, nothing else).
+const HANDED_OVER_KEPT: usize = 10_000;
 
 impl Library {
     /// `helpers` is Lua of top-level `local` definitions shared by every script (a generated
@@ -636,7 +656,46 @@ impl Library {
                 s.body
             ));
         }
-        Library { name: name.to_string(), version, code, helpers, evalsha: Default::default() }
+        Library {
+            name: name.to_string(),
+            version,
+            code,
+            helpers,
+            scripts: scripts.to_vec(),
+            handing_over: scripts.iter().filter(|s| s.body.contains("'HANDOVER'")).map(|s| s.name).collect(),
+            evalsha: Default::default(),
+            handed_over: Default::default(),
+        }
+    }
+
+    /// The script a call of `script` with `keys` goes to: its successor when a call with the
+    /// same first key handed over to one before.
+    fn successor(&self, script: &Script, keys: &[String]) -> Option<Script> {
+        if !self.handing_over.contains(&script.name) {
+            return None;
+        }
+        let handed = self.handed_over.lock().expect("handed over");
+        handed.get(keys.first()?).filter(|(from, _)| *from == script.name).map(|(_, to)| *to)
+    }
+
+    /// `script` answered `HANDOVER` to the script named `to` (with the same keys and
+    /// arguments: a plain tenant's reserve to the governed one), remembered for its first key.
+    fn hand_over(&self, script: &Script, to: &str, keys: &[String]) -> ApiResult<Script> {
+        let Some(next) = self.scripts.iter().find(|s| s.name == to && s.keys == script.keys && s.args == script.args)
+        else {
+            return Err(ApiError::fault(format!(
+                "the {} script handed over to {to}, which takes other keys",
+                script.name
+            )));
+        };
+        if let Some(first) = keys.first() {
+            let mut handed = self.handed_over.lock().expect("handed over");
+            if handed.len() >= HANDED_OVER_KEPT {
+                handed.clear();
+            }
+            handed.insert(first.clone(), (script.name, *next));
+        }
+        Ok(*next)
     }
 
     pub fn function(&self, script: &Script) -> String {

@@ -55,6 +55,40 @@ async fn evidence_adds_one_pipelined_write() {
     assert_eq!(commands(&h, "get+evidence", h.get(&t.key, &path)).await, ["\"fcall\""]);
 }
 
+/// A tenant with policies is reserved by the governed script (`lua/reserve_governed.lua`): the
+/// first reserve a gateway makes for it is handed over by the plain one, which writes nothing
+/// (two round trips, one hold), and every later one goes there directly (one round trip); a
+/// tenant without policies never leaves the plain one. Under Functions and by EVALSHA alike.
+#[tokio::test]
+async fn a_tenant_with_policies_is_handed_to_the_governed_reserve_once() {
+    // (by EVALSHA, the governed script's text is loaded at its first call: refused, loaded, run)
+    let evalsha_first = ["evalsha", "evalsha", "script", "evalsha"];
+    for (denied, command, handed) in
+        [(None, "fcall", &["fcall", "fcall"][..]), (Some("-function -fcall -fcall_ro"), "evalsha", &evalsha_first[..])]
+    {
+        let h = private_redis(denied).await;
+        let (plain, governed) = (h.funded(1_000_000).await, h.funded(1_000_000).await);
+        h.reserve_ok(&plain, 10, json!({})).await;
+        h.reserve_ok(&governed, 10, json!({})).await; // (warm, still without a policy)
+        let policy = json!({"tenant_id": governed.id, "name": "caps", "scope_pattern": format!("tenant:{}", governed.id),
+            "caps": {"max_tokens": 64}});
+        assert_eq!(h.admin("POST", "/v1/admin/policies", Some(&policy)).await.status, 201);
+
+        let first = commands(&h, "first governed reserve", async {
+            let r = h.reserve(&governed, 10, json!({})).await;
+            // the policy's caps: the governed script decided it
+            assert_eq!(r.assert_ok()["decision"], "ALLOW_WITH_CAPS", "{}", r.raw);
+            r
+        })
+        .await;
+        assert_eq!(first, handed.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>(), "handed over once");
+        assert_eq!(h.root(&governed).await.reserved, 20, "one hold: the plain script wrote nothing");
+        one_round_trip(&h, "governed reserve", command, h.reserve(&governed, 10, json!({}))).await;
+        one_round_trip(&h, "plain reserve", command, h.reserve(&plain, 10, json!({}))).await;
+        assert_eq!((h.root(&governed).await.reserved, h.root(&plain).await.reserved), (30, 20));
+    }
+}
+
 /// A harness on a private standalone server (other tests must not pollute MONITOR), connected
 /// as a user whose ACL removes `denied` commands, when given.
 async fn private_redis(denied: Option<&str>) -> Harness {

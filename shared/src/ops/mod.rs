@@ -85,6 +85,7 @@ pub(crate) use script;
 /// Every script, for the library.
 const SCRIPTS: &[Script] = &[
     reservations::Reserve::SCRIPT,
+    reservations::RESERVE_GOVERNED,
     reservations::Commit::SCRIPT,
     reservations::Release::SCRIPT,
     reservations::Extend::SCRIPT,
@@ -209,6 +210,7 @@ modules![
     "listing",
     "reservation",
     "decision",
+    "governance",
     "deliveries"
 ];
 
@@ -584,15 +586,24 @@ mod tests {
 
 #[cfg(test)]
 mod reserve_size {
-    /// How many lines a reserve runs, as a server without Functions gets it: the script and the
-    /// helpers it uses (comments and blank lines not counted). It must not grow unexplained:
-    /// BENCHMARKS.md ("A reserve as run") records each raise of this bound and its reason.
-    #[test]
-    fn a_reserve_as_run_does_not_grow() {
-        let s = super::SCRIPTS.iter().find(|s| s.name == "reserve").unwrap();
+    /// How many lines a script runs, as a server without Functions gets it: the script and the
+    /// helpers it uses (comments and blank lines not counted).
+    fn as_run(name: &str) -> usize {
+        let s = super::SCRIPTS.iter().find(|s| s.name == name).unwrap();
         let body = format!("{}{}", s.prologue("KEYS", "ARGV"), s.body);
         let linked = crate::store::link(&super::helpers(), &body);
-        let code = linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count();
-        assert!(code <= 1_615, "a reserve as run is {code} lines of code (at most 1,615; target 700)");
+        linked.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--")).count()
+    }
+
+    /// A reserve as run must not grow unexplained: BENCHMARKS.md ("A reserve as run") records
+    /// each raise of these bounds and its reason. A plain tenant's reserve carries none of the
+    /// governance (policies, action rules, guards, templates, periods, observe mode): that is
+    /// the governed reserve's, which it hands such calls to.
+    #[test]
+    fn a_reserve_as_run_does_not_grow() {
+        let plain = as_run("reserve");
+        assert!(plain <= 932, "a plain tenant's reserve as run is {plain} lines of code (at most 932; target 700)");
+        let governed = as_run("reserve_governed");
+        assert!(governed <= 1_637, "a governed reserve as run is {governed} lines of code (at most 1,637)");
     }
 }

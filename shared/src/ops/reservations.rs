@@ -10,6 +10,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::ids::ReservationId;
 use crate::keys::TenantKeys;
 use crate::model::{Subject, Unit};
+use crate::store::{Call, Script};
 
 /// The keys every call on one reservation names alike (commit, release, extend).
 pub struct Target<'a> {
@@ -40,7 +41,8 @@ fn budgets_and_scopes(keys: &TenantKeys, scopes: &[String], codes: &[String]) ->
 }
 
 script! {
-    /// Live reservation (`lua/reserve.lua`).
+    /// Live reservation (`lua/reserve.lua`): a plain tenant's; it hands a tenant with policies,
+    /// or observing, to `RESERVE_GOVERNED`.
     pub struct Reserve = reserve -> Reserved {
         keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_stream, due_index,
             meta, policies, events; budgets],
@@ -48,6 +50,11 @@ script! {
             idempotency_key, subject, action, metadata, reclaimed, context, observe, governance, record_ttl_ms; scopes],
     }
 }
+
+/// The live reservation of a tenant with policies, or observing (`lua/reserve_governed.lua`):
+/// `Reserve`'s keys and arguments, run in its stead when it answers `HANDOVER`.
+pub const RESERVE_GOVERNED: Script =
+    Script { name: "reserve_governed", body: include_str!("../../../lua/reserve_governed.lua"), ..Reserve::SCRIPT };
 
 impl Reserve {
     /// The keys of a reserve of `token` of `tenant` by `key_id` over the derived `scopes` (their
