@@ -842,6 +842,30 @@ mod tests {
         assert!(crate::ops::LIBRARY.code.matches(" = function(p").count() > 40);
     }
 
+    /// A call that was handed over goes to the successor directly from then on, for its first
+    /// key only; a successor must take the same keys and arguments; the memory is bounded.
+    #[test]
+    fn a_handover_is_remembered_by_first_key_and_bounded() {
+        let plain =
+            Script { name: "plain", body: "return {'HANDOVER', 'full'}", keys: &["t"], args: &["a"], read_only: false };
+        let full = Script { name: "full", body: "return 1", ..plain };
+        let other = Script { name: "other", body: "return 2", keys: &["t", "u"], ..plain };
+        let lib = Library::new("test", String::new(), &[plain, full, other]);
+        let keys = |t: &str| vec![t.to_string()];
+        assert!(lib.successor(&plain, &keys("t1")).is_none());
+        assert_eq!(lib.hand_over(&plain, "full", &keys("t1")).unwrap().name, "full");
+        assert_eq!(lib.successor(&plain, &keys("t1")).map(|s| s.name), Some("full"));
+        assert!(lib.successor(&plain, &keys("t2")).is_none(), "another tenant still starts plain");
+        assert!(lib.successor(&full, &keys("t1")).is_none(), "only the script that handed over");
+        assert!(lib.hand_over(&plain, "other", &keys("t2")).is_err(), "other keys: a fault");
+        assert!(lib.hand_over(&plain, "missing", &keys("t2")).is_err());
+        for i in 0..HANDED_OVER_KEPT {
+            lib.hand_over(&plain, "full", &keys(&format!("k{i}"))).unwrap();
+        }
+        assert!(lib.handed_over.lock().unwrap().len() <= HANDED_OVER_KEPT);
+        assert!(lib.successor(&plain, &keys("t1")).is_none(), "started over when full");
+    }
+
     #[test]
     fn link_ignores_names_in_comments() {
         assert_eq!(link(LIB, "-- unused f\nreturn B"), "local A, B = 1, 2\n\n-- uses A\n-- unused f\nreturn B");
