@@ -5,7 +5,8 @@
 -- instead: the caller expires them and calls once more with `reclaimed` set.
 -- This is a plain tenant's reserve: a tenant with policies, observing (or without a record
 -- saying it has none) is handed, before anything is written, to lua/reserve_governed.lua (same
--- keys and arguments; the store runs it, and calls it directly for that tenant from then on).
+-- keys and arguments; the store runs it, and calls it directly for that tenant from then on);
+-- so is a reserve that meets a ledger whose period has ended (`scoped_budgets`).
 local tenant = tenant_record(K.tenant)
 if not (type(tenant) == 'table' and tenant.policies == 0) or observing(A, tenant) then
   return {'HANDOVER', 'reserve_governed'}

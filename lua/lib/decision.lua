@@ -1,6 +1,6 @@
 -- The decision: the checks every request that may spend goes through, in one ordered table (CHECKS),
 -- and how a live reserve answers them (holds or refuses). The checks only a tenant with policies
--- needs (rate limits, action rules, guards, template ledgers) are `GOVERNED`'s
+-- needs (rate limits, action rules, guards, template ledgers, period rolls) are `GOVERNED`'s
 -- (lua/lib/governance.lua): a tenant without policies runs the others, in the same order.
 -- needs: decimal, reply, access, record, tenant, events, ledger, alerts, policies, listing
 
@@ -46,7 +46,8 @@ end
 -- each is rolled into its current period, and a scope without one gets one from a policy's
 -- budget template when one is in force for it (a hold, an event or an enforced decide makes
 -- it; dry_run and observed evaluations see what would be made). Without it (a plain tenant's
--- reserve), a ledger whose period has ended hands the reserve to lua/reserve_governed.lua.
+-- reserve), a ledger whose period has ended hands the reserve to lua/reserve_governed.lua
+-- (nothing written before but the rate alerts' once-per-window mark, which it sets alike).
 local function scoped_budgets(ask, governed)
   local budgets, codes = {}, {}
   local e = {budgets = budgets, codes = codes}
