@@ -215,15 +215,18 @@ async fn reset_stats(h: &Harness) {
 /// Counts every operation; checks them against the budget (or, with `update`, writes it).
 /// False when an operation is over its budget or a request failed. With `of`, counts the build
 /// of that revision instead and only prints (its rows beside today's budget).
-pub async fn costs(update: bool, of: Option<&str>) -> bool {
-    let (measured, failed) = measure(of).await;
-    report(&measured, failed, update, of.is_some())
+/// `without_functions`: the gateway connects as a user whose ACL refuses Redis Functions, so
+/// every script runs by EVALSHA (as on Redis 6); the counts are only printed (the budgets are
+/// Functions').
+pub async fn costs(update: bool, of: Option<&str>, without_functions: bool) -> bool {
+    let (measured, failed) = measure(of, without_functions).await;
+    report(&measured, failed, update && !without_functions, of.is_some() || without_functions)
 }
 
 /// Records the counts of revision `rev` as release `name` under `benches/history/` and draws the
 /// chart of every recorded release (`benches/history/costs.svg`).
 pub async fn record_history(name: &str, rev: &str) -> bool {
-    let (measured, failed) = measure(Some(rev)).await;
+    let (measured, failed) = measure(Some(rev), false).await;
     let sha = super::compare::resolve(rev);
     let out = json!({"release": name, "revision": sha, "calls_per_operation": CALLS, "operations": measured});
     let dir = history_dir();
@@ -295,7 +298,7 @@ pub fn draw_history() {
 /// Counts every operation of the working tree's build, or of revision `of`: per operation the
 /// instructions per request of Redis and of the gateway and Redis commands per request, and how
 /// many measured requests failed.
-async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
+async fn measure(of: Option<&str>, without_functions: bool) -> (BTreeMap<String, Value>, usize) {
     let binary = match of {
         Some(rev) => super::compare::build_baseline(rev),
         None => super::compare::build_current(),
@@ -328,8 +331,16 @@ async fn measure(of: Option<&str>) -> (BTreeMap<String, Value>, usize) {
     .map(|s| s.to_string())
     .collect();
     let mut redis = Counted::spawn("redis", &dir, "redis-server", &redis_args, &[]);
-    let redis_url = format!("redis://127.0.0.1:{redis_port}");
+    let mut redis_url = format!("redis://127.0.0.1:{redis_port}");
     wait_for(&format!("127.0.0.1:{redis_port}")).await;
+    if without_functions {
+        let mut admin =
+            redis::Client::open(redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let mut acl = redis::cmd("ACL");
+        acl.arg(&["SETUSER", "evalsha", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro"]);
+        let _: () = acl.query_async(&mut admin).await.expect("ACL SETUSER");
+        redis_url = format!("redis://evalsha:pw@127.0.0.1:{redis_port}");
+    }
     let (port, admin_port) = (free_port().unwrap(), free_port().unwrap());
     let gateway_args: Vec<String> =
         ["--port", &port.to_string(), "--admin-port", &admin_port.to_string(), "--redis-url", &redis_url]

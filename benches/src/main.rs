@@ -7,7 +7,7 @@
 //!       (the shared artifact answers an API Gateway event as a few functions; exit 1 if not)
 //!   cargo run --release -p cycles-benches -- --baseline REV [--block N] [--rounds N] [--json FILE]
 //!       (this tree beside revision REV: p50 and CPU per request of each process, new/base)
-//!   cargo run --release -p cycles-benches -- --costs [--update-costs] | --costs-of REV
+//!   cargo run --release -p cycles-benches -- --costs [--update-costs] | --costs-of REV [--without-functions]
 //!   cargo run --release -p cycles-benches -- --history NAME REV
 //!       (a release's counts as benches/history/NAME.json, and the chart of all of them,
 //!       benches/history/costs.svg)
@@ -45,6 +45,7 @@ struct Opts {
     costs: bool,
     update_costs: bool,
     costs_of: Option<String>,
+    without_functions: bool,
     /// `--history NAME REV`: record a release's counts and redraw the chart.
     history: Option<(String, String)>,
 }
@@ -64,6 +65,7 @@ fn opts() -> Opts {
         costs: false,
         update_costs: false,
         costs_of: None,
+        without_functions: false,
         history: None,
     };
     let mut it = std::env::args().skip(1);
@@ -85,6 +87,7 @@ fn opts() -> Opts {
                 o.costs = true;
                 o.costs_of = it.next()
             }
+            "--without-functions" => o.without_functions = true,
             "--update-costs" => {
                 o.costs = true;
                 o.update_costs = true
@@ -662,7 +665,7 @@ async fn main() -> ExitCode {
         return if costs::record_history(name, rev).await { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
     if o.costs {
-        return if costs::costs(o.update_costs, o.costs_of.as_deref()).await {
+        return if costs::costs(o.update_costs, o.costs_of.as_deref(), o.without_functions).await {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
