@@ -9,8 +9,8 @@ local answered = reserve_opening(K, A, now, now_s, scope_path)
 if answered then return answered end
 local tenant = tenant_record(K.tenant)
 if tenant ~= 'MALFORMED' and observing(A, tenant) then
-  return evaluation({tenant = K.tenant, record = K.dry_run_record, live = K.reservation, scope_units = K.scope_units,
-    events = K.events, policies = K.policies, budgets = K.budgets}, A, now, now_s, 'OBSERVED', tenant)
+  return evaluation({tenant = K.tenant, record = K.dry_run_record, live = K.reservation, events = K.events,
+    budgets = K.budgets}, A, now, now_s, 'OBSERVED', tenant)
 end
 if redis.call('EXISTS', K.dry_run_record) == 1 then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH_DRY_RUN) end
 

@@ -74,7 +74,7 @@ local function scoped_budgets(ask, governed)
   -- no budget in this unit: 400 when a derived scope has one in another, else BUDGET_NOT_FOUND
   for _, arg in ipairs(ask.A.scopes) do
     local scope = string.sub(arg, 1, -10)
-    local units = redis.call('HGET', ask.K.scope_units, scope)
+    local units = redis.call('HGET', KEY.scope_units(ask.sc.prefix), scope)
     if units and units ~= '' then
       local expected = {}
       for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end

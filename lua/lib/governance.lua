@@ -9,7 +9,7 @@
 local GOVERNED = {check = {}, template_ledger = template_ledger, release_slots = release_slots, roll_period = roll_period}
 
 function GOVERNED.policies(ask)
-  return policy_settings(ask.K.policies, ask.scope, ask.now, ask.tenant)
+  return policy_settings(KEY.policy_rules(ask.sc.prefix), ask.scope, ask.now, ask.tenant)
 end
 
 -- The request's action as the v0.1.26 rules see it, decoded when first needed (false: none).
@@ -33,7 +33,7 @@ end
 function GOVERNED.check.rate_limit(ask)
   local setting = ask.mode == 'hold' and ask.pol.rl_r
   if not setting then return nil end
-  local limited = rate_check(ask.K.policies, setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
+  local limited = rate_check(KEY.policy_rules(ask.sc.prefix), setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
     ask.A.reclaimed == '')
   return limited and {fail = limited}
 end

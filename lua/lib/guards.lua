@@ -221,7 +221,7 @@ local function template_ledger(ask, tpls, key, scope, code, write)
   end
   f.v = view_of(b, now_s)
   write_fields(key, f)
-  add_scope_unit(ask.K.scope_units, scope, A.unit)
+  add_scope_unit(KEY.scope_units(sc.prefix), scope, A.unit)
   redis.call('ZADD', KEY.template_ledgers(sc.prefix), sc.now, code)
   emit(sc.events, 'budget.created', sc.name, scope, sc.ctx, 'cycles-server', '{"ledger_id":' ..
     cjson.encode(f.ledger_id) .. ',"scope":' .. cjson.encode(scope) .. ',"unit":"' .. A.unit ..

@@ -44,8 +44,8 @@ script! {
     /// Live reservation (`lua/reserve.lua`): a plain tenant's; it hands a tenant with policies,
     /// or observing, to `RESERVE_GOVERNED`.
     pub struct Reserve = reserve -> Reserved {
-        keys: [tenant, api_key, reservation, dry_run_record, scope_units, expiry_index, created_stream, due_index,
-            meta, policies, events; budgets],
+        keys: [tenant, api_key, reservation, dry_run_record, expiry_index, created_stream, due_index, meta, events;
+            budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
             idempotency_key, subject, action, metadata, reclaimed, context, observe, governance, record_ttl_ms; scopes],
     }
@@ -73,12 +73,10 @@ impl Reserve {
         self.api_key = keys.api_key(key_id);
         self.reservation = keys.reservation(token);
         self.dry_run_record = keys.idempotency("reserve-dry-run", &[idempotency_key]);
-        self.scope_units = keys.scope_units();
         self.expiry_index = keys.expiry_index();
         self.created_stream = keys.created_stream();
         self.due_index = keys.due_index();
         self.meta = keys.reservation_metadata(token);
-        self.policies = keys.policy_rules();
         self.events = keys.events();
         (self.budgets, self.scopes) = budgets_and_scopes(&keys, scopes, codes);
         self
@@ -311,9 +309,7 @@ impl Evaluate {
             api_key: keys.api_key(key_id),
             record,
             live,
-            scope_units: keys.scope_units(),
             events: keys.events(),
-            policies: keys.policy_rules(),
             due_index: keys.due_index(),
             budgets,
             scopes,
@@ -332,9 +328,7 @@ impl Charge {
             tenant: keys.tenant(),
             api_key: keys.api_key(key_id),
             record: keys.idempotency("event", &[idempotency_key]),
-            scope_units: keys.scope_units(),
             events: keys.events(),
-            policies: keys.policy_rules(),
             due_index: keys.due_index(),
             budgets,
             scopes,
@@ -367,7 +361,7 @@ pub struct Stored {
 script! {
     /// Evaluation without a reservation: dry_run and decide (`lua/evaluate.lua`).
     pub struct Evaluate = evaluate -> Evaluated {
-        keys: [tenant, api_key, record, live, scope_units, events, policies, due_index; budgets],
+        keys: [tenant, api_key, record, live, events, due_index; budgets],
         args: [digest, accepted, payload_hash, unit, amount, idempotency_key, record_ttl_ms, context, subject, action,
             observe, governance; scopes],
     }
@@ -395,7 +389,7 @@ pub struct Evaluated {
 script! {
     /// Direct charge, createEvent's post-only debit (`lua/charge.lua`).
     pub struct Charge = charge -> Charged {
-        keys: [tenant, api_key, record, scope_units, events, policies, due_index; budgets],
+        keys: [tenant, api_key, record, events, due_index; budgets],
         args: [digest, accepted, payload_hash, event_id, unit, amount, overage_policy, record_ttl_ms, context, body, action;
             scopes],
     }
