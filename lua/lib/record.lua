@@ -144,7 +144,8 @@ local function record_fields(rec, n)
 end
 
 -- The record's text (today's layout). A record of the first layout that held its metadata
--- inline gives it up here: `meta_key` receives it.
+-- inline gives it up here: `meta_key` receives it (a new record, whose metadata went beside it
+-- already, needs none).
 local function record_text(rec, meta_key)
   if rec.metadata or rec.cmeta then
     local moved = {}

@@ -44,8 +44,7 @@ script! {
     /// Live reservation (`lua/reserve.lua`): a plain tenant's; it hands a tenant with policies,
     /// or observing, to `RESERVE_GOVERNED`.
     pub struct Reserve = reserve -> Reserved {
-        keys: [tenant, api_key, reservation, dry_run_record, expiry_index, created_stream, due_index, meta, events;
-            budgets],
+        keys: [tenant, api_key, reservation, dry_run_record, expiry_index, created_stream, due_index, events; budgets],
         args: [digest, accepted, payload_hash, id_prefix, unit, amount, ttl_ms, grace_ms, overage_policy,
             idempotency_key, subject, action, metadata, reclaimed, context, observe, governance, record_ttl_ms; scopes],
     }
@@ -76,7 +75,6 @@ impl Reserve {
         self.expiry_index = keys.expiry_index();
         self.created_stream = keys.created_stream();
         self.due_index = keys.due_index();
-        self.meta = keys.reservation_metadata(token);
         self.events = keys.events();
         (self.budgets, self.scopes) = budgets_and_scopes(&keys, scopes, codes);
         self
