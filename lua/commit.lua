@@ -14,10 +14,14 @@ if A.unit ~= r.unit then
     cjson.encode({scope = r.scope_path, requested_unit = A.unit, expected_units = {r.unit}}))
 end
 
--- a policy's commit rate limit on the reservation's scope (a limited commit changes nothing)
-local commit_rate = policy_settings(K.policies, r.scope_path, now, r.tenant).rl_c
-local limited = rate_check(K.policies, commit_rate, 'commits', counted_scope(commit_rate, r.sc, r.scope_path), now, true)
-if limited then return limited end
+-- a policy's commit rate limit on the reservation's scope (a limited commit changes nothing;
+-- a tenant without policies has none)
+local rules = not (type(r.tenant) == 'table' and r.tenant.policies == 0) and KEY.policy_rules(r.sc.prefix)
+local commit_rate = rules and policy_settings(rules, r.scope_path, now, r.tenant).rl_c
+if commit_rate then
+  local limited = rate_check(rules, commit_rate, 'commits', counted_scope(commit_rate, r.sc, r.scope_path), now, true)
+  if limited then return limited end
+end
 
 local budgets = read_budgets(K.budgets, r.sc)
 for i = 1, #budgets do local b = budgets[i]

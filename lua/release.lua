@@ -28,7 +28,7 @@ finish_record(K.reservation, rec, 'RELEASED', {fkey = A.idempotency_key, fhash =
 redis.call('ZREM', K.expiry_index, r.rid)
 if A.audit ~= '' then
   -- admin-on-behalf-of: the audit entry is written in the same atomic step as the release
-  audit(K.audit_log, request_context(A.audit), 'reservation.release', 'reservation', r.rid, now,
+  audit(KEY.audit_log(r.sc.prefix), request_context(A.audit), 'reservation.release', 'reservation', r.rid, now,
     A.reason ~= '' and {reason = client_text(A.reason)} or nil)
 end
 return ok(settle_answer(rec), 'RELEASED', now_s)

@@ -148,7 +148,7 @@ pub struct Hold {
 script! {
     /// Commit (`lua/commit.lua`).
     pub struct Commit = commit -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, policies, due_index; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, due_index; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, unit, amount, metrics, metadata,
             record_ttl_ms, context],
     }
@@ -163,7 +163,6 @@ impl Commit {
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
         self.meta = t.keys.reservation_metadata(&t.id.token);
-        self.policies = t.keys.policy_rules();
         self.due_index = t.keys.due_index();
         self.budgets = t.budget_keys();
         self
@@ -173,7 +172,7 @@ impl Commit {
 script! {
     /// Release (`lua/release.lua`).
     pub struct Release = release -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, audit_log, events, listing_index, meta, due_index; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, due_index; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, reason, record_ttl_ms, audit],
     }
 }
@@ -184,7 +183,6 @@ impl Release {
         self.api_key = t.auth_key.clone();
         self.reservation = t.keys.reservation(&t.id.token);
         self.expiry_index = t.keys.expiry_index();
-        self.audit_log = t.keys.audit_log();
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
         self.meta = t.keys.reservation_metadata(&t.id.token);
