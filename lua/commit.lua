@@ -19,7 +19,7 @@ end
 local rules = not (type(r.tenant) == 'table' and r.tenant.policies == 0) and KEY.policy_rules(r.sc.prefix)
 local commit_rate = rules and policy_settings(rules, r.scope_path, now, r.tenant).rl_c
 if commit_rate then
-  local limited = rate_check(rules, commit_rate, 'commits', counted_scope(commit_rate, r.sc, r.scope_path), now, true)
+  local limited = rate_check(r.sc.prefix, commit_rate, 'commits', counted_scope(commit_rate, r.sc, r.scope_path), now, true)
   if limited then return limited end
 end
 

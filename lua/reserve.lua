@@ -20,4 +20,4 @@ if redis.call('EXISTS', K.dry_run_record) == 1 then return err('IDEMPOTENCY_MISM
 local ask = ask_of('hold', K, A, now, tenant, scope_path)
 local verdict = decide(ask)
 if verdict then return refused(ask, verdict, now_s) end
-return (hold(ask, tenant, now_s))
+return (hold(ask, now_s))

@@ -251,8 +251,8 @@ end
 -- the record and its indexes, and the answer. `moves` (a governed reserve's) moves the quota
 -- and guard counts the hold takes and returns what the record keeps to give them back. The
 -- second value is true when nothing was written (an amount past a ledger's digits).
-local function hold(ask, tenant, now_s, moves)
-  local K, A = ask.K, ask.A
+local function hold(ask, now_s, moves)
+  local K, A, tenant = ask.K, ask.A, ask.tenant
   local budgets, pol, sc, amount = ask.e.budgets, ask.pol, ask.sc, A.amount
   -- TTL: request, else a policy's default, else the tenant's; capped by the tenant's maximum
   -- and a policy's (a policy tightens the tenant's limits, never loosens them).

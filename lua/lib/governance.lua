@@ -33,7 +33,7 @@ end
 function GOVERNED.check.rate_limit(ask)
   local setting = ask.mode == 'hold' and ask.pol.rl_r
   if not setting then return nil end
-  local limited = rate_check(KEY.policy_rules(ask.sc.prefix), setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
+  local limited = rate_check(ask.sc.prefix, setting, 'reservations', counted_scope(setting, ask.sc, ask.scope), ask.now,
     ask.A.reclaimed == '')
   return limited and {fail = limited}
 end

@@ -148,12 +148,12 @@ end
 
 -- A policy's per-minute rate limit on `kind` (reservations, commits) for one counted scope:
 -- fixed calendar-minute windows counted in a hash per minute beside the rules (it expires
--- after two minutes). nil when within the limit (and counted, unless `counted` is false), else
--- 429 LIMIT_EXCEEDED with when to retry.
-local function rate_check(rules_key, setting, kind, scope_path, now, counted)
+-- after two minutes; `prefix`: the tenant's key prefix). nil when within the limit (and
+-- counted, unless `counted` is false), else 429 LIMIT_EXCEEDED with when to retry.
+local function rate_check(prefix, setting, kind, scope_path, now, counted)
   if not setting then return nil end
   local minute = math.floor(now / 60000)
-  local key = KEY.policy_rate(KEY.prefix_of(rules_key), minute)
+  local key = KEY.policy_rate(prefix, minute)
   local field = kind .. '|' .. setting.id .. '|' .. scope_path
   local n = tonumber(redis.call('HGET', key, field) or '0')
   if n >= setting.value then
