@@ -18,17 +18,6 @@ function GOVERNED.action(ask)
   return ask.G
 end
 
--- The request's action, where v0.1.26 rules apply to it (a hold or an evaluation, and a
--- policy in force with such rules), with those rules in `ask.rules`; decoded only then.
-function GOVERNED.ruled_action(ask)
-  if ask.ruled == nil then
-    local pol = ask.mode ~= 'charge' and ask.policed and ask.pol
-    ask.ruled = pol and pol.ruled and GOVERNED.action(ask) or false
-    if ask.ruled then ask.rules = action_rules(pol, ask.ruled) end
-  end
-  return ask.ruled
-end
-
 -- 2. A policy's per-minute reservation rate (holds; a reclaim retry is not counted twice).
 function GOVERNED.check.rate_limit(ask)
   local setting = ask.mode == 'hold' and ask.pol.rl_r
@@ -38,21 +27,20 @@ function GOVERNED.check.rate_limit(ask)
   return limited and {fail = limited}
 end
 
--- 3-5. The v0.1.26 action rules: access lists, then risk-class quotas, then per-kind quotas
--- (their counters read at once).
+-- 3-5. The v0.1.26 action rules, where a policy in force has some (a hold or an evaluation):
+-- access lists, then risk-class quotas, then per-kind quotas (their counters read at once).
 function GOVERNED.check.action_rules(ask)
-  local G = GOVERNED.ruled_action(ask)
-  if not G then return nil end
-  local d = access_denial(ask.rules, G, ask.scope)
-  local plan, bad
-  if not d then
-    plan = quota_plan(ask.sc, ask.rules, G, ask.scope)
-    d, bad = quota_denial(ask.sc, plan, G)
-    if bad then return {fail = bad} end
-  end
-  if d then return {deny = d, message = gate_message(d, G.kind)} end
+  local pol = ask.mode ~= 'charge' and ask.policed and ask.pol
+  if not (pol and pol.ruled) then return nil end
+  local gate = action_gate(ask.sc, pol, ask.A.governance, ask.scope)
+  ask.G = gate.G
+  if not gate.G then return nil end
+  local d, bad = gate.access, nil
+  if not d then d, bad = quota_denial(ask.sc, gate.plan, gate.G) end
+  if bad then return {fail = bad} end
+  if d then return {deny = d, message = gate_message(d, gate.G.kind)} end
   -- (the counters a hold moves)
-  if #plan.members > 0 then ask.counted = plan end
+  if #gate.plan.members > 0 then ask.counted = gate.plan end
   return nil
 end
 

@@ -66,7 +66,7 @@ end
 -- `refresh_tenant`, so no rule is read) and the scope path (`RULES_DECODED.settings`), each
 -- until the next time one of the rules starts or ends: changed rules have another digest, so
 -- nothing is stale. The entry is only read. Only rules of at most `longest` bytes in all are
--- remembered, each entry with the picks of at most 16 actions (`by_action`), so the memo never
+-- remembered, each entry with the gates of at most 16 actions (`gates`), so the memo never
 -- holds more than a few MB.
 local function policy_settings(rules_key, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return NO_POLICIES end
@@ -97,7 +97,7 @@ local function policy_settings(rules_key, scope_path, now, tenant)
       end
     end
     local out = {tpls = (#tpls > 0) and tpls or nil, ruled = (#ruled > 0) and ruled or nil}
-    if out.ruled then out.by_action = {known = {}, kept = 0, max = 16} end
+    if out.ruled then out.gates = {known = {}, kept = 0, max = 16} end
     for f, p in pairs(best) do out[f] = {value = p[f], id = p.id, at = p.at} end
     known = {settings = out, fresh_until = fresh_until}
     if key and size <= memo.longest then
@@ -108,31 +108,24 @@ local function policy_settings(rules_key, scope_path, now, tenant)
   return known.settings
 end
 
--- The v0.1.26 rules of an action ({kind, risk_label, pick: the two as one key; `governance`})
+-- The v0.1.26 rules of an action ({kind, risk_label, ...}: `governance`)
 -- under the settings `pol` (as `policy_settings` answered them): each from the highest-priority
 -- policy that has one for it (rules are never merged across policies): `ac` the allow/deny
 -- lists (value: the policy row), `rq` the risk-class quotas of the action's class, `aq` the
--- quotas of its kind (values: the policy's lists). Only read.
-local function names_rule(quotas, label)
-  for _, q in ipairs(quotas or {}) do if q.k == label then return true end end
-  return false
-end
--- Each action's pick is remembered beside the settings it was made from (`pol.by_action`),
--- so it lives exactly as long as they do.
+-- quotas of its kind (values: the policy's lists). Only read. (`action_gate` in
+-- lua/lib/quotas.lua remembers them beside the settings.)
 local function action_rules(pol, action)
-  local memo, key = pol.by_action, action.pick
-  local rules = memo and memo.known[key]
-  if not rules then
-    local best = {}
-    for _, p in ipairs(pol.ruled or {}) do
-      if p.allow or p.deny then prefer(best, 'ac', p) end
-      if names_rule(p.rq, action.risk_label) then prefer(best, 'rq', p) end
-      if names_rule(p.aq, action.kind) then prefer(best, 'aq', p) end
-    end
-    rules = {}
-    for f, p in pairs(best) do rules[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
-    if memo then remember(memo, key, rules) end
+  local function names_rule(quotas, label)
+    for _, q in ipairs(quotas or {}) do if q.k == label then return true end end
+    return false
   end
+  local best, rules = {}, {}
+  for _, p in ipairs(pol.ruled or {}) do
+    if p.allow or p.deny then prefer(best, 'ac', p) end
+    if names_rule(p.rq, action.risk_label) then prefer(best, 'rq', p) end
+    if names_rule(p.aq, action.kind) then prefer(best, 'aq', p) end
+  end
+  for f, p in pairs(best) do rules[f] = {value = (f == 'ac') and p or p[f], id = p.id, at = p.at} end
   return rules
 end
 

@@ -83,7 +83,7 @@ end
 
 -- The request's action from its JSON (nil: none or unreadable), remembered per script VM by
 -- its text (an agent repeats its actions: `RULES_DECODED.actions`); the decoded table is only
--- read, but for the quota counters last planned for it (`quota_plan`).
+-- read.
 local function governance(raw)
   raw = raw or ''
   local memo = RULES_DECODED.actions
@@ -93,7 +93,6 @@ local function governance(raw)
     decoded, G = pcall(cjson.decode, raw)
     if decoded and type(G) == 'table' and G.kind then
       G.risk_label = '__risk__:' .. G.risk
-      G.pick = G.kind .. '\0' .. G.risk_label
       if type(G.keys) ~= 'table' then G.keys = {} end
     else
       G = false
@@ -161,16 +160,17 @@ end
 -- `scope_path`, in two steps in check order (the risk-class quotas of its class, then those
 -- of its kind), each a list of counters {q (the rule), policy, scope, label, window, bucket,
 -- risk, member, due (a calendar window's deadline; per_run: nil, counted from each
--- increment), tail (its text's "<limit>\31<policy>"), at (its place in `members`)} and
--- `no_run` (the policy whose per_run quota applies without a run id); `dups` when two rules
--- count one counter, `args` the counters' write (each member, then its text), and the keys.
--- Made once per action and rules in force and kept on the action (`G.plan`) until its
--- earliest window instance ends: the same rules ask for the same counters. (Each counter
--- also carries what the request that last checked it read, `used` and `al`, for its count.)
+-- increment), tail (its text's "<limit>\31<policy>"), at (its place in `members`), th_at
+-- (the count whose increment reaches the threshold: the least n with n / limit >= th), mid
+-- ("\31<due>\31", with a due)}, `list` the two steps' counters in order, and `no_run` (the
+-- policy whose per_run quota applies without a run id); `dups` when two rules count one
+-- counter, `args` the counters' write (each member, then its text), the keys, and `ends`, when
+-- its earliest window instance ends (`action_gate` makes it again then).
+-- (Each counter also carries what the request that last checked it read, `used` and `al`,
+-- for its count, and `written`, `wn` and `wal`: the text it wrote last, and the count and
+-- mark in it.)
 local function quota_plan(sc, rules, G, scope_path)
-  local plan = G.plan
-  if plan and plan.rules == rules and sc.now < plan.ends then return plan end
-  plan = {rules = rules, ends = math.huge, members = {}, args = {}, counters = KEY.quota_counters(sc.prefix),
+  local plan = {ends = math.huge, members = {}, args = {}, list = {}, counters = KEY.quota_counters(sc.prefix),
     due = KEY.quota_due(sc.prefix), index = KEY.quota_index(sc.prefix)}
   for i = 1, 2 do
     local setting, by_risk = rules[QUOTA.steps[i][1]], QUOTA.steps[i][2]
@@ -186,19 +186,40 @@ local function quota_plan(sc, rules, G, scope_path)
           bucket, due = string.sub(iso8601(sc.now), 1, w.bucket_len), itoa(starts + w.ttl_ms)
           plan.ends = math.min(plan.ends, starts + w.span)
         end
-        local member = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket
+        local member, th_at = scope .. '|' .. label .. '|' .. q.w .. '|' .. bucket, math.max(0, math.floor(q.th * q.n) - 1)
+        while th_at / q.n < q.th do th_at = th_at + 1 end
         for _, m in ipairs(plan.members) do plan.dups = plan.dups or m == member end
         plan.members[#plan.members + 1] = member
         plan.args[#plan.args + 1], plan.args[#plan.args + 2] = member, ''
-        step[#step + 1] = {q = q, policy = setting.id, scope = scope, label = label, window = q.w, bucket = bucket,
+        local c = {q = q, policy = setting.id, scope = scope, label = label, window = q.w, bucket = bucket,
           risk = by_risk and G.risk or nil, member = member, due = due, tail = itoa(q.n) .. '\31' .. setting.id,
-          at = #plan.members}
+          at = #plan.members, th_at = th_at, mid = due and ('\31' .. due .. '\31')}
+        step[#step + 1], plan.list[#plan.list + 1] = c, c
       end
     end
     plan[i] = step
   end
-  G.plan = plan
   return plan
+end
+
+-- The v0.1.26 rules' gate of the request's action (its text `raw`, `A.governance`) under the
+-- settings in force `pol` (on `scope_path`): {G (the action, false when it is unreadable),
+-- rules (`action_rules`), access (the access lists' DenyDetail, or nil), plan (`quota_plan`,
+-- when access admits it)}. Remembered beside the settings by the action's text (`pol.gates`,
+-- up to 16 actions of up to 512 bytes), so a repeated action finds all this in one lookup;
+-- the plan is made again once its earliest window ends.
+local function action_gate(sc, pol, raw, scope_path)
+  local gate = pol.gates.known[raw]
+  if not gate or gate.prefix ~= sc.prefix then
+    local G = governance(raw) or false
+    local rules = G and action_rules(pol, G)
+    gate = {G = G, prefix = sc.prefix, rules = rules, access = G and access_denial(rules, G, scope_path) or nil}
+    if #raw <= 512 then remember(pol.gates, raw, gate) end
+  end
+  if gate.G and not gate.access and not (gate.plan and sc.now < gate.plan.ends) then
+    gate.plan = quota_plan(sc, gate.rules, gate.G, scope_path)
+  end
+  return gate
 end
 
 -- Steps 2 and 3: the quotas of the plan (`quota_plan`), every counter read in one command.
@@ -218,8 +239,10 @@ local function quota_denial(sc, plan, G)
     for j = 1, #step do local c = step[j]
       local text, used, al = texts[c.at] or COUNTER.moved(sc.prefix, c.member, now), 0, false
       -- (a calendar counter's member names its window instance: only a per_run one can be past
-      -- its deadline)
-      if text and (c.due or tonumber(string.match(text, '^%d+\31(%d+)')) > now) then
+      -- its deadline; the text this plan wrote last, `written`, is not read again)
+      if text and text == c.written then
+        used, al = c.wn, c.wal
+      elseif text and (c.due or tonumber(string.match(text, '^%d+\31(%d+)')) > now) then
         used, al = tonumber(string.match(text, '^%d+')), string.byte(text, -1) == 33
       end
       local q = c.q
@@ -260,32 +283,35 @@ end
 -- reaches its threshold (`now`: the clock's text). Returns the per_run counters (the
 -- reservation keeps them, to give the call back on release/expiry), or nil.
 local function count_actions(sc, plan, now)
-  local args, runs, fresh, counted = plan.args, nil, false, plan.dups and {}
-  for i = 1, 2 do local step = plan[i]
-    for j = 1, #step do local c = step[j]
-      local used, al, q = c.used, c.al, c.q
-      local before = counted and counted[c.member]
-      if before then used, al = before[1], before[2] end
-      local n = used + 1
-      if not al and n / q.n >= q.th and used / q.n < q.th then
-        al = true
-        emit(sc.events, 'quota.threshold_approaching', sc.name, c.scope, correlated(sc, quota_correlation(sc.name, c)),
-          'cycles-server', cjson.encode({scope = c.scope, action_kind = c.risk and '__risk__' or c.label,
-          risk_class = c.risk, window = c.window, window_key = c.bucket, used = n, limit = q.n, threshold_pct = q.th,
-          policy_id = c.policy, tenant_id = sc.name}), sc.now)
-      end
-      if counted then counted[c.member] = {n, al} end
-      local due = c.due or itoa(sc.now + q.ttl)
-      args[2 * c.at] = COUNTER.text(itoa(n), due, now, c.tail, al)
-      if not c.due then
-        runs = runs or {}
-        runs[#runs + 1] = c.member
-      end
-      if n == 1 or not c.due then redis.call('ZADD', plan.due, due, c.member) end
-      if n == 1 then
-        redis.call('ZADD', plan.index, '0', c.member)
-        fresh = true
-      end
+  local args, list, runs, fresh, counted = plan.args, plan.list, nil, false, plan.dups and {}
+  for j = 1, #list do local c = list[j]
+    local used, al = c.used, c.al
+    local before = counted and counted[c.member]
+    if before then used, al = before[1], before[2] end
+    local n = used + 1
+    if n == c.th_at and not al then
+      al = true
+      emit(sc.events, 'quota.threshold_approaching', sc.name, c.scope, correlated(sc, quota_correlation(sc.name, c)),
+        'cycles-server', cjson.encode({scope = c.scope, action_kind = c.risk and '__risk__' or c.label,
+        risk_class = c.risk, window = c.window, window_key = c.bucket, used = n, limit = c.q.n, threshold_pct = c.q.th,
+        policy_id = c.policy, tenant_id = sc.name}), sc.now)
+    end
+    if counted then counted[c.member] = {n, al} end
+    local due = c.due or itoa(sc.now + c.q.ttl)
+    -- (`COUNTER.text`, written out: this runs for every counted hold; a count is at most
+    -- max_calls, 100,000, which Lua writes as an integer)
+    local text = n .. (c.mid or ('\31' .. due .. '\31')) .. now .. '\31' .. c.tail .. (al and '\31!' or '')
+    args[2 * c.at] = text
+    -- (what a calendar counter's next check reads, if no one else wrote it: its count known)
+    if c.due then c.written, c.wn, c.wal = text, n, al end
+    if not c.due then
+      runs = runs or {}
+      runs[#runs + 1] = c.member
+    end
+    if n == 1 or not c.due then redis.call('ZADD', plan.due, due, c.member) end
+    if n == 1 then
+      redis.call('ZADD', plan.index, '0', c.member)
+      fresh = true
     end
   end
   redis.call('HSET', plan.counters, unpack(args))
