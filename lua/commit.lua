@@ -58,10 +58,10 @@ list_status(K.listing_index, r, 'COMMITTED')
 if A.metadata ~= '' then
   -- (the record says it has metadata beside it: one set at the reserve, or this one)
   if not rec.m then rec = whole_record(rec); rec.m = '1' end
-  redis.call('HSET', K.meta, 'cmeta', A.metadata)
+  redis.call('HSET', RECORD.metadata_key(K.reservation), 'cmeta', A.metadata)
 end
 finish_record(K.reservation, rec, 'COMMITTED', {fkey = A.idempotency_key, fhash = A.payload_hash,
   fbalances = balances(budgets), charged = charged, finished = now_s, metrics = A.metrics ~= '' and A.metrics or nil},
-  K.meta, A.record_ttl_ms)
+  A.record_ttl_ms)
 redis.call('ZREM', K.expiry_index, r.rid)
 return ok(settle_answer(rec), 'COMMITTED', now_s)

@@ -24,7 +24,7 @@ give_back(r.sc, rec)
 record_ending(r.sc, K.due_index, 'r', r)
 list_status(K.listing_index, r, 'RELEASED')
 finish_record(K.reservation, rec, 'RELEASED', {fkey = A.idempotency_key, fhash = A.payload_hash,
-  fbalances = balances(budgets), finished = now_s, reason = A.reason ~= '' and A.reason or nil}, K.meta, A.record_ttl_ms)
+  fbalances = balances(budgets), finished = now_s, reason = A.reason ~= '' and A.reason or nil}, A.record_ttl_ms)
 redis.call('ZREM', K.expiry_index, r.rid)
 if A.audit ~= '' then
   -- admin-on-behalf-of: the audit entry is written in the same atomic step as the release

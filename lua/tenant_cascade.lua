@@ -1,7 +1,7 @@
 -- One bounded step of a closed tenant's cascade (the CLOSED flip came first, so every
 -- mutating script already refuses the tenant). Idempotent: terminal children are skipped, so a
 -- re-driven cascade never writes an event or audit row twice.
--- `K.children` holds this batch's reservations (record, metadata: `A.reservations` pairs), then
+-- `K.children` holds this batch's reservation records (`A.reservations` of them), then
 -- the tenant's budgets (`A.budgets` of them), API keys (`A.api_keys`) and webhook
 -- subscriptions (the rest); `A.reservation_ids` are the batch's reservation ids.
 -- 1. open reservations become RELEASED (reason tenant_closed) without touching budgets;
@@ -17,14 +17,14 @@ local n, nb, nk = tonumber(A.reservations), tonumber(A.budgets), tonumber(A.api_
 local C = K.children
 
 for i = 1, n do
-  local key, meta, rid = C[2 * i - 1], C[2 * i], A.reservation_ids[i]
+  local key, rid = C[i], A.reservation_ids[i]
   local r = read_reservation(key, rid)
   if r and not r.corrupt and r.status == 'ACTIVE' then
     list_status(K.listing_index, r, 'RELEASED')
     local sc = {prefix = KEY.prefix_of(K.tenant), name = tenant, now = now}
     give_back(sc, r.rec)
     record_ending(sc, nil, 'r', r)
-    finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, meta, A.record_ttl_ms)
+    finish_record(key, r.rec, 'RELEASED', {finished = now_s, reason = 'tenant_closed'}, A.record_ttl_ms)
   end
   if not (r and r.corrupt) then redis.call('ZREM', K.expiry_index, rid) end
 end
@@ -35,7 +35,7 @@ local function cascade_event(kind, body)
 end
 
 if open == 0 then
-  for i = 2 * n + 1, 2 * n + nb do
+  for i = n + 1, n + nb do
     local b = read_budget(C[i])
     if b and b.status ~= 'CLOSED' then
       local prior, released = b.status, b.reserved
@@ -53,7 +53,7 @@ if open == 0 then
   end
 end
 
-for i = 2 * n + nb + 1, 2 * n + nb + nk do
+for i = n + nb + 1, n + nb + nk do
   local k = redis.call('HMGET', C[i], 'key_id', 'status', 'name')
   if k[1] and k[2] == 'ACTIVE' then
     redis.call('HSET', C[i], 'status', 'REVOKED', 'revoked_at_ms', now_s, 'revoked_reason', 'tenant_closed')
@@ -63,7 +63,7 @@ for i = 2 * n + nb + 1, 2 * n + nb + nk do
     audit(K.audit_log, ctx, 'api_key.revoke', 'api_key', k[1], now, {reason = 'tenant_closed'})
   end
 end
-for i = 2 * n + nb + nk + 1, #C do
+for i = n + nb + nk + 1, #C do
   local w = redis.call('HMGET', C[i], 'subscription_id', 'status', 'name')
   if w[1] and (w[2] == 'ACTIVE' or w[2] == 'PAUSED') then
     redis.call('HSET', C[i], 'status', 'DISABLED', 'updated_at_ms', now_s)

@@ -144,31 +144,30 @@ local function record_fields(rec, n)
 end
 
 -- The record's text (today's layout). A record of the first layout that held its metadata
--- inline gives it up here: `meta_key` receives it (a new record, whose metadata went beside it
--- already, needs none).
-local function record_text(rec, meta_key)
+-- inline gives it up here: the metadata key beside record `key` receives it (a new record,
+-- whose metadata went beside it already, needs none).
+local function record_text(rec, key)
   if rec.metadata or rec.cmeta then
-    local moved = {}
-    if rec.metadata then moved[#moved + 1] = 'metadata'; moved[#moved + 1] = rec.metadata end
-    if rec.cmeta then moved[#moved + 1] = 'cmeta'; moved[#moved + 1] = rec.cmeta end
-    redis.call('HSET', meta_key, unpack(moved))
+    local meta = RECORD.metadata_key(key)
+    if rec.metadata then redis.call('HSET', meta, 'metadata', rec.metadata) end
+    if rec.cmeta then redis.call('HSET', meta, 'cmeta', rec.cmeta) end
     rec.metadata, rec.cmeta, rec.m = nil, nil, '1'
   end
   return record_fields(rec, rec.status == 'ACTIVE' and RECORD.active_fields or #RECORD.fields)
 end
 
-local function save_record(key, rec, meta_key)
-  redis.call('SET', key, record_text(whole_record(rec), meta_key), 'KEEPTTL')
+local function save_record(key, rec)
+  redis.call('SET', key, record_text(whole_record(rec), key), 'KEEPTTL')
 end
 
 -- Saves an ACTIVE record with a new expiry and extension count; the first extension keeps the
 -- expiry the reserve gave as first_expires (its answer's). A record read by `head_record` is
 -- spliced: its head written anew, the rest kept as stored (no whole decode and re-encode).
-local function save_extension(key, rec, expires, ext, meta_key)
+local function save_extension(key, rec, expires, ext)
   if not rec.head_only then
     rec.first_expires = rec.first_expires or rec.expires
     rec.expires, rec.ext = expires, ext
-    return save_record(key, rec, meta_key)
+    return save_record(key, rec)
   end
   local lead, first, rest = string.match(string.sub(rec.raw, rec.tail_at), RECORD.before_first_expires)
   if first == '' then first = rec.expires end
@@ -181,7 +180,7 @@ end
 -- follow its fields. A record of the first layout is written whole in today's. The finished
 -- record (and its metadata beside it) is kept `ttl` ms (digits), the retention of finished
 -- records: set with the record's write, not by a command of its own.
-local function finish_record(key, rec, status, fin, meta_key, ttl)
+local function finish_record(key, rec, status, fin, ttl)
   rec.status = status
   for name, v in pairs(fin) do rec[name] = v end
   local text
@@ -190,10 +189,10 @@ local function finish_record(key, rec, status, fin, meta_key, ttl)
       (fin.fhash or '') .. '\31' .. (fin.fbalances or '') .. '\31' .. (fin.charged or '') .. '\31' .. (fin.finished or '') ..
       '\31' .. (fin.metrics or '') .. '\31' .. (fin.reason or '')
   else
-    text = record_text(whole_record(rec), meta_key)
+    text = record_text(whole_record(rec), key)
   end
   redis.call('SET', key, text, 'PX', ttl)
-  if rec.m then redis.call('PEXPIRE', meta_key, ttl) end
+  if rec.m then redis.call('PEXPIRE', RECORD.metadata_key(key), ttl) end
 end
 
 -- The answer of a reserve (JSON) from its record and id, written out (every reserve answers

@@ -31,7 +31,7 @@ end
 -- Expires an ACTIVE reservation past expires_at + grace: its hold returns to every budgeted
 -- scope exactly once. Used by every script that touches a reservation, and by the sweep.
 -- `ix`: the reservation's keys, named as the scripts on one reservation name them (`reservation`,
--- `meta`, `budgets`, and the tenant's `expiry_index`, `events`, `listing_index`, `due_index`
+-- `budgets`, and the tenant's `expiry_index`, `events`, `listing_index`, `due_index`
 -- when the script has it); `r.sc` the scene when the caller has one; `retention_ms` digits.
 local function expire_if_overdue(r, ix, now, retention_ms)
   if r.status ~= 'ACTIVE' or now <= r.expires_at + r.grace_ms then return false end
@@ -47,7 +47,7 @@ local function expire_if_overdue(r, ix, now, retention_ms)
   give_back(sc, r.rec)
   record_ending(sc, ix.due_index, 'x', r)
   list_status(ix.listing_index, r, 'EXPIRED')
-  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, ix.meta, retention_ms)
+  finish_record(ix.reservation, r.rec, 'EXPIRED', {finished = itoa(now)}, retention_ms)
   r.status = 'EXPIRED'
   redis.call('ZREM', ix.expiry_index, r.rid)
   local data = '{"reservation_id":' .. cjson.encode(r.rid) .. ',"scope":' .. cjson.encode(r.scope_path) ..

@@ -249,6 +249,46 @@ async fn commit_records_metrics_and_metadata() {
     h.post(&t.key, &format!("/v1/reservations/{rid}/commit"), &bad).await.assert_error(400, "INVALID_REQUEST");
 }
 
+/// A finished reservation's metadata is kept exactly as long as its record, however it ended
+/// (commit, release, expiry): the scripts that end one reach the metadata key beside the
+/// record without naming it, and give it the record's retention.
+#[tokio::test]
+async fn a_finished_reservations_metadata_lives_as_long_as_its_record() {
+    let h = Harness::start().await;
+    let t = h.funded(1000).await;
+    let keys = TenantKeys::new(&t.id);
+    let token = |rid: &str| rid.split('.').nth(1).unwrap().to_string();
+    let meta = json!({"metadata": {"run": 7}});
+    let committed = h.reserve_ok(&t, 10, meta.clone()).await;
+    let released = h.reserve_ok(&t, 10, meta.clone()).await;
+    let expired = h.reserve_ok(&t, 10, json!({"metadata": {"run": 7}, "ttl_ms": 1000, "grace_period_ms": 0})).await;
+    let plain = h.reserve_ok(&t, 10, json!({})).await;
+    let live: i64 = h.store.conn().pttl(keys.reservation_metadata(token(&committed))).await.unwrap();
+    assert_eq!(live, -1, "a live reservation's metadata has no expiry of its own");
+
+    let body =
+        json!({"idempotency_key": "c1", "actual": {"unit": "TOKENS", "amount": 3}, "metadata": {"note": "done"}});
+    h.post(&t.key, &format!("/v1/reservations/{committed}/commit"), &body).await.assert_ok();
+    h.release(&t, &released).await.assert_ok();
+    h.commit(&t, &plain, 5).await.assert_ok();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    h.sweep_tenant(&t, &Default::default()).await;
+    for rid in [&committed, &released, &expired] {
+        let mut conn = h.store.conn();
+        let record: i64 = conn.pttl(keys.reservation(token(rid))).await.unwrap();
+        let metadata: i64 = conn.pttl(keys.reservation_metadata(token(rid))).await.unwrap();
+        assert!(record > 0 && (record - metadata).abs() < 5_000, "{rid}: record {record} ms, metadata {metadata} ms");
+        let kept: Option<String> = conn.hget(keys.reservation_metadata(token(rid)), "metadata").await.unwrap();
+        assert_eq!(kept.as_deref(), Some(r#"{"run":7}"#), "{rid}");
+    }
+    let d = h.get(&t.key, &format!("/v1/reservations/{committed}")).await;
+    assert_eq!(d.body["committed_metadata"], json!({"note": "done"}));
+    assert_eq!(d.body["status"], "COMMITTED");
+    // a reservation without metadata has no metadata key, before or after
+    let exists: bool = h.store.conn().exists(keys.reservation_metadata(token(&plain))).await.unwrap();
+    assert!(!exists);
+}
+
 #[tokio::test]
 async fn records_without_a_stored_scope_path_still_settle() {
     // Records written before the reserve script stored the scope path (first layout) derive it

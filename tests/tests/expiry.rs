@@ -232,8 +232,7 @@ async fn grace_boundary_is_inclusive() {
     let probe = r#"
 local r = {rid = 'x.tok.', status = 'ACTIVE', estimate = '5', expires_at = 1000, grace_ms = 500,
   scope_path = 'tenant:x', unit = 'TOKENS', created_at = 0, extensions = 0, rec = {}}
-local ix = {reservation = KEYS[1], expiry_index = KEYS[2], events = KEYS[3], meta = KEYS[4], listing_index = KEYS[5],
-  budgets = {}}
+local ix = {reservation = KEYS[1], expiry_index = KEYS[2], events = KEYS[3], listing_index = KEYS[4], budgets = {}}
 local at = expire_if_overdue(r, ix, 1500, '1000')
 local after = expire_if_overdue(r, ix, 1501, '1000')
 return {at and 1 or 0, after and 1 or 0}
@@ -244,7 +243,6 @@ return {at and 1 or 0, after and 1 or 0}
         .key(keys.reservation("tok"))
         .key(keys.expiry_index())
         .key(keys.events())
-        .key(keys.reservation_metadata("tok"))
         .key(keys.listing_index())
         .invoke_async(&mut h.store.conn())
         .await

@@ -13,7 +13,7 @@ use crate::store::Store;
 
 script! {
     /// Expires a batch of one tenant's due reservations (`lua/expire.lua`): `reservation_keys`
-    /// holds per reservation its record, its metadata, then its budget keys; `reservations` its
+    /// holds per reservation its record, then its budget keys; `reservations` its
     /// id and its number of budget keys.
     pub struct Expire = expire -> Expired {
         keys: [expiry_index, events, quarantine, listing_index; reservation_keys],
@@ -130,13 +130,13 @@ pub async fn expire_reservations(
     for id in ids {
         match ReservationId::parse(id).filter(|r| r.tenant == tenant) {
             Some(rid) => {
-                call.reservation_keys.extend([keys.reservation(&rid.token), keys.reservation_metadata(&rid.token)]);
+                call.reservation_keys.push(keys.reservation(&rid.token));
                 call.reservation_keys.extend(rid.budget_codes.iter().map(|c| keys.budget_by_code(c)));
                 call.reservations.extend([id.clone(), rid.budget_codes.len().to_string()]);
             }
             // Not one of ours: the script finds no record under it and drops the entry.
             None => {
-                call.reservation_keys.extend([keys.reservation("-"), keys.reservation_metadata("-")]);
+                call.reservation_keys.push(keys.reservation("-"));
                 call.reservations.extend([id.clone(), "0".to_string()]);
             }
         }

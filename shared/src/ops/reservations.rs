@@ -148,7 +148,7 @@ pub struct Hold {
 script! {
     /// Commit (`lua/commit.lua`).
     pub struct Commit = commit -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, due_index; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, due_index; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, unit, amount, metrics, metadata,
             record_ttl_ms, context],
     }
@@ -162,7 +162,6 @@ impl Commit {
         self.expiry_index = t.keys.expiry_index();
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
-        self.meta = t.keys.reservation_metadata(&t.id.token);
         self.due_index = t.keys.due_index();
         self.budgets = t.budget_keys();
         self
@@ -172,7 +171,7 @@ impl Commit {
 script! {
     /// Release (`lua/release.lua`).
     pub struct Release = release -> Settled {
-        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, meta, due_index; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, events, listing_index, due_index; budgets],
         args: [digest, accepted, reservation_id, idempotency_key, payload_hash, reason, record_ttl_ms, audit],
     }
 }
@@ -185,7 +184,6 @@ impl Release {
         self.expiry_index = t.keys.expiry_index();
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
-        self.meta = t.keys.reservation_metadata(&t.id.token);
         self.due_index = t.keys.due_index();
         self.budgets = t.budget_keys();
         self
@@ -217,7 +215,7 @@ impl Settled {
 script! {
     /// Extend (`lua/extend.lua`).
     pub struct Extend = extend -> Extended {
-        keys: [tenant, api_key, reservation, expiry_index, extend_record, events, listing_index, meta; budgets],
+        keys: [tenant, api_key, reservation, expiry_index, extend_record, events, listing_index; budgets],
         args: [digest, accepted, reservation_id, payload_hash, extend_by_ms, record_ttl_ms],
     }
 }
@@ -231,7 +229,6 @@ impl Extend {
         self.extend_record = t.keys.idempotency("extend", &[t.raw, idempotency_key]);
         self.events = t.keys.events();
         self.listing_index = t.keys.listing_index();
-        self.meta = t.keys.reservation_metadata(&t.id.token);
         self.budgets = t.budget_keys();
         self
     }

@@ -115,7 +115,7 @@ script! {
 
 script! {
     /// One bounded step of a closed tenant's cascade (`lua/tenant_cascade.lua`): status DONE or
-    /// MORE. `children` holds the batch's reservations (record, metadata), then `budgets`
+    /// MORE. `children` holds the batch's reservation records, then `budgets`
     /// ledgers, `api_keys` keys and the tenant's subscriptions.
     pub struct CascadeStep = tenant_cascade -> Nothing {
         keys: [tenant, events, audit_log, expiry_index, listing_index; children],
@@ -215,7 +215,7 @@ pub async fn close_cascade(store: &Store, retention: Duration, tenant_id: &str, 
         for rid in &rids {
             // Unparseable ids cannot be finalized here; the sweep quarantines them.
             let token = ReservationId::parse(rid).map(|r| r.token).unwrap_or_else(|| rid.clone());
-            step.children.extend([keys.reservation(&token), keys.reservation_metadata(&token)]);
+            step.children.push(keys.reservation(&token));
         }
         let budgets = super::ledgers::ledger_keys(store, tenant_id).await?;
         step.budgets = budgets.len().to_string();
