@@ -16,8 +16,8 @@ end
 
 -- a policy's commit rate limit on the reservation's scope (a limited commit changes nothing;
 -- a tenant without policies has none)
-local rules = not (type(r.tenant) == 'table' and r.tenant.policies == 0) and KEY.policy_rules(r.sc.prefix)
-local commit_rate = rules and policy_settings(rules, r.scope_path, now, r.tenant).rl_c
+local policed = not (type(r.tenant) == 'table' and r.tenant.policies == 0)
+local commit_rate = policed and policy_settings(r.sc.prefix, r.scope_path, now, r.tenant).rl_c
 if commit_rate then
   local limited = rate_check(r.sc.prefix, commit_rate, 'commits', counted_scope(commit_rate, r.sc, r.scope_path), now, true)
   if limited then return limited end

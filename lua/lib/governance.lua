@@ -9,7 +9,7 @@
 local GOVERNED = {check = {}, template_ledger = template_ledger, release_slots = release_slots, roll_period = roll_period}
 
 function GOVERNED.policies(ask)
-  return policy_settings(KEY.policy_rules(ask.sc.prefix), ask.scope, ask.now, ask.tenant)
+  return policy_settings(ask.sc.prefix, ask.scope, ask.now, ask.tenant)
 end
 
 -- The request's action as the v0.1.26 rules see it, decoded when first needed (false: none).

@@ -50,7 +50,8 @@ end
 -- The policies in force for a tenant without any (shared: never changed).
 local NO_POLICIES = {}
 
--- The policy settings in force for a scope path: each setting (caps, ov, ttl_d, ttl_m, ttl_x,
+-- The policy settings in force for a scope path of the tenant of key prefix `prefix` (its rules
+-- read only when no memo below knows them): each setting (caps, ov, ttl_d, ttl_m, ttl_x,
 -- rl_r, rl_c, and the guards ma, sm, sh) from the highest-priority ACTIVE policy in effect now
 -- that matches the path and sets it (equal priority: the later-created policy, whose id sorts
 -- higher). Each entry is {value, id, at}. `tenant` (its record, already read) says how many
@@ -68,7 +69,7 @@ end
 -- nothing is stale. The entry is only read. Only rules of at most `longest` bytes in all are
 -- remembered, each entry with the gates of at most 16 actions (`gates`), so the memo never
 -- holds more than a few MB.
-local function policy_settings(rules_key, scope_path, now, tenant)
+local function policy_settings(prefix, scope_path, now, tenant)
   if type(tenant) == 'table' and tenant.policies == 0 then return NO_POLICIES end
   local memo, digest = RULES_DECODED.settings, type(tenant) == 'table' and tenant.rules_digest
   local key = digest and digest .. '\0' .. scope_path
@@ -79,7 +80,7 @@ local function policy_settings(rules_key, scope_path, now, tenant)
     -- scope path seen first reads none
     local rows, size = digest and RULES_DECODED.rows.known[digest], #scope_path
     local read = not rows
-    if read then rows = redis.call('HVALS', rules_key); table.sort(rows) end
+    if read then rows = redis.call('HVALS', KEY.policy_rules(prefix)); table.sort(rows) end
     local best, tpls, ruled, fresh_until = {}, {}, {}, math.huge
     for _, row in ipairs(rows) do
       size = size + #row + 1
