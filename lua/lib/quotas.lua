@@ -29,7 +29,8 @@ local QUOTA = {windows = {
 }, fields = '^(%d+)\31(%d+)\31(%d*)\31(%d*)\31([^\31]*)(\31?!?)$', kept = '^%d+(\31%d+\31%d*\31%d*\31[^\31]*)',
   steps = {{'rq', true}, {'aq', false}}, allowlists = {h = 'host', d = 'recipient_domain', r = 'resource_type'}}
 
--- The counters' fields. A counter's text (its parts strings) is "<n>\31<due>\31<last>\31<tail>",
+-- The counters' fields. A counter's text is "<n>\31<due>\31<last>\31<tail>" (`n` digits or a
+-- count: counts stay at most max_calls, 100,000, which Lua writes as an integer),
 -- and "\31!" after it once its threshold was announced (`al`): its count, its deadline (ms: from
 -- then on it is gone, pruned or not), its last increment (ms), and "<limit>\31<policy>", the
 -- rule and policy that counted it last. (The reserve reads only the count, the mark and a
@@ -161,9 +162,9 @@ end
 -- of its kind), each a list of counters {q (the rule), policy, scope, label, window, bucket,
 -- risk, member, due (a calendar window's deadline; per_run: nil, counted from each
 -- increment), tail (its text's "<limit>\31<policy>"), at (its place in `members`), th_at
--- (the count whose increment reaches the threshold: the least n with n / limit >= th), mid
--- ("\31<due>\31", with a due)}, `list` the two steps' counters in order, and `no_run` (the
--- policy whose per_run quota applies without a run id); `dups` when two rules count one
+-- (the count whose increment reaches the threshold: the least n with n / limit >= th)}, `list`
+-- the two steps' counters in order, and `no_run` (the policy whose per_run quota applies
+-- without a run id); `dups` when two rules count one
 -- counter, `args` the counters' write (each member, then its text), the keys, and `ends`, when
 -- its earliest window instance ends (`action_gate` makes it again then).
 -- (Each counter also carries what the request that last checked it read, `used` and `al`,
@@ -193,7 +194,7 @@ local function quota_plan(sc, rules, G, scope_path)
         plan.args[#plan.args + 1], plan.args[#plan.args + 2] = member, ''
         local c = {q = q, policy = setting.id, scope = scope, label = label, window = q.w, bucket = bucket,
           risk = by_risk and G.risk or nil, member = member, due = due, tail = itoa(q.n) .. '\31' .. setting.id,
-          at = #plan.members, th_at = th_at, mid = due and ('\31' .. due .. '\31')}
+          at = #plan.members, th_at = th_at}
         step[#step + 1], plan.list[#plan.list + 1] = c, c
       end
     end
@@ -298,9 +299,7 @@ local function count_actions(sc, plan, now)
     end
     if counted then counted[c.member] = {n, al} end
     local due = c.due or itoa(sc.now + c.q.ttl)
-    -- (`COUNTER.text`, written out: this runs for every counted hold; a count is at most
-    -- max_calls, 100,000, which Lua writes as an integer)
-    local text = n .. (c.mid or ('\31' .. due .. '\31')) .. now .. '\31' .. c.tail .. (al and '\31!' or '')
+    local text = COUNTER.text(n, due, now, c.tail, al)
     args[2 * c.at] = text
     -- (what a calendar counter's next check reads, if no one else wrote it: its count known)
     if c.due then c.written, c.wn, c.wal = text, n, al end
