@@ -8,7 +8,7 @@ denied = filter and scope_guard(filter, string.sub(A.scopes[#A.scopes], 1, -10))
 if denied then return denied end
 
 local replayed_answer = replay(K.record, A.payload_hash, 'APPLIED', now_s, function(old)
-  return {event_id = old[1], charged = (old[2] ~= '') and old[2] or nil, codes = old[3], balances = legacy_balances(old, 4)}
+  return {event_id = old[1], charged = (old[2] ~= '') and old[2] or nil, codes = old[3], balances = FIRST_LAYOUT.balances(old, 4)}
 end)
 if replayed_answer then return replayed_answer end
 

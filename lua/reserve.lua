@@ -3,12 +3,16 @@
 -- own idempotency record (its key derives from the idempotency key). A reserve that would fail
 -- for want of budget while the tenant has overdue holds answers `reclaim` with their ids
 -- instead: the caller expires them and calls once more with `reclaimed` set.
--- This is a plain tenant's reserve: a tenant with policies, observing (or without a record
--- saying it has none) is handed, before anything is written, to lua/reserve_governed.lua (same
--- keys and arguments; the store runs it, and calls it directly for that tenant from then on);
--- so is a reserve that meets a ledger whose period has ended (`scoped_budgets`).
-local tenant = tenant_record(K.tenant)
-if not (type(tenant) == 'table' and tenant.policies == 0) or observing(A, tenant) then
+-- This is a plain tenant's reserve: a tenant with policies or observing is handed, before
+-- anything is written, to lua/reserve_governed.lua (same keys and arguments; the store runs it,
+-- and calls it directly for that tenant from then on). This script reads today's layouts only:
+-- what is older, or due to change, goes to the governed reserve for one call ('once'), which
+-- reads it and brings what it writes up to date: a tenant record without its packed copy (or
+-- none), a record of the first layout (`reserve_opening`), a ledger of before the view or whose
+-- period has ended (`scoped_budgets`).
+local tenant = TENANT.current(K.tenant)
+if not tenant then return {'HANDOVER', 'reserve_governed', 'once'} end
+if type(tenant) ~= 'table' or tenant.policies ~= 0 or observing(A, tenant) then
   return {'HANDOVER', 'reserve_governed'}
 end
 local now, now_s = now_ms()

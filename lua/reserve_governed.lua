@@ -5,7 +5,7 @@
 -- evaluation (status OBSERVED, nothing held).
 local now, now_s = now_ms()
 local scope_path = string.sub(A.scopes[#A.scopes], 1, -10)
-local answered = reserve_opening(K, A, now, now_s, scope_path)
+local answered = reserve_opening(K, A, now, now_s, scope_path, GOVERNED)
 if answered then return answered end
 local tenant = tenant_record(K.tenant)
 if tenant ~= 'MALFORMED' and observing(A, tenant) then

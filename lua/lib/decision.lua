@@ -54,10 +54,16 @@ local function scoped_budgets(ask, governed)
   for i = 1, #ask.K.budgets do local key = ask.K.budgets[i]
     local arg = ask.A.scopes[i]
     local scope, code = string.sub(arg, 1, -10), string.sub(arg, -8)
-    local b = read_budget(key, scope)
+    local b = read_view(key, scope)
+    -- (a ledger of before the view, or whose period has ended: the governed reserve reads it,
+    -- writing its view or rolling it, for this call only)
+    if b == false then
+      if not governed then return nil, {'HANDOVER', 'reserve_governed', 'once'} end
+      b = governed.read_budget(key, scope)
+    end
     if b then
       if b.roll_at and tonumber(b.roll_at) <= ask.now then
-        if not governed then return nil, {'HANDOVER', 'reserve_governed'} end
+        if not governed then return nil, {'HANDOVER', 'reserve_governed', 'once'} end
         governed.roll_period(ask.sc, b)
       end
     elseif governed and ask.policed then
@@ -235,13 +241,19 @@ end
 
 -- What every live reserve does first: the key check, its scope filter, and the replay of the
 -- reservation its idempotency key made before (nil: none; go on).
-local function reserve_opening(K, A, now, now_s, scope_path)
+local function reserve_opening(K, A, now, now_s, scope_path, governed)
   local denied, filter = authorize(K.api_key, A.digest, A.accepted, now)
   if denied then return denied end
   denied = filter and scope_guard(filter, scope_path)
   if denied then return denied end
-  local existing = load_record(K.reservation)
-  if not existing then return nil end
+  local raw = redis.call('GET', K.reservation)
+  if not raw then return nil end
+  local existing = current_record(raw)
+  -- (a record of the first layout: the governed reserve reads it, for this call only)
+  if existing == false then
+    if not governed then return {'HANDOVER', 'reserve_governed', 'once'} end
+    existing = governed.decoded_record(raw)
+  end
   if existing.ik ~= A.idempotency_key then return err('INTERNAL_ERROR', MSG.RESERVATION_ID_COLLISION) end
   if existing.ph ~= A.payload_hash then return err('IDEMPOTENCY_MISMATCH', MSG.IDEMPOTENCY_MISMATCH) end
   return replayed(reserve_answer(existing, A.id_prefix .. existing.codes), existing.status, now_s)

@@ -3,10 +3,13 @@
 -- action rules, the runaway-agent guards); ledgers made from budget templates, and ledgers
 -- rolled into their current period; the quota and guard counts a hold moves. Evaluations
 -- (dry_run, decide, a reserve in observe mode) and events always decide with it, a live
--- reserve when the tenant has policies or a period to roll (lua/reserve_governed.lua).
--- needs: reply, record, tenant, events, alerts, periods, policies, quotas, guards, decision
+-- reserve when the tenant has policies or a period to roll (lua/reserve_governed.lua). It also
+-- reads what a plain tenant's reserve hands over for this call only: a record of the first
+-- layout, a ledger of before the view (`reserve_opening`, `scoped_budgets`).
+-- needs: reply, record, ledger, tenant, events, alerts, periods, policies, quotas, guards, decision
 
-local GOVERNED = {check = {}, template_ledger = template_ledger, release_slots = release_slots, roll_period = roll_period}
+local GOVERNED = {check = {}, template_ledger = template_ledger, release_slots = release_slots, roll_period = roll_period,
+  read_budget = read_budget, decoded_record = decoded_record}
 
 function GOVERNED.policies(ask)
   return policy_settings(ask.sc.prefix, ask.scope, ask.now, ask.tenant)
@@ -94,7 +97,7 @@ end
 local function evaluation(K, A, now, now_s, status, tenant)
   local replayed_answer = replay(K.record, A.payload_hash, status, now_s, function(old)
     return {decision = old[1], reason_code = (old[2] ~= '') and old[2] or nil, caps = (old[3] ~= '') and old[3] or nil,
-      codes = old[4], balances = legacy_balances(old, 5)}
+      codes = old[4], balances = FIRST_LAYOUT.balances(old, 5)}
   end)
   if replayed_answer then return replayed_answer end
   local live = (K.live ~= K.record) and load_record(K.live)

@@ -33,29 +33,37 @@ local function ledger_of(key, f)
   return b
 end
 
--- Reads a ledger; nil when it does not exist. `scope` guards against key-hash collisions.
-local function read_budget(key, scope)
+-- Reads a ledger of today's layout (its view); nil when it does not exist, false when it keeps
+-- its values in the fields of before the view (`read_budget` reads those). `scope` guards
+-- against key-hash collisions.
+local function read_view(key, scope)
   local raw = redis.call('HGET', key, 'v')
-  local b
-  if raw then
-    local f = recall(LEDGER_VIEW.memo, key, raw)
-    if not f then
-      f = {string.match(raw, LEDGER_VIEW.pattern)}
-      if #f == 0 then error('malformed ledger view at ' .. key) end
-      remember(LEDGER_VIEW.memo, key, f, raw)
-    end
-    b = ledger_of(key, f)
   -- (a scope without a ledger, the common case on a deep subject, is told by the cheapest
   -- read there is, not by reading the old fields)
-  elseif redis.call('EXISTS', key) == 0 then
-    return nil
-  else
-    local f = redis.call('HMGET', key, unpack(LEDGER_VIEW.fields))
-    for i = 1, #LEDGER_VIEW.fields do f[i] = f[i] or '' end
-    f[10] = (f[10] == 'true') and '1' or ''
-    b = ledger_of(key, f)
-    b.legacy = true
+  if not raw then
+    if redis.call('EXISTS', key) == 0 then return nil end
+    return false
   end
+  local f = recall(LEDGER_VIEW.memo, key, raw)
+  if not f then
+    f = {string.match(raw, LEDGER_VIEW.pattern)}
+    if #f == 0 then error('malformed ledger view at ' .. key) end
+    remember(LEDGER_VIEW.memo, key, f, raw)
+  end
+  local b = ledger_of(key, f)
+  if scope and b.scope ~= scope then error('budget key collision at ' .. key) end
+  return b
+end
+
+-- Reads a ledger of either layout; nil when it does not exist.
+local function read_budget(key, scope)
+  local b = read_view(key, scope)
+  if b ~= false then return b end
+  local f = redis.call('HMGET', key, unpack(LEDGER_VIEW.fields))
+  for i = 1, #LEDGER_VIEW.fields do f[i] = f[i] or '' end
+  f[10] = (f[10] == 'true') and '1' or ''
+  b = ledger_of(key, f)
+  b.legacy = true
   if scope and b.scope ~= scope then error('budget key collision at ' .. key) end
   return b
 end

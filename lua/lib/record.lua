@@ -35,9 +35,14 @@ local function balances(budgets)
   return text
 end
 
+-- Records of the first layout (a JSON object with named fields, its stored answers nested),
+-- read as records of today's (`FIRST_LAYOUT.record`). A plain tenant's reserve carries none of
+-- this: it hands such a record to the governed reserve (`current_record`, `reserve_opening`).
+local FIRST_LAYOUT = {}
+
 -- Balances kept by records of the first layout: a list of 7-string lists, or (older still)
 -- 7 strings per budget from `first` on in a flat list.
-local function legacy_balances(list, first)
+function FIRST_LAYOUT.balances(list, first)
   local out = {}
   if first then
     for i = first, #list, 7 do out[#out + 1] = table.concat({unpack(list, i, i + 6)}, ' ') end
@@ -47,8 +52,10 @@ local function legacy_balances(list, first)
   return table.concat(out, ',')
 end
 
--- A record of the first layout, as a record of today's.
-local function upgraded(old)
+-- A record of the first layout's text, as a record of today's; {} when it does not parse.
+function FIRST_LAYOUT.record(raw)
+  local decoded, old = pcall(cjson.decode, raw)
+  if not decoded or type(old) ~= 'table' then return {} end
   local rec = {version = '2', status = old.status, codes = old.codes, estimate = old.estimate, unit = old.unit,
     policy = old.policy, created = old.created, expires = old.expires, grace = old.grace, ext = old.ext,
     max_ext = old.max_ext, scope = old.scope, m = old.m, ik = old.ik and stored_text(old.ik), ph = old.ph,
@@ -57,10 +64,10 @@ local function upgraded(old)
     reason = old.reason and stored_text(old.reason), metadata = old.metadata, cmeta = old.cmeta}
   local r = old.result or {}
   if r[1] ~= nil then
-    rec.decision, rec.first_expires, rec.caps, rec.balances = r[1], r[2], r[3], legacy_balances(r, 4)
+    rec.decision, rec.first_expires, rec.caps, rec.balances = r[1], r[2], r[3], FIRST_LAYOUT.balances(r, 4)
   else
     rec.decision, rec.first_expires, rec.caps, rec.balances = r.decision, r.expires_at_ms, r.caps,
-      legacy_balances(r.balances)
+      FIRST_LAYOUT.balances(r.balances)
   end
   if rec.decision == 'ALLOW' then rec.decision = nil end
   if rec.first_expires == rec.expires then rec.first_expires = nil end
@@ -68,11 +75,11 @@ local function upgraded(old)
   if fkey then
     rec.fkey, rec.fhash = stored_text(fkey), old.ck and old.ch or old.rh
     local first = (done[1] ~= nil) and (old.ck and 3 or 2) or nil
-    rec.fbalances = first and legacy_balances(done, first) or legacy_balances(done.balances)
+    rec.fbalances = first and FIRST_LAYOUT.balances(done, first) or FIRST_LAYOUT.balances(done.balances)
   end
   if not rec.scope and old.subject then
-    local decoded, subject = pcall(cjson.decode, old.subject)
-    if decoded and type(subject) == 'table' then rec.scope = scope_path_of(subject) end
+    local parsed, subject = pcall(cjson.decode, old.subject)
+    if parsed and type(subject) == 'table' then rec.scope = scope_path_of(subject) end
   end
   for _, name in ipairs(RECORD.fields) do
     if rec[name] == '' then rec[name] = nil end
@@ -80,13 +87,10 @@ local function upgraded(old)
   return rec
 end
 
--- A record's text, whole: its fields by name ('' fields absent); {} when it does not parse.
-local function decoded_record(raw)
-  if string.sub(raw, 1, 2) ~= '2\31' then
-    local decoded, old = pcall(cjson.decode, raw)
-    if not decoded or type(old) ~= 'table' then return {} end
-    return upgraded(old)
-  end
+-- A record's text of today's layout, whole: its fields by name ('' fields absent); {} when it
+-- does not parse, false when it is of the first layout.
+local function current_record(raw)
+  if string.sub(raw, 1, 2) ~= '2\31' then return false end
   local f = {string.match(raw, string.sub(raw, 3, 3) == 'A' and RECORD.active or RECORD.finished)}
   if #f == 0 then return {} end
   local rec = {version = '2'}
@@ -95,6 +99,11 @@ local function decoded_record(raw)
   end
   rec.status = STATUS_OF[rec.status]
   return rec
+end
+
+-- A record's text of either layout, whole.
+local function decoded_record(raw)
+  return current_record(raw) or FIRST_LAYOUT.record(raw)
 end
 
 -- The record stored at `key` by field name, and its text as stored; nil when there is none,
@@ -132,7 +141,7 @@ end
 -- The whole record of one read by `head_record`.
 local function whole_record(rec)
   if not rec.head_only then return rec end
-  local whole = decoded_record(rec.raw)
+  local whole = current_record(rec.raw)
   whole.raw = rec.raw
   return whole
 end

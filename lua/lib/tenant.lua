@@ -15,11 +15,24 @@ local TENANT = {fields = {'status', 'default_reservation_ttl_ms', 'max_reservati
 
 -- A tenant record from its fields in TENANT.fields order (nil or false where absent), or
 -- 'MALFORMED' when its status is none of the three.
-local function tenant_of(f)
+function TENANT.of(f)
   if f[1] ~= 'ACTIVE' and f[1] ~= 'SUSPENDED' and f[1] ~= 'CLOSED' then return 'MALFORMED' end
   return { status = f[1], default_ttl = tonumber(f[2]) or RULES.DEFAULT_TTL_MS, max_ttl = tonumber(f[3]) or RULES.MAX_TTL_MS,
     max_extensions = tonumber(f[4]) or RULES.MAX_EXTENSIONS, default_policy = f[5] or RULES.DEFAULT_OVERAGE_POLICY,
     policies = tonumber(f[6]) or 0, alerts = f[7], observe = f[8], rules_digest = f[9] }
+end
+
+-- A tenant record from its packed copy; nil when it has none (absent, written before the copy,
+-- or a copy of another layout: `tenant_record` reads those).
+function TENANT.current(key)
+  local packed = redis.call('HGET', key, 'runtime')
+  if not packed then return nil end
+  local known = TENANT.memo.known[packed]
+  if known then return known end
+  local f = {string.match(packed, TENANT.packed)}
+  if #f == 0 then return nil end
+  for i = 1, #TENANT.fields do if f[i] == '' then f[i] = false end end
+  return remember(TENANT.memo, packed, TENANT.of(f))
 end
 
 -- Writes the packed copy of a tenant record's runtime fields (after a write of any of them, or
@@ -43,23 +56,14 @@ end
 -- determined (fail closed with 500). A record written before the packed copy is read field by
 -- field, and given its copy unless the script is `read_only`.
 local function tenant_record(key, read_only)
-  local packed = redis.call('HGET', key, 'runtime')
-  if packed then
-    local known = TENANT.memo.known[packed]
-    if known then return known end
-    local f = {string.match(packed, TENANT.packed)}
-    -- (a copy of another layout is read like a record without one)
-    if #f > 0 then
-      for i = 1, #TENANT.fields do if f[i] == '' then f[i] = false end end
-      return remember(TENANT.memo, packed, tenant_of(f))
-    end
-  end
+  local current = TENANT.current(key)
+  if current then return current end
   local f = redis.call('HMGET', key, unpack(TENANT.fields))
   if not f[1] then
     if redis.call('EXISTS', key) == 1 then return 'MALFORMED' end
     return nil
   end
-  local t = tenant_of(f)
+  local t = TENANT.of(f)
   -- (a record read by fields may have been edited by hand: its rules are known as counted now,
   -- by the digest made now; a read-only script knows them by none)
   if t ~= 'MALFORMED' then

@@ -294,11 +294,15 @@ impl Store {
         let script = library.successor(&C::SCRIPT, &keys).unwrap_or(C::SCRIPT);
         let (mut raw, mut copies) = self.call(library, &script, &keys, &args, wait.as_ref()).await?;
         let mut ran = script;
-        if let [tag, to] = raw.as_slice() {
-            if tag == "HANDOVER" && ran.name == C::SCRIPT.name {
-                ran = library.hand_over(&C::SCRIPT, to, &keys)?;
-                (raw, copies) = self.call(library, &ran, &keys, &args, wait.as_ref()).await?;
-            }
+        // (`HANDOVER to`: from now on for this first key; `HANDOVER to once`: this call only)
+        let handover = match raw.as_slice() {
+            [tag, to] if tag == "HANDOVER" => Some((to.clone(), true)),
+            [tag, to, once] if tag == "HANDOVER" && once == "once" => Some((to.clone(), false)),
+            _ => None,
+        };
+        if let Some((to, lasting)) = handover.filter(|_| ran.name == C::SCRIPT.name) {
+            ran = library.hand_over(&C::SCRIPT, &to, &keys, lasting)?;
+            (raw, copies) = self.call(library, &ran, &keys, &args, wait.as_ref()).await?;
         }
         confirmed(wait.as_ref(), copies, ran.name)?;
         Reply::decode(ran.name, raw)
@@ -679,8 +683,9 @@ impl Library {
     }
 
     /// `script` answered `HANDOVER` to the script named `to` (with the same keys and
-    /// arguments: a plain tenant's reserve to the governed one), remembered for its first key.
-    fn hand_over(&self, script: &Script, to: &str, keys: &[String]) -> ApiResult<Script> {
+    /// arguments: a plain tenant's reserve to the governed one), remembered for its first key
+    /// when `lasting` (else for this call only: what it met will be up to date after it).
+    fn hand_over(&self, script: &Script, to: &str, keys: &[String], lasting: bool) -> ApiResult<Script> {
         let Some(next) = self.scripts.iter().find(|s| s.name == to && s.keys == script.keys && s.args == script.args)
         else {
             return Err(ApiError::fault(format!(
@@ -688,7 +693,7 @@ impl Library {
                 script.name
             )));
         };
-        if let Some(first) = keys.first() {
+        if let Some(first) = keys.first().filter(|_| lasting) {
             let mut handed = self.handed_over.lock().expect("handed over");
             if handed.len() >= HANDED_OVER_KEPT {
                 handed.clear();
@@ -843,7 +848,8 @@ mod tests {
     }
 
     /// A call that was handed over goes to the successor directly from then on, for its first
-    /// key only; a successor must take the same keys and arguments; the memory is bounded.
+    /// key only (not after a handover for one call); a successor must take the same keys and
+    /// arguments; the memory is bounded.
     #[test]
     fn a_handover_is_remembered_by_first_key_and_bounded() {
         let plain =
@@ -853,14 +859,16 @@ mod tests {
         let lib = Library::new("test", String::new(), &[plain, full, other]);
         let keys = |t: &str| vec![t.to_string()];
         assert!(lib.successor(&plain, &keys("t1")).is_none());
-        assert_eq!(lib.hand_over(&plain, "full", &keys("t1")).unwrap().name, "full");
+        assert_eq!(lib.hand_over(&plain, "full", &keys("t1"), false).unwrap().name, "full");
+        assert!(lib.successor(&plain, &keys("t1")).is_none(), "handed over for one call only");
+        assert_eq!(lib.hand_over(&plain, "full", &keys("t1"), true).unwrap().name, "full");
         assert_eq!(lib.successor(&plain, &keys("t1")).map(|s| s.name), Some("full"));
         assert!(lib.successor(&plain, &keys("t2")).is_none(), "another tenant still starts plain");
         assert!(lib.successor(&full, &keys("t1")).is_none(), "only the script that handed over");
-        assert!(lib.hand_over(&plain, "other", &keys("t2")).is_err(), "other keys: a fault");
-        assert!(lib.hand_over(&plain, "missing", &keys("t2")).is_err());
+        assert!(lib.hand_over(&plain, "other", &keys("t2"), true).is_err(), "other keys: a fault");
+        assert!(lib.hand_over(&plain, "missing", &keys("t2"), true).is_err());
         for i in 0..HANDED_OVER_KEPT {
-            lib.hand_over(&plain, "full", &keys(&format!("k{i}"))).unwrap();
+            lib.hand_over(&plain, "full", &keys(&format!("k{i}")), true).unwrap();
         }
         assert!(lib.handed_over.lock().unwrap().len() <= HANDED_OVER_KEPT);
         assert!(lib.successor(&plain, &keys("t1")).is_none(), "started over when full");

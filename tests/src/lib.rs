@@ -837,3 +837,33 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// The commands that reached Redis from a client while `request` ran, in order, each as the
+/// words MONITOR prints (quoted). Futures are lazy: nothing is sent before MONITOR listens.
+/// Commands scripts run (`[0 lua]`) are inside their round trip and not listed. Needs a harness
+/// on a server of its own (`embedded`): other tests must not show up in its MONITOR.
+pub async fn monitored(h: &Harness, name: &str, request: impl std::future::Future<Output = Resp>) -> Vec<Vec<String>> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let port = h.embedded.as_ref().expect("a server of its own").port;
+    let mut monitor = BufReader::new(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    monitor.get_mut().write_all(b"MONITOR\r\n").await.unwrap();
+    let mut line = String::new();
+    monitor.read_line(&mut line).await.unwrap();
+    assert_eq!(line.trim(), "+OK");
+    request.await.assert_ok();
+    let sentinel = format!("sentinel-{name}");
+    let _: String = redis::cmd("ECHO").arg(&sentinel).query_async(&mut h.store.conn()).await.unwrap();
+    let mut client_commands = Vec::new();
+    loop {
+        line.clear();
+        monitor.read_line(&mut line).await.unwrap();
+        if line.contains(&sentinel) {
+            break;
+        }
+        if !line.contains(" lua] ") {
+            let words = line.trim_end().split("] ").nth(1).unwrap_or(&line);
+            client_commands.push(words.split(' ').map(String::from).collect());
+        }
+    }
+    client_commands
+}

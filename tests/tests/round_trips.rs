@@ -4,8 +4,6 @@
 
 use cycles_shared::local::EmbeddedRedis;
 use cycles_tests::*;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn one_fcall_per_warm_request() {
@@ -147,9 +145,8 @@ async fn every_hot_path_request_is_one(h: &Harness, command: &str) {
     one_round_trip(h, "release", command, h.release(&t, &rid)).await;
 }
 
-/// Runs `request` (futures are lazy: nothing is sent before MONITOR is listening) and asserts
-/// that exactly one command — `command` — reached Redis from a client. MONITOR lists the
-/// commands scripts run as `[0 lua]`; those are inside the one round trip and not counted.
+/// Runs `request` and asserts that exactly one command — `command` — reached Redis from a
+/// client (`monitored`).
 async fn one_round_trip(h: &Harness, name: &str, command: &str, request: impl std::future::Future<Output = Resp>) {
     let seen = commands(h, name, request).await;
     assert_eq!(seen, vec![format!("\"{command}\"")], "{name} made other round trips");
@@ -157,25 +154,5 @@ async fn one_round_trip(h: &Harness, name: &str, command: &str, request: impl st
 
 /// The commands that reached Redis from a client while `request` ran, in order.
 async fn commands(h: &Harness, name: &str, request: impl std::future::Future<Output = Resp>) -> Vec<String> {
-    let port = h.embedded.as_ref().unwrap().port;
-    let mut monitor = BufReader::new(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
-    monitor.get_mut().write_all(b"MONITOR\r\n").await.unwrap();
-    let mut line = String::new();
-    monitor.read_line(&mut line).await.unwrap();
-    assert_eq!(line.trim(), "+OK");
-    request.await.assert_ok();
-    let sentinel = format!("sentinel-{name}");
-    let _: String = redis::cmd("ECHO").arg(&sentinel).query_async(&mut h.store.conn()).await.unwrap();
-    let mut client_commands = Vec::new();
-    loop {
-        line.clear();
-        monitor.read_line(&mut line).await.unwrap();
-        if line.contains(&sentinel) {
-            break;
-        }
-        if !line.contains(" lua] ") {
-            client_commands.push(line.split("] ").nth(1).unwrap_or(&line).split(' ').next().unwrap().to_lowercase());
-        }
-    }
-    client_commands
+    monitored(h, name, request).await.into_iter().map(|words| words[0].to_lowercase()).collect()
 }

@@ -370,3 +370,92 @@ async fn malformed_caps_in_the_store_are_a_fault_not_dropped() {
     let _: () = h.store.conn().hdel(TenantKeys::new(&t.id).tenant(), "runtime").await.unwrap();
     decide().await.assert_error(500, "INTERNAL_ERROR");
 }
+
+/// The scripts the FCALLs of `request` ran, by name (without the library's version).
+async fn scripts_run(h: &Harness, name: &str, request: impl std::future::Future<Output = Resp>) -> Vec<String> {
+    let called = monitored(h, name, request).await;
+    called
+        .iter()
+        .filter(|words| words[0].eq_ignore_ascii_case("\"fcall\""))
+        .map(|words| words[1].trim_matches('"').rsplit_once('_').unwrap().0.to_string())
+        .collect()
+}
+
+/// A plain tenant's reserve reads today's layouts only. A tenant record without its packed
+/// copy, a ledger of before the view, a record of the first layout met by a replay and a ledger
+/// whose period has ended go to the governed reserve for that call only (two round trips, one
+/// hold), which brings what it writes up to date; the tenant's next reserve is the plain
+/// script's again, in one round trip.
+#[tokio::test]
+async fn what_is_older_than_todays_layouts_goes_to_the_governed_reserve_for_one_call() {
+    use cycles_shared::domain::{format_rfc3339_ms, now_ms};
+    use cycles_shared::local::EmbeddedRedis;
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server of its own (MONITOR)");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let t = h.funded(1_000_000).await;
+    let keys = TenantKeys::new(&t.id);
+    let root = format!("tenant:{}", t.id);
+    let ledger = keys.budget(&root, Unit::Tokens);
+    h.reserve_ok(&t, 10, json!({})).await; // (warm: scripts loaded, key known)
+    let plain = ["reserve"];
+    let once = ["reserve", "reserve_governed"];
+    assert_eq!(scripts_run(&h, "plain", h.reserve(&t, 10, json!({}))).await, plain);
+
+    // a tenant record without its packed copy: the governed reserve writes it again
+    let _: () = h.store.conn().hdel(keys.tenant(), "runtime").await.unwrap();
+    assert_eq!(scripts_run(&h, "tenant", h.reserve(&t, 10, json!({}))).await, once);
+    let copy: Option<String> = h.store.conn().hget(keys.tenant(), "runtime").await.unwrap();
+    assert!(copy.is_some(), "the packed copy is back");
+    assert_eq!(scripts_run(&h, "after tenant", h.reserve(&t, 10, json!({}))).await, plain);
+
+    // a ledger of before the view: the governed reserve folds its fields into the view
+    let stored: std::collections::HashMap<String, String> = h.store.conn().hgetall(&ledger).await.unwrap();
+    let spread = cycles_shared::ops::ledgers::with_view(&stored).unwrap();
+    let _: () = h.store.conn().hdel(&ledger, "v").await.unwrap();
+    let fields: Vec<(&str, String)> = cycles_shared::ops::ledgers::VIEW_FIELDS
+        .iter()
+        .filter_map(|f| spread.get(*f).map(|v| (*f, v.clone())))
+        .collect();
+    let _: () = h.store.conn().hset_multiple(&ledger, &fields).await.unwrap();
+    assert_eq!(scripts_run(&h, "ledger", h.reserve(&t, 10, json!({}))).await, once);
+    let names: Vec<String> = h.store.conn().hkeys(&ledger).await.unwrap();
+    assert!(names.contains(&"v".to_string()) && !names.contains(&"remaining".to_string()), "{names:?}");
+    assert_eq!(scripts_run(&h, "after ledger", h.reserve(&t, 10, json!({}))).await, plain);
+
+    // a replay that meets a record of the first layout answers as the first call did
+    let body = json!({"idempotency_key": "first-layout", "subject": {"tenant": t.id},
+        "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": "TOKENS", "amount": 10}});
+    let mut first = h.post(&t.key, "/v1/reservations", &body).await.assert_ok().clone();
+    first.as_object_mut().unwrap().remove("remaining_ttl_ms"); // (time passes)
+    let token = ReservationId::parse(first["reservation_id"].as_str().unwrap()).unwrap().token;
+    age_record(&h, &keys.reservation(&token), None).await;
+    let replay = async {
+        let again = h.post(&t.key, "/v1/reservations", &body).await;
+        let mut answer = again.assert_ok().clone();
+        answer.as_object_mut().unwrap().remove("remaining_ttl_ms");
+        assert_eq!(answer, first);
+        again
+    };
+    assert_eq!(scripts_run(&h, "replay", replay).await, once);
+    assert_eq!(scripts_run(&h, "after replay", h.reserve(&t, 10, json!({}))).await, plain);
+    // every call above held once (the plain script wrote nothing before it handed over)
+    let l = h.root(&t).await;
+    assert_eq!((l.reserved, l.remaining), (80, 999_920));
+
+    // a ledger whose period has ended: the governed reserve rolls it
+    let p = h.tenant().await;
+    let end = now_ms() + 1_500;
+    let periodic = json!({"tenant_id": p.id, "scope": format!("tenant:{}", p.id), "unit": "TOKENS",
+        "allocated": {"unit": "TOKENS", "amount": 100}, "rollover_policy": "NONE",
+        "period_start": format_rfc3339_ms(end - 3_600_000), "period_end": format_rfc3339_ms(end),
+        "period_recurrence": "DAILY"});
+    h.admin("POST", "/v1/admin/budgets", Some(&periodic)).await.assert_created();
+    let rid = h.reserve_ok(&p, 90, json!({})).await;
+    h.commit(&p, &rid, 90).await.assert_ok();
+    assert_eq!(scripts_run(&h, "before the end", h.reserve(&p, 5, json!({}))).await, plain);
+    tokio::time::sleep(std::time::Duration::from_millis((end + 100 - now_ms()).max(0) as u64)).await;
+    assert_eq!(scripts_run(&h, "period", h.reserve(&p, 50, json!({}))).await, once);
+    let l = h.root(&p).await;
+    assert_eq!((l.allocated, l.spent, l.reserved), (100, 0, 55), "rolled (the hold of 5 kept), then held");
+    assert_eq!(scripts_run(&h, "after period", h.reserve(&p, 10, json!({}))).await, plain);
+}
