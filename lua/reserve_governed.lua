@@ -17,7 +17,8 @@ if redis.call('EXISTS', K.dry_run_record) == 1 then return err('IDEMPOTENCY_MISM
 local ask = ask_of('hold', K, A, now, tenant, scope_path)
 local verdict = decide(ask, GOVERNED)
 if verdict then return refused(ask, verdict, now_s) end
-local answer, unwritten = hold(ask, now_s, GOVERNED.moves)
+-- (the quota and guard counts the checks found to move, if any)
+local answer, unwritten = hold(ask, now_s, (ask.counted or ask.guarded) and GOVERNED.moves)
 -- (an active-hold slot the guards took goes back when nothing was held)
 if unwritten then GOVERNED.release_slots(ask) end
 return answer

@@ -155,36 +155,41 @@ end
 
 -- The checks, by name, in the normative order (protocol v0.1.26: access, risk-class quotas,
 -- per-kind quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent
--- guards before the budgets; caps last). Those marked `policies` are `GOVERNED`'s and find
--- nothing to check without a policy, those marked `rules` nothing without a v0.1.26 action rule
--- in the policies in force: a request runs the others only, in the same order.
+-- guards before the budgets; caps last). Those marked `policies` are `GOVERNED`'s and run only
+-- where the settings in force have one of the fields named (a reservation rate, v0.1.26 action
+-- rules, a guard): a request runs the others only, in the same order.
 local CHECKS = {
   {'tenant_status'},
-  {'rate_limit', policies = true},
+  {'rate_limit', policies = {'rl_r'}},
   {'attempt'},
-  {'action_rules', policies = true, rules = true},
-  {'guards', policies = true},
+  {'action_rules', policies = {'ruled'}},
+  {'guards', policies = {'ma', 'sm', 'sh'}},
   {'budgets'},
   {'caps'},
-  lists = {},
 }
+
+-- The checks that run under the settings `pol` (`governed`: the script has `GOVERNED`), kept on
+-- them: settings in force are remembered per script VM, so each is listed once.
+function CHECKS.under(pol, governed)
+  local checks = {}
+  for _, c in ipairs(CHECKS) do
+    local run = check[c[1]]
+    for _, f in ipairs(not run and governed and c.policies or {}) do
+      if pol[f] then run = governed.check[c[1]] break end
+    end
+    if run then checks[#checks + 1] = run end
+  end
+  pol.checks = checks
+  return checks
+end
 
 -- The verdict of the checks on `ask` (nil: admitted). `governed` (lua/lib/governance.lua), when
 -- the script has it, reads the policies in force once and adds their checks.
 local function decide(ask, governed)
   local policed = governed and ask.policed
-  local pol = policed and governed.policies(ask) or NO_POLICIES
+  local pol = policed and governed.policies(ask.sc.prefix, ask.scope, ask.now, ask.tenant) or NO_POLICIES
   ask.pol = pol
-  local which = not policed and 'plain' or pol.ruled and 'all' or 'unruled'
-  local checks = CHECKS.lists[which]
-  if not checks then -- (made at the first call: a library's top level calls nothing)
-    checks = {}
-    for _, c in ipairs(CHECKS) do
-      local run = check[c[1]] or which ~= 'plain' and (which == 'all' or not c.rules) and governed.check[c[1]]
-      if run then checks[#checks + 1] = run end
-    end
-    CHECKS.lists[which] = checks
-  end
+  local checks = pol.checks or CHECKS.under(pol, governed)
   for i = 1, #checks do
     local verdict = checks[i](ask, governed)
     -- (an active-hold slot the guards took goes back with a later refusal)

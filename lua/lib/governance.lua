@@ -8,12 +8,8 @@
 -- layout, a ledger of before the view (`reserve_opening`, `scoped_budgets`).
 -- needs: reply, record, ledger, tenant, events, alerts, periods, policies, quotas, guards, decision
 
-local GOVERNED = {check = {}, template_ledger = template_ledger, release_slots = release_slots, roll_period = roll_period,
-  read_budget = read_budget, decoded_record = decoded_record}
-
-function GOVERNED.policies(ask)
-  return policy_settings(ask.sc.prefix, ask.scope, ask.now, ask.tenant)
-end
+local GOVERNED = {check = {}, policies = policy_settings, template_ledger = template_ledger, release_slots = release_slots,
+  roll_period = roll_period, read_budget = read_budget, decoded_record = decoded_record}
 
 -- The request's action as the v0.1.26 rules see it, decoded when first needed (false: none).
 function GOVERNED.action(ask)
