@@ -156,28 +156,33 @@ end
 -- The checks, by name, in the normative order (protocol v0.1.26: access, risk-class quotas,
 -- per-kind quotas, budgets; before them the tenant and a policy's rate limit; the runaway-agent
 -- guards before the budgets; caps last). Those marked `policies` are `GOVERNED`'s and run only
--- where the settings in force have one of the fields named (a reservation rate, v0.1.26 action
--- rules, a guard): a request runs the others only, in the same order.
+-- where the settings in force have what they check (`CHECKS.under`): a request runs the others
+-- only, in the same order.
 local CHECKS = {
   {'tenant_status'},
-  {'rate_limit', policies = {'rl_r'}},
+  {'rate_limit', policies = 1},
   {'attempt'},
-  {'action_rules', policies = {'ruled'}},
-  {'guards', policies = {'ma', 'sm', 'sh'}},
+  {'action_rules', policies = 2},
+  {'guards', policies = 4},
   {'budgets'},
   {'caps'},
+  lists = {},
 }
 
--- The checks that run under the settings `pol` (`governed`: the script has `GOVERNED`), kept on
--- them: settings in force are remembered per script VM, so each is listed once.
+-- The checks that run under the settings `pol`: the policies' checks whose bit (`policies`) the
+-- settings have (1 a reservation rate, 2 v0.1.26 action rules, 4 a runaway-agent guard), listed
+-- once per such shape and kept on the settings, which a script VM remembers: a request on
+-- settings it knows finds its list at once.
 function CHECKS.under(pol, governed)
-  local checks = {}
-  for _, c in ipairs(CHECKS) do
-    local run = check[c[1]]
-    for _, f in ipairs(not run and governed and c.policies or {}) do
-      if pol[f] then run = governed.check[c[1]] break end
+  local shape = (pol.rl_r and 1 or 0) + (pol.ruled and 2 or 0) + ((pol.ma or pol.sm or pol.sh) and 4 or 0)
+  local checks = CHECKS.lists[shape]
+  if not checks then -- (made at the first call: a library's top level calls nothing)
+    checks = {}
+    for _, c in ipairs(CHECKS) do
+      local run = check[c[1]] or c.policies and math.floor(shape / c.policies) % 2 == 1 and governed.check[c[1]]
+      if run then checks[#checks + 1] = run end
     end
-    if run then checks[#checks + 1] = run end
+    CHECKS.lists[shape] = checks
   end
   pol.checks = checks
   return checks
