@@ -7,11 +7,11 @@
 -- anything is written, to lua/reserve_governed.lua (same keys and arguments; the store runs it,
 -- and calls it directly for that tenant from then on). This script reads today's layouts only:
 -- what is older, or due to change, goes to the governed reserve for one call ('once'), which
--- reads it and brings what it writes up to date: a tenant record without its packed copy (or
--- none), a record of the first layout (`reserve_opening`), a ledger of before the view or whose
--- period has ended (`scoped_budgets`).
+-- reads it and brings what it writes up to date: a tenant record without its packed copy, a
+-- record of the first layout (`reserve_opening`), a ledger of before the view or whose period
+-- has ended (`scoped_budgets`). A tenant without a record goes there from now on.
 local tenant = TENANT.current(K.tenant)
-if not tenant then return {'HANDOVER', 'reserve_governed', 'once'} end
+if not tenant and redis.call('EXISTS', K.tenant) == 1 then return {'HANDOVER', 'reserve_governed', 'once'} end
 if type(tenant) ~= 'table' or tenant.policies ~= 0 or observing(A, tenant) then
   return {'HANDOVER', 'reserve_governed'}
 end

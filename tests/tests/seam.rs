@@ -385,7 +385,7 @@ async fn scripts_run(h: &Harness, name: &str, request: impl std::future::Future<
 /// copy, a ledger of before the view, a record of the first layout met by a replay and a ledger
 /// whose period has ended go to the governed reserve for that call only (two round trips, one
 /// hold), which brings what it writes up to date; the tenant's next reserve is the plain
-/// script's again, in one round trip.
+/// script's again, in one round trip. A tenant without a record goes there for good.
 #[tokio::test]
 async fn what_is_older_than_todays_layouts_goes_to_the_governed_reserve_for_one_call() {
     use cycles_shared::domain::{format_rfc3339_ms, now_ms};
@@ -458,4 +458,9 @@ async fn what_is_older_than_todays_layouts_goes_to_the_governed_reserve_for_one_
     let l = h.root(&p).await;
     assert_eq!((l.allocated, l.spent, l.reserved), (100, 0, 55), "rolled (the hold of 5 kept), then held");
     assert_eq!(scripts_run(&h, "after period", h.reserve(&p, 10, json!({}))).await, plain);
+
+    // a tenant without a record is the governed reserve's from then on (nothing to bring up to date)
+    let _: () = h.store.conn().del(TenantKeys::new(&p.id).tenant()).await.unwrap();
+    assert_eq!(scripts_run(&h, "no record", h.reserve(&p, 1, json!({}))).await, once);
+    assert_eq!(scripts_run(&h, "still none", h.reserve(&p, 1, json!({}))).await, ["reserve_governed"]);
 }
