@@ -306,17 +306,14 @@ local function hold(ask, now_s, moves)
   if grace ~= RULES.DEFAULT_GRACE_MS then rec.grace = A.grace_ms end
   if max_ext ~= RULES.MAX_EXTENSIONS then rec.max_ext = itoa(max_ext) end
   if runs and #runs > 0 then rec.qrun = cjson.encode(runs) end
-  local token = string.sub(A.id_prefix, -15, -2)
-  -- metadata lives beside the record (`m` says so), so listings never load it unless asked
-  if A.metadata ~= '' then
-    rec.m = '1'
-    redis.call('HSET', KEY.reservation_metadata(sc.prefix, token), 'metadata', A.metadata)
-  end
+  -- metadata lives beside the record (`m` says so; `record_text` puts it there), so listings
+  -- never load it unless asked
+  if A.metadata ~= '' then rec.metadata = A.metadata end
   save_record(K.reservation, rec)
   local due = itoa(now + ttl + grace)
   redis.call('ZADD', K.expiry_index, due, rid)
   -- the tenant's name: the id's first part (the prefix is "<tenant>.<14-character token>.")
   redis.call('ZADD', K.due_index, 'LT', due, string.sub(A.id_prefix, 1, -17))
-  index_reservation(K, token, rec)
+  index_reservation(K, string.sub(A.id_prefix, -15, -2), rec)
   return ok(reserve_answer(rec, rid), 'ACTIVE', now_s)
 end

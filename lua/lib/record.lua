@@ -152,9 +152,9 @@ local function record_fields(rec, n)
   return RECORD.text[n](rec, STATUS_CODE[rec.status])
 end
 
--- The record's text (today's layout). A record of the first layout that held its metadata
--- inline gives it up here: the metadata key beside record `key` receives it (a new record,
--- whose metadata went beside it already, needs none).
+-- The record's text (today's layout). Metadata the record carries (a new reservation's, or
+-- what a record of the first layout held inline) goes to the metadata key beside record `key`,
+-- and the record says it has some (`m`).
 local function record_text(rec, key)
   if rec.metadata or rec.cmeta then
     local meta = RECORD.metadata_key(key)
