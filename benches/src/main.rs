@@ -50,6 +50,12 @@ struct Opts {
     history: Option<(String, String)>,
 }
 
+const USAGE: &str = "usage: cycles-bench [--iterations N] [--warmup N] [--json FILE] [--idle-tenants N]
+       cycles-bench --baseline REV [--rounds N] [--block N] [--json FILE]   (this tree beside REV, CPU per request)
+       cycles-bench --costs | --update-costs | --costs-of REV [--without-functions]   (instruction budgets)
+       cycles-bench --soak SECONDS | --lambda-dir DIR | --lambda-smoke DIR | --history NAME REV
+(BENCHMARKS.md says what each prints)";
+
 fn opts() -> Opts {
     let mut o = Opts {
         iterations: 200,
@@ -94,7 +100,14 @@ fn opts() -> Opts {
             }
             "--history" => o.history = it.next().zip(it.next()),
             "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other}; use --iterations N --warmup N --json FILE"),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
+            other => {
+                eprintln!("unknown argument {other}\n{USAGE}");
+                std::process::exit(2)
+            }
         }
     }
     o
