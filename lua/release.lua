@@ -17,7 +17,7 @@ for i = 1, #budgets do local b = budgets[i]
 end
 local failed = write_budgets(budgets, now_s)
 if failed then return failed end
-budget_events(r.sc, budgets, r.unit)
+for i = 1, #budgets do hold_events(r.sc, budgets[i], r.unit) end
 
 local rec = r.rec
 give_back(r.sc, rec)

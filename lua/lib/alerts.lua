@@ -153,7 +153,11 @@ end
 -- stream's count now less the oldest such mark in it (the hot reserve writes nothing for it).
 -- Each tenant's current window key is remembered per script VM (`ALERT_MEMOS.windows`, by key
 -- prefix), so a count formats its digits once per tenth, not once per request.
-local RATES = {}
+local RATES = {spikes = {
+  d = {metric = 'denial_rate', event = 'reservation.denial_rate_spike', setting = 'dr'},
+  x = {metric = 'expiry_rate', event = 'reservation.expiry_rate_spike', setting = 'er'},
+  f = {metric = 'auth_failure_rate', event = 'api_key.auth_failure_rate_spike', setting = 'ar'},
+}}
 
 -- The tenant's current window; `mark`: before a reserve that may make a reservation, so the
 -- window's mark (`s`) is written, once per tenth.
@@ -192,18 +196,12 @@ function RATES.made(prefix)
   return 0
 end
 
-local SPIKES = {
-  d = {metric = 'denial_rate', event = 'reservation.denial_rate_spike', setting = 'dr'},
-  x = {metric = 'expiry_rate', event = 'reservation.expiry_rate_spike', setting = 'er'},
-  f = {metric = 'auth_failure_rate', event = 'api_key.auth_failure_rate_spike', setting = 'ar'},
-}
-
 -- After a count of `field` (d, x or f): the share over the last window (ten tenths) of
 -- denials among reservation attempts, of expiries among reservations made, or of failures
 -- among authentications; above its threshold, with at least RULES.ALERTS.min_samples in the
 -- window, the spike event, at most once per window.
 local function spike_check(sc, field)
-  local cfg, s = alert_settings(sc), SPIKES[field]
+  local cfg, s = alert_settings(sc), RATES.spikes[field]
   local window = cfg.rw * 1000
   local alerted = KEY.alerted(sc.prefix)
   if sc.now < tonumber(redis.call('HGET', alerted, s.metric) or '0') + window then return end
@@ -248,26 +246,31 @@ local function expire_key(sc, key, k)
     'api_key.expire', 'api_key', k[1], sc.now)
 end
 
--- Budget events on real transitions of the budgets a script just wrote: remaining reached 0
--- (budget.exhausted), is_over_limit turned on (budget.over_limit_entered; the runtime never
--- turns it off), debt grew
--- (budget.debt_incurred, with `reservation_id` when a commit caused it), a utilization
--- threshold crossed (budget.threshold_crossed), a burn-rate anomaly (`track_burn`). They are
--- written only by the script that makes the change, never on a replay, so a request never
--- writes one twice.
+-- The events of a change to a ledger's holds (a reserve, a release: reserved and remaining
+-- move; nothing is spent, owed or over the limit): a utilization threshold crossed
+-- (budget.threshold_crossed), remaining reaching 0 (budget.exhausted).
+local function hold_events(sc, b, unit)
+  threshold_events(sc, b, b.before)
+  if b.remaining == '0' and d_pos(b.before.remaining) then
+    local used = d_add(b.spent, b.reserved)
+    emit(sc.events, 'budget.exhausted', sc.name, b.scope, sc.ctx, 'cycles-server',
+      '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
+      ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
+      ',"reserved":' .. b.reserved .. ',"direction":"rising"}', sc.now)
+  end
+end
+
+-- Budget events on real transitions of the budgets a charge just wrote: `hold_events`, then a
+-- burn-rate anomaly (`track_burn`), is_over_limit turned on (budget.over_limit_entered; the
+-- runtime never turns it off), debt grew (budget.debt_incurred, with `reservation_id` when a
+-- commit caused it). They are written only by the script that makes the change, never on a
+-- replay, so a request never writes one twice.
 local function budget_events(sc, budgets, unit, reservation_id, policy)
   local events_key, now = sc.events, sc.now
   for i = 1, #budgets do local b = budgets[i]
-    threshold_events(sc, b, b.before)
+    hold_events(sc, b, unit)
     if b.anomaly then
       emit(events_key, 'budget.burn_rate_anomaly', sc.name, b.scope, sc.ctx, 'cycles-server', b.anomaly, now)
-    end
-    if b.remaining == '0' and d_pos(b.before.remaining) then
-      local used = d_add(b.spent, b.reserved)
-      emit(events_key, 'budget.exhausted', sc.name, b.scope, sc.ctx, 'cycles-server',
-        '{"scope":' .. cjson.encode(b.scope) .. ',"unit":"' .. unit .. '","threshold":1.0,"utilization":' .. ratio(used, b.allocated) ..
-        ',"allocated":' .. b.allocated .. ',"remaining":' .. b.remaining .. ',"spent":' .. b.spent ..
-        ',"reserved":' .. b.reserved .. ',"direction":"rising"}', now)
     end
     if b.over ~= b.before.over then over_limit_events(events_key, sc.ctx, b, sc.name, now, 'cycles-server') end
     if b.debt ~= b.before.debt and d_cmp(b.debt, b.before.debt) > 0 then

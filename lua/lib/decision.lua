@@ -290,7 +290,7 @@ local function hold(ask, now_s, moves)
   end
   local failed = write_budgets(budgets, now_s)
   if failed then return failed, true end
-  budget_events(sc, budgets, A.unit, nil, policy)
+  for i = 1, #budgets do hold_events(sc, budgets[i], A.unit) end
   -- (the counts a hold moves, kept in its record; none for most)
   local runs = moves and moves(ask, now_s)
 

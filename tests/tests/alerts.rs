@@ -56,6 +56,31 @@ async fn utilization_thresholds_fire_once_per_direction() {
     assert_eq!(crossed.len(), 6, "0.95 -> 0.16: both fall");
 }
 
+/// A reserve that takes a ledger's remaining to 0 is its exhaustion (a hold writes only the
+/// utilization events: thresholds crossed and budget.exhausted); releasing it exhausts nothing
+/// and brings the thresholds back down; neither writes what only a charge can cause.
+#[tokio::test]
+async fn a_hold_that_takes_the_last_of_a_budget_exhausts_it() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    let exhausted = h.admin_events(&t.id, "budget.exhausted").await;
+    assert_eq!(exhausted.len(), 1);
+    let d = &exhausted[0]["data"];
+    assert_eq!(
+        (d["remaining"].as_i64(), d["reserved"].as_i64(), d["utilization"].as_f64(), d["direction"].as_str()),
+        (Some(0), Some(100), Some(1.0), Some("rising"))
+    );
+    assert_eq!(exhausted[0]["scope"], format!("tenant:{}", t.id).as_str());
+    assert_eq!(h.admin_events(&t.id, "budget.threshold_crossed").await.len(), 3, "0.8, 0.95 and 1.0 rising");
+    h.release(&t, &rid).await.assert_ok();
+    assert_eq!(h.admin_events(&t.id, "budget.exhausted").await.len(), 1, "a release exhausts nothing");
+    assert_eq!(h.admin_events(&t.id, "budget.threshold_crossed").await.len(), 6, "and all three fall");
+    for kind in ["budget.debt_incurred", "budget.over_limit_entered", "budget.burn_rate_anomaly"] {
+        assert!(h.admin_events(&t.id, kind).await.is_empty(), "{kind}");
+    }
+}
+
 #[tokio::test]
 async fn a_subscriptions_thresholds_are_the_ones_alerted() {
     let h = Harness::start().await;
