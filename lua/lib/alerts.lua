@@ -246,8 +246,8 @@ local function expire_key(sc, key, k)
     'api_key.expire', 'api_key', k[1], sc.now)
 end
 
--- The events of a change to a ledger's holds (a reserve, a release: reserved and remaining
--- move; nothing is spent, owed or over the limit): a utilization threshold crossed
+-- The events of a change to a ledger's holds (a reserve, a release, an expiry: reserved and
+-- remaining move; nothing is spent, owed or over the limit): a utilization threshold crossed
 -- (budget.threshold_crossed), remaining reaching 0 (budget.exhausted).
 local function hold_events(sc, b, unit)
   threshold_events(sc, b, b.before)

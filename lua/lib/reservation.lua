@@ -55,7 +55,7 @@ local function expire_if_overdue(r, ix, now, retention_ms)
     iso8601(r.created_at) .. '","expired_at":"' .. iso8601(now) .. '","ttl_ms":' ..
     string.format('%d', r.expires_at - r.created_at) .. ',"extensions_used":' .. string.format('%d', r.extensions) .. '}'
   emit(ix.events, 'reservation.expired', tenant, r.scope_path, nil, 'cycles-expiry', data, now)
-  for i = 1, #budgets do threshold_events(sc, budgets[i], budgets[i].before) end
+  for i = 1, #budgets do hold_events(sc, budgets[i], r.unit) end
   count_and_check(sc, 'x')
   return true
 end
