@@ -58,7 +58,7 @@ async fn utilization_thresholds_fire_once_per_direction() {
 
 /// A reserve that takes a ledger's remaining to 0 is its exhaustion (a hold writes only the
 /// utilization events: thresholds crossed and budget.exhausted); releasing it exhausts nothing
-/// and brings the thresholds back down; neither writes what only a charge can cause.
+/// and brings the thresholds back down, as an expiry does; none writes what only a charge can cause.
 #[tokio::test]
 async fn a_hold_that_takes_the_last_of_a_budget_exhausts_it() {
     let h = Harness::start().await;
@@ -76,6 +76,18 @@ async fn a_hold_that_takes_the_last_of_a_budget_exhausts_it() {
     h.release(&t, &rid).await.assert_ok();
     assert_eq!(h.admin_events(&t.id, "budget.exhausted").await.len(), 1, "a release exhausts nothing");
     assert_eq!(h.admin_events(&t.id, "budget.threshold_crossed").await.len(), 6, "and all three fall");
+    // an expiry gives a hold back alike: its thresholds fall, nothing is exhausted
+    h.reserve_ok(&t, 90, json!({"ttl_ms": 1000, "grace_period_ms": 0})).await;
+    assert_eq!(h.admin_events(&t.id, "budget.threshold_crossed").await.len(), 7, "0.8 rising");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.sweep_tenant(&t, &SweepOptions::default()).await.expired, 1);
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
+    assert_eq!(crossed.len(), 8, "and falls when the hold expires");
+    assert_eq!(
+        (crossed[7]["data"]["threshold"].as_f64(), crossed[7]["data"]["direction"].as_str()),
+        (Some(0.8), Some("falling"))
+    );
+    assert_eq!(h.admin_events(&t.id, "budget.exhausted").await.len(), 1);
     for kind in ["budget.debt_incurred", "budget.over_limit_entered", "budget.burn_rate_anomaly"] {
         assert!(h.admin_events(&t.id, kind).await.is_empty(), "{kind}");
     }
