@@ -27,7 +27,7 @@ end
 if k[3] and tonumber(k[3]) <= now then return err('KEY_EXPIRED', MSG.API_KEY_EXPIRED) end
 if A.mode == 'rotate' then
   local r = cjson.decode(A.change)
-  KEY_AUTH.rotate(K.api_key, r, now, now_s)
+  rotate_secret(K.api_key, r, now, now_s)
   KEY_AUTH.refresh(K.api_key)
   audit(K.audit_log, ctx, 'api_key.rotate', 'api_key', key_id, now, {grace_period_ms = r.grace_ms})
   return ok(record_json(K.api_key), 'ACTIVE', now_s)

@@ -4,7 +4,7 @@
 local added = 0
 for i, key in ipairs(K.records) do
   local rec = load_record(key)
-  if rec and STATUS_MARK[rec.status] and rec.estimate and rec.expires and rec.subject and rec.scope then
+  if rec and STATUS_CODE[rec.status] and rec.estimate and rec.expires and rec.subject and rec.scope then
     list_add(K.listing_index, list_members(string.sub(A.members[i], 14), rec.status, rec.subject, rec.estimate,
       rec.scope, rec.expires))
     added = added + 1

@@ -17,7 +17,7 @@ for i = 1, n do
   local token = entries[i][2][2]
   local raw = redis.call('GET', KEY.reservation(prefix, token))
   local rec = raw and head_record(raw)
-  if rec and STATUS_MARK[rec.status] and rec.estimate and rec.expires and rec.scope and rec.subject then
+  if rec and STATUS_CODE[rec.status] and rec.estimate and rec.expires and rec.scope and rec.subject then
     local ended = A.pack ~= '' and rec.status ~= 'ACTIVE'
     for _, m in ipairs(list_members(token, rec.status, rec.subject, rec.estimate, rec.scope, rec.expires)) do
       if ended and #m <= CHUNKED.longest then packed[#packed + 1] = m else live[#live + 1] = m end

@@ -34,7 +34,7 @@ end
 if k[3] and k[3] ~= '' and tonumber(k[3]) <= now then return err('KEY_EXPIRED', MSG.OPERATOR_KEY_EXPIRED) end
 if A.mode == 'rotate' then
   local r = cjson.decode(A.change)
-  KEY_AUTH.rotate(K.operator_key, r, now, now_s)
+  rotate_secret(K.operator_key, r, now, now_s)
   audit(K.audit_log, ctx, 'operator_key.rotate', 'operator_key', key_id, now, {grace_period_ms = r.grace_ms})
   return ok(record_json(K.operator_key), 'ACTIVE', now_s)
 end

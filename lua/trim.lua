@@ -21,7 +21,7 @@ for i = 1, #A.entries, 2 do
   if not rec then
     drop(entry)
     removed = removed + 1
-  elseif rec.status ~= 'ACTIVE' and STATUS_MARK[rec.status] and finished and finished + retention <= now
+  elseif rec.status ~= 'ACTIVE' and STATUS_CODE[rec.status] and finished and finished + retention <= now
       and rec.estimate and rec.expires then
     CHUNKED.remove(K.listing_index, list_members(token, rec.status, rec.subject, rec.estimate, rec.scope, rec.expires))
     redis.call('DEL', record, meta)

@@ -46,15 +46,6 @@ function KEY_AUTH.rotated_from(key_record, digest, now)
   return p[1] == digest and now < (tonumber(p[2]) or 0)
 end
 
--- A key's new secret (`r`: {digest, prefix, grace_ms}): the current one keeps working `grace_ms`
--- more (`rotated_from`), a secret from an earlier rotation stops now. (Operator keys rotate
--- alike; an API key's caller refreshes its packed copy after.)
-function KEY_AUTH.rotate(key_record, r, now, now_s)
-  local current = redis.call('HGET', key_record, 'digest')
-  redis.call('HSET', key_record, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
-    'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
-end
-
 -- API-key check inside the operation's own script: digest, status, expiry, permission.
 -- Every failure yields the same 401 message; the reason travels separately for logs. On
 -- success the second value is the key's raw scope_filter (nil when it has none), for
@@ -81,6 +72,15 @@ local function authorize(key_record, digest, accepted, now, read_only)
   end
   if admitted then return nil, k.filter, k end
   return err('FORBIDDEN', MSG.PERMISSION_MISSING .. string.match(accepted, '[^,]+'))
+end
+
+-- A key's new secret (`r`: {digest, prefix, grace_ms}): the current one keeps working
+-- `grace_ms` more (`KEY_AUTH.rotated_from`), a secret from an earlier rotation stops now.
+-- (Operator keys rotate alike; an API key's caller refreshes its packed copy after.)
+local function rotate_secret(key_record, r, now, now_s)
+  local current = redis.call('HGET', key_record, 'digest')
+  redis.call('HSET', key_record, 'digest', r.digest, 'key_prefix', r.prefix, 'previous_digest', current,
+    'previous_until_ms', itoa(now + r.grace_ms), 'rotated_at_ms', now_s, 'updated_at_ms', now_s)
 end
 
 local LEVELS = {'tenant', 'workspace', 'app', 'workflow', 'agent', 'toolset'}

@@ -1,13 +1,12 @@
 -- The listing index of a tenant's reservations.
--- needs: nothing
+-- needs: record
 
 -- The listing index of a tenant (one sorted set, all scores 0, read BYLEX) holds, per
 -- reservation the flush has reached (`index_reservation`), one status member "<S><T><token>"
--- (S: A, C, E or R for ACTIVE, COMMITTED, EXPIRED, RELEASED; T: 0 when its subject names a
+-- (S: the status's letter, as the record keeps it (`STATUS_CODE`); T: 0 when its subject names a
 -- tenant, else 1) and three value members: "r<estimate, 19 digits><token>", "p<scope
 -- path>\0<token>" and "x<expires_at_ms, 13 digits><token>", so every sort order of the listing
 -- is a walk of ranges of it (the created stream serves created_at).
-local STATUS_MARK = {ACTIVE = 'A', COMMITTED = 'C', EXPIRED = 'E', RELEASED = 'R'}
 
 local function padded(digits, width)
   return string.rep('0', width - #digits) .. digits
@@ -29,7 +28,7 @@ end
 -- The members of one reservation: `status`, `subject` (JSON), `estimate` (digits), `scope`
 -- and `expires` (digits).
 local function list_members(token, status, subject, estimate, scope, expires)
-  return {STATUS_MARK[status] .. tenant_mark(subject) .. token, 'r' .. padded(estimate, 19) .. token,
+  return {STATUS_CODE[status] .. tenant_mark(subject) .. token, 'r' .. padded(estimate, 19) .. token,
     'p' .. scope .. '\0' .. token, 'x' .. padded(expires, 13) .. token}
 end
 
@@ -60,7 +59,7 @@ end
 -- A reservation's status member moves with its status (`r` as `read_reservation` returns it).
 local function list_status(list_key, r, to)
   local token, t = token_of(r.rid), tenant_mark(r.rec.subject or '')
-  list_move(list_key, STATUS_MARK[r.status] .. t .. token, STATUS_MARK[to] .. t .. token)
+  list_move(list_key, STATUS_CODE[r.status] .. t .. token, STATUS_CODE[to] .. t .. token)
 end
 
 -- The compacted part of the listing index. Finished reservations never change again, so the
