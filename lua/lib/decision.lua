@@ -46,8 +46,9 @@ end
 -- each is rolled into its current period, and a scope without one gets one from a policy's
 -- budget template when one is in force for it (a hold, an event or an enforced decide makes
 -- it; dry_run and observed evaluations see what would be made). Without it (a plain tenant's
--- reserve), a ledger whose period has ended hands the reserve to lua/reserve_governed.lua
--- (nothing written before but the rate alerts' once-per-window mark, which it sets alike).
+-- reserve), a ledger whose period has ended, or no budget in the unit, hands the reserve to
+-- lua/reserve_governed.lua (nothing written before but the rate alerts' once-per-window mark,
+-- which it sets alike).
 local function scoped_budgets(ask, governed)
   local budgets, codes = {}, {}
   local e = {budgets = budgets, codes = codes}
@@ -77,20 +78,9 @@ local function scoped_budgets(ask, governed)
     end
   end
   if #budgets > 0 then return e end
-  -- no budget in this unit: 400 when a derived scope has one in another, else BUDGET_NOT_FOUND
-  for _, arg in ipairs(ask.A.scopes) do
-    local scope = string.sub(arg, 1, -10)
-    local units = redis.call('HGET', KEY.scope_units(ask.sc.prefix), scope)
-    if units and units ~= '' then
-      local expected = {}
-      for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end
-      local unit = ask.A.unit
-      return nil, err('UNIT_MISMATCH', 'No budget in ' .. unit .. ' for this subject; scope ' .. scope ..
-        ' is budgeted in ' .. table.concat(expected, ', '),
-        cjson.encode({scope = scope, requested_unit = unit, expected_units = expected}))
-    end
-  end
-  return nil
+  -- (no budget in this unit: the governed reserve tells a unit mismatch from a missing budget)
+  if not governed then return nil, {'HANDOVER', 'reserve_governed', 'once'} end
+  return nil, governed.unit_mismatch(ask)
 end
 
 local check = {} -- the checks of every request, numbered in their order (CHECKS, below)

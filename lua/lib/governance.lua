@@ -5,11 +5,30 @@
 -- (dry_run, decide, a reserve in observe mode) and events always decide with it, a live
 -- reserve when the tenant has policies or a period to roll (lua/reserve_governed.lua). It also
 -- reads what a plain tenant's reserve hands over for this call only: a record of the first
--- layout, a ledger of before the view (`reserve_opening`, `scoped_budgets`).
+-- layout, a ledger of before the view, a request no budget of its unit admits
+-- (`reserve_opening`, `scoped_budgets`).
 -- needs: reply, record, ledger, tenant, events, alerts, periods, policies, quotas, guards, decision
 
 local GOVERNED = {check = {}, policies = policy_settings, template_ledger = template_ledger, release_slots = release_slots,
   roll_period = roll_period, read_budget = read_budget, decoded_record = decoded_record}
+
+-- A request without a budget in its unit: 400 UNIT_MISMATCH when a derived scope is budgeted in
+-- another unit (from the tenant's scope index), else nil (the caller's BUDGET_NOT_FOUND).
+function GOVERNED.unit_mismatch(ask)
+  for _, arg in ipairs(ask.A.scopes) do
+    local scope = string.sub(arg, 1, -10)
+    local units = redis.call('HGET', KEY.scope_units(ask.sc.prefix), scope)
+    if units and units ~= '' then
+      local expected = {}
+      for u in string.gmatch(units, '[^,]+') do expected[#expected + 1] = u end
+      local unit = ask.A.unit
+      return err('UNIT_MISMATCH', 'No budget in ' .. unit .. ' for this subject; scope ' .. scope ..
+        ' is budgeted in ' .. table.concat(expected, ', '),
+        cjson.encode({scope = scope, requested_unit = unit, expected_units = expected}))
+    end
+  end
+  return nil
+end
 
 -- The request's action as the v0.1.26 rules see it, decoded when first needed (false: none).
 function GOVERNED.action(ask)

@@ -87,6 +87,25 @@ async fn a_tenant_with_policies_is_handed_to_the_governed_reserve_once() {
     }
 }
 
+/// A reserve no budget of its unit covers is answered by the governed script (which tells a unit
+/// mismatch from a missing budget), for that call only: the tenant's next reserve is one round
+/// trip again.
+#[tokio::test]
+async fn a_reserve_without_a_budget_is_answered_by_the_governed_reserve_for_that_call_only() {
+    let h = private_redis(None).await;
+    let t = h.funded(1_000_000).await;
+    h.reserve_ok(&t, 10, json!({})).await;
+    let seen = commands(&h, "unbudgeted reserve", async {
+        let r = h.reserve(&t, 10, json!({"subject": {"workspace": "nobody"}})).await;
+        r.assert_error(404, "NOT_FOUND");
+        Resp { status: 200, ..r }
+    })
+    .await;
+    assert_eq!(seen, vec!["\"fcall\"", "\"fcall\""], "handed over for this call");
+    one_round_trip(&h, "budgeted reserve", "fcall", h.reserve(&t, 10, json!({}))).await;
+    assert_eq!(h.root(&t).await.reserved, 20);
+}
+
 /// A harness on a private standalone server (other tests must not pollute MONITOR), connected
 /// as a user whose ACL removes `denied` commands, when given.
 async fn private_redis(denied: Option<&str>) -> Harness {
