@@ -640,10 +640,11 @@ impl Library {
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
         hash.update(&helpers);
+        // (every part of the generated code: two builds whose functions differ never share a name)
         for s in scripts {
             hash.update(s.name);
-            hash.update(s.keys.join(","));
-            hash.update(s.args.join(","));
+            hash.update(s.kept_prologue());
+            hash.update([u8::from(s.read_only)]);
             hash.update(s.body);
         }
         let version = hex::encode(&hash.finalize()[..6]);
@@ -872,6 +873,19 @@ mod tests {
         }
         assert!(lib.handed_over.lock().unwrap().len() <= HANDED_OVER_KEPT);
         assert!(lib.successor(&plain, &keys("t1")).is_none(), "started over when full");
+    }
+
+    /// A library's name carries a hash of all its generated code: functions that differ only in
+    /// what is generated around their bodies (a flag, a prologue) never share a name, so two
+    /// builds never call each other's functions.
+    #[test]
+    fn a_library_is_named_by_all_its_code() {
+        let s = Script { name: "s", body: "return 1", keys: &["t"], args: &["a"], read_only: false };
+        let named = |s: Script| Library::new("test", String::new(), &[s]).version;
+        assert_eq!(named(s), named(s));
+        assert_ne!(named(s), named(Script { read_only: true, ..s }), "flags");
+        assert_ne!(named(s), named(Script { keys: &[], ..s }), "prologue");
+        assert_ne!(named(s), named(Script { body: "return 2", ..s }), "body");
     }
 
     #[test]
