@@ -29,6 +29,30 @@ local function recall(memo, key, text)
   return text ~= nil and memo.texts[key] == text and memo.known[key] or nil
 end
 
+-- Every script's first step (its prologue calls `SLOT.moving` with its first key). Redis
+-- Cluster checks the keys a call names before it runs the call (ASK or TRYAGAIN while their
+-- slot moves), but a key a script reaches through `KEY` (a usage log, event counts, a
+-- reservation's metadata) only when the script touches it: while the slot migrates away, a
+-- touch of one that is not on this node (moved already, or not made yet) raises mid-script,
+-- after the writes before it. So a script first reads a key never written (`KEY.slot_check`):
+-- while its slot leaves this node that read is refused, and the script answers TRYAGAIN before
+-- any write (not run: the gateway retries, and meets the slot moved). Whether the server is a
+-- cluster node is asked once per script VM (a refusal other than "cluster support disabled"
+-- counts as a cluster: checking costs a read, not checking a half-written call).
+local SLOT = {checks = {known = {}, kept = 0, max = 1000}}
+function SLOT.moving(first_key)
+  if SLOT.clustered == nil then
+    local id = redis.pcall('CLUSTER', 'MYID')
+    SLOT.clustered = not (type(id) == 'table' and string.find(tostring(id.err), 'cluster support disabled', 1, true))
+  end
+  if not SLOT.clustered or not first_key then return nil end
+  local key = SLOT.checks.known[first_key]
+  if key == nil then key = remember(SLOT.checks, first_key, KEY.slot_check(first_key) or false) end
+  local read = key and redis.pcall('EXISTS', key)
+  if type(read) == 'table' and read.err then return redis.error_reply('TRYAGAIN the slot of this call is moving') end
+  return nil
+end
+
 -- The replies every script gives: `ok` (the result, a table or JSON text, with the record's
 -- status where it has one), `replayed` (the stored answer of an earlier identical request), or
 -- `err` (an error code the Rust side knows, a message, optional JSON `details`, and an HTTP

@@ -5,7 +5,6 @@
 -- Reads a reservation; nil when absent (or when the id does not match the record). A record
 -- whose essential fields do not parse is returned with `corrupt` set (never acted on:
 -- callers quarantine or fail).
-local STATUSES = {ACTIVE = true, COMMITTED = true, RELEASED = true, EXPIRED = true}
 local function read_reservation(key, rid)
   local raw = redis.call('GET', key)
   if not raw then return nil end
@@ -21,7 +20,7 @@ local function read_reservation(key, rid)
     r.created_at, r.scope_path = tonumber(r.created), r.scope
   end
   r.rec = r
-  if not (r.codes and r.scope_path and r.expires_at and r.created_at and STATUSES[r.status] and type(r.estimate) == 'string'
+  if not (r.codes and r.scope_path and r.expires_at and r.created_at and STATUS_CODE[r.status] and type(r.estimate) == 'string'
       and string.match(r.estimate, '^%d+$') and d_fits(r.estimate)) then
     r.corrupt = true
   end

@@ -180,6 +180,16 @@ impl TenantKeys {
 /// record's 43 characters of digest or a counter's member, may grow it once).
 const KEY_SUFFIX_ROOM: usize = 64;
 
+/// The key of a slot no one writes, after the hash tag of any key in it: a script reads it first
+/// to tell that its slot is migrating away (`SLOT.moving` in `lua/lib/reply.lua`).
+pub const SLOT_CHECK_SUFFIX: &str = ":slot-check";
+
+/// The never-written key of the slot of `key` (None for a key without a hash tag).
+pub fn slot_check(key: &str) -> Option<String> {
+    let end = key.find('{').and_then(|open| key[open..].find('}').map(|close| open + close + 1))?;
+    Some([&key[..end], SLOT_CHECK_SUFFIX].concat())
+}
+
 /// Declares the keys of a tenant's slot once, for both languages: each line is a key's name, its
 /// parameters and its suffix after the tenant's prefix (literals and parameters in order). It
 /// gives `TenantKeys` one method per key and the script library its `KEY` table (`lua_table`),
@@ -198,13 +208,17 @@ macro_rules! tenant_keys {
         }
 
         /// The `KEY` table of the script library: one function per key of a tenant's slot,
-        /// `KEY.prefix_of(key)`, the tenant prefix of any of them, and `KEY.tag_of(prefix)`, the
-        /// tenant's (encoded) name in it.
+        /// `KEY.prefix_of(key)`, the tenant prefix of any of them, `KEY.tag_of(prefix)`, the
+        /// tenant's (encoded) name in it, and `KEY.slot_check(key)`, the key of `key`'s slot
+        /// that no one writes (`slot_check`).
         pub fn lua_table() -> String {
             let mut out = String::from(
                 "local KEY = {\n  prefix_of = function(key) return string.match(key, '^(cy:{[^}]*})') end,\n  \
                  tag_of = function(prefix) return string.match(prefix, '^cy:{(.*)}$') end,\n",
             );
+            out.push_str("  slot_check = function(key) local t = string.match(key, '^[^{]*{[^}]*}') return t and (t .. '");
+            out.push_str(SLOT_CHECK_SUFFIX);
+            out.push_str("') end,\n");
             $(
                 let params: &[&str] = &[$(stringify!($param)),*];
                 let mut body = String::from("p");

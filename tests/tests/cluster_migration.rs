@@ -50,10 +50,22 @@ async fn topology(seed: &str, slot: u16) -> (Vec<Node>, Node) {
 /// Moves `slot` from `from` to `to` the way `redis-cli --cluster reshard` does: mark it
 /// importing/migrating, MIGRATE its keys in batches while clients keep writing, then assign it.
 async fn move_slot(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize {
-    let (mut src, mut dst) = (connect(from).await, connect(to).await);
+    open_move(slot, from, to).await;
+    finish_move(slot, from, to, masters).await
+}
+
+/// The start of a move: `to` imports `slot`, `from` migrates it (no key moved yet).
+async fn open_move(slot: u16, from: &Node, to: &Node) {
     let setslot = |state: &str, node: &str| redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(node).clone();
-    let _: () = setslot("IMPORTING", &from.id).query_async(&mut dst).await.unwrap();
-    let _: () = setslot("MIGRATING", &to.id).query_async(&mut src).await.unwrap();
+    let _: () = setslot("IMPORTING", &from.id).query_async(&mut connect(to).await).await.unwrap();
+    let _: () = setslot("MIGRATING", &to.id).query_async(&mut connect(from).await).await.unwrap();
+}
+
+/// The rest of a move: the keys in batches, clients running between them, then the slot
+/// assigned on every master. Answers how many keys moved.
+async fn finish_move(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize {
+    let mut src = connect(from).await;
+    let setslot = |state: &str, node: &str| redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(node).clone();
     let mut moved = 0;
     loop {
         let keys: Vec<Vec<u8>> =
@@ -75,6 +87,51 @@ async fn move_slot(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize
         let _: () = setslot("NODE", &to.id).query_async(&mut connect(node).await).await.unwrap();
     }
     moved
+}
+
+/// Redis checks the keys a call names before it runs it (ASK or TRYAGAIN while their slot
+/// moves), but a key a script reaches through its `KEY` table (the usage log, event counts, a
+/// reservation's metadata) only when the script touches it: while the slot migrates, a touch
+/// of one that is not on the source node (moved already, or not made yet) raised mid-script,
+/// after the writes before it. Here every key a commit names is on the source and its usage
+/// log is not (none ended yet; the sweep's fold deletes it): the commit must wait for the move
+/// and then be whole (before, it charged the ledger, failed, and left the hold ACTIVE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_meeting_a_moving_slot_writes_all_or_nothing() {
+    let h = Arc::new(Harness::start().await);
+    if !h.store.is_cluster() {
+        eprintln!("standalone Redis: slot migration is a cluster test (scripts/test runs it on a 3-master cluster)");
+        return;
+    }
+    let t = Arc::new(h.funded(1_000).await);
+    let rid = h.reserve_ok(&t, 100, json!({})).await;
+    // (the listing index, which a commit names, is written by the sweep or a listing's flush)
+    cycles_shared::ops::listing::flush(&h.store, &t.id, 1, false).await.unwrap();
+    let keys = TenantKeys::new(&t.id);
+    let seed = h.redis_url.split(',').next().unwrap().to_string();
+    let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.tenant()).query_async(&mut c).await.unwrap();
+    let (masters, home) = topology(&seed, slot).await;
+    let away = masters.iter().find(|m| m.id != home.id).expect("a second master").clone();
+    let mut at_home = connect(&home).await;
+    let usage_log: bool = redis::cmd("EXISTS").arg(keys.usage_log()).query_async(&mut at_home).await.unwrap();
+    assert!(!usage_log, "the commit's usage log is made by the commit");
+
+    open_move(slot, &home, &away).await;
+    let id = rid.clone();
+    let commit = {
+        let (h, t) = (h.clone(), t.clone());
+        tokio::spawn(async move { h.commit(&t, &rid, 60).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    finish_move(slot, &home, &away, &masters).await;
+    let r = commit.await.unwrap();
+    assert_eq!(r.status, 200, "the commit waited for the move: {}", r.raw);
+    let root = h.root(&t).await;
+    assert_eq!((root.spent, root.reserved, root.remaining), (60, 0, 940), "one whole commit");
+    let got = h.get(&t.key, &format!("/v1/reservations/{id}")).await;
+    assert_eq!(got.assert_ok()["status"], "COMMITTED", "the record is finished with its ledger");
+    move_slot(slot, &away, &home, &masters).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! Rules written in both languages agree: the scope-pattern match of policies
 //! (`domain::policies::pattern_matches` in Rust, `pattern_matches` in `lua/lib/policies.lua`)
 //! over every pattern and scope path of a generated grid, evaluated by the script library's own
-//! helpers in Redis. (The decimal arithmetic's parity with integers is `amounts.rs`.)
+//! helpers in Redis; and the key a script reads to tell its slot is moving. (The decimal
+//! arithmetic's parity with integers is `amounts.rs`.)
 
 use cycles_shared::domain::policies::pattern_matches;
 use cycles_tests::Harness;
@@ -61,4 +62,33 @@ async fn policy_patterns_match_alike_in_rust_and_lua() {
     }
     // the grid holds both answers in number, so agreement is not agreement on one answer
     assert!(matched > checked / 20 && matched < checked * 19 / 20, "{matched} of {checked} matched");
+}
+
+/// The key a script reads first to tell that its slot is moving (`KEY.slot_check` in the
+/// library, `keys::slot_check` in Rust) is the same key, in the slot of the key it is made from,
+/// for tenant keys and the sweep's alike; a key without a hash tag has none.
+#[tokio::test]
+async fn the_slot_check_key_is_the_same_in_rust_and_lua() {
+    use cycles_shared::keys::{due_index, slot_check, TenantKeys};
+    let h = Harness::start().await;
+    let t = TenantKeys::new("acme:{odd}");
+    let keys = [t.tenant(), t.reservation("tok"), t.budget_by_code("c0de"), due_index(7), "plain".to_string()];
+    let mut cmd = redis::cmd("EVAL");
+    let body = "local out = {}\nfor i = 1, #ARGV do out[i] = KEY.slot_check(ARGV[i]) or '' end\nreturn out";
+    cmd.arg(format!("{}\n{body}", cycles_shared::ops::helpers())).arg(0).arg(&keys);
+    let lua: Vec<String> = cmd.query_async(&mut h.store.conn()).await.unwrap();
+    let rust: Vec<String> = keys.iter().map(|k| slot_check(k).unwrap_or_default()).collect();
+    assert_eq!(lua, rust);
+    assert_eq!(rust[0], format!("{}:slot-check", t.prefix()));
+    assert_eq!(rust[4], "", "no hash tag, no check");
+    let slot = |k: &str| redis::cmd("CLUSTER").arg("KEYSLOT").arg(k).clone();
+    if h.store.is_cluster() {
+        for (key, check) in keys.iter().zip(&rust).take(4) {
+            let (a, b): (u16, u16) = (
+                slot(key).query_async(&mut h.store.conn()).await.unwrap(),
+                slot(check).query_async(&mut h.store.conn()).await.unwrap(),
+            );
+            assert_eq!(a, b, "{check} shares the slot of {key}");
+        }
+    }
 }
