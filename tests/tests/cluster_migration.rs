@@ -47,6 +47,36 @@ async fn topology(seed: &str, slot: u16) -> (Vec<Node>, Node) {
     (masters, owner.expect("the slot has an owner"))
 }
 
+/// The test's harness when it runs on a cluster; on standalone Redis, None (and a word why).
+async fn cluster_harness() -> Option<Arc<Harness>> {
+    let h = Harness::start().await;
+    if !h.store.is_cluster() {
+        eprintln!("standalone Redis: slot migration is a cluster test (scripts/test runs it on a 3-master cluster)");
+        return None;
+    }
+    Some(Arc::new(h))
+}
+
+/// A tenant's slot on the test cluster: a seed node's URL, the slot, the masters, the one that
+/// serves the slot (`home`) and another (`away`).
+struct Slot {
+    seed: String,
+    slot: u16,
+    masters: Vec<Node>,
+    home: Node,
+    away: Node,
+}
+
+async fn slot_of(h: &Harness, tenant: &str) -> Slot {
+    let seed = h.redis_url.split(',').next().unwrap().to_string();
+    let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let slot: u16 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(TenantKeys::new(tenant).tenant()).query_async(&mut c).await.unwrap();
+    let (masters, home) = topology(&seed, slot).await;
+    let away = masters.iter().find(|m| m.id != home.id).expect("a second master").clone();
+    Slot { seed, slot, masters, home, away }
+}
+
 /// Moves `slot` from `from` to `to` the way `redis-cli --cluster reshard` does: mark it
 /// importing/migrating, MIGRATE its keys in batches while clients keep writing, then assign it.
 async fn move_slot(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usize {
@@ -98,21 +128,13 @@ async fn finish_move(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usi
 /// and then be whole (before, it charged the ledger, failed, and left the hold ACTIVE).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_meeting_a_moving_slot_writes_all_or_nothing() {
-    let h = Arc::new(Harness::start().await);
-    if !h.store.is_cluster() {
-        eprintln!("standalone Redis: slot migration is a cluster test (scripts/test runs it on a 3-master cluster)");
-        return;
-    }
+    let Some(h) = cluster_harness().await else { return };
     let t = Arc::new(h.funded(1_000).await);
     let rid = h.reserve_ok(&t, 100, json!({})).await;
     // (the listing index, which a commit names, is written by the sweep or a listing's flush)
     cycles_shared::ops::listing::flush(&h.store, &t.id, 1, false).await.unwrap();
     let keys = TenantKeys::new(&t.id);
-    let seed = h.redis_url.split(',').next().unwrap().to_string();
-    let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.tenant()).query_async(&mut c).await.unwrap();
-    let (masters, home) = topology(&seed, slot).await;
-    let away = masters.iter().find(|m| m.id != home.id).expect("a second master").clone();
+    let Slot { slot, masters, home, away, .. } = slot_of(&h, &t.id).await;
     let mut at_home = connect(&home).await;
     let usage_log: bool = redis::cmd("EXISTS").arg(keys.usage_log()).query_async(&mut at_home).await.unwrap();
     assert!(!usage_log, "the commit's usage log is made by the commit");
@@ -136,17 +158,10 @@ async fn a_commit_meeting_a_moving_slot_writes_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_busy_tenants_slot_shows_no_errors_and_loses_no_writes() {
-    let h = Arc::new(Harness::start().await);
-    if !h.store.is_cluster() {
-        eprintln!("standalone Redis: slot migration is a cluster test (scripts/test runs it on a 3-master cluster)");
-        return;
-    }
+    let Some(h) = cluster_harness().await else { return };
     const ALLOCATED: i64 = 1_000_000_000;
     let t = Arc::new(h.funded(ALLOCATED).await);
-    let seed = h.redis_url.split(',').next().unwrap().to_string();
-    let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let slot: u16 =
-        redis::cmd("CLUSTER").arg("KEYSLOT").arg(TenantKeys::new(&t.id).tenant()).query_async(&mut c).await.unwrap();
+    let Slot { seed, slot, masters, home, away } = slot_of(&h, &t.id).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let (ops, committed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicI64::new(0)));
@@ -179,8 +194,6 @@ async fn moving_a_busy_tenants_slot_shows_no_errors_and_loses_no_writes() {
     }
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (masters, home) = topology(&seed, slot).await;
-    let away = masters.iter().find(|m| m.id != home.id).expect("a second master").clone();
     let before = ops.load(Ordering::Relaxed);
     let moved_out = move_slot(slot, &home, &away, &masters).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
