@@ -184,10 +184,12 @@ const KEY_SUFFIX_ROOM: usize = 64;
 /// to tell that its slot is migrating away (`SLOT.moving` in `lua/lib/reply.lua`).
 pub const SLOT_CHECK_SUFFIX: &str = ":slot-check";
 
-/// The never-written key of the slot of `key` (None for a key without a hash tag).
+/// The never-written key of the slot of `key` (None for a key without a hash tag: Redis hashes
+/// such a key, or one whose first braces are empty, whole).
 pub fn slot_check(key: &str) -> Option<String> {
-    let end = key.find('{').and_then(|open| key[open..].find('}').map(|close| open + close + 1))?;
-    Some([&key[..end], SLOT_CHECK_SUFFIX].concat())
+    let open = key.find('{')?;
+    let close = open + key[open..].find('}')?;
+    (close > open + 1).then(|| [&key[..=close], SLOT_CHECK_SUFFIX].concat())
 }
 
 /// Declares the keys of a tenant's slot once, for both languages: each line is a key's name, its
@@ -216,7 +218,7 @@ macro_rules! tenant_keys {
                 "local KEY = {\n  prefix_of = function(key) return string.match(key, '^(cy:{[^}]*})') end,\n  \
                  tag_of = function(prefix) return string.match(prefix, '^cy:{(.*)}$') end,\n",
             );
-            out.push_str("  slot_check = function(key) local t = string.match(key, '^[^{]*{[^}]*}') return t and (t .. '");
+            out.push_str("  slot_check = function(key) local t = string.match(key, '^[^{]*{[^}]+}') return t and (t .. '");
             out.push_str(SLOT_CHECK_SUFFIX);
             out.push_str("') end,\n");
             $(
