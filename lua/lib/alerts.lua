@@ -186,14 +186,9 @@ function RATES.count(sc, field)
   return n
 end
 
--- How many reservations the tenant's created stream has had added (0 before its first: the
--- error of a missing stream is a table without entries).
+-- How many reservations the tenant's created stream has had added (0 before its first).
 function RATES.made(prefix)
-  local info = redis.pcall('XINFO', 'STREAM', KEY.created_stream(prefix))
-  for i = 1, #info - 1, 2 do
-    if info[i] == 'entries-added' then return info[i + 1] end
-  end
-  return 0
+  return LAST_ENTRY.info(KEY.created_stream(prefix), 'entries-added') or 0
 end
 
 -- After a count of `field` (d, x or f): the share over the last window (ten tenths) of

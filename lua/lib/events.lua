@@ -3,8 +3,19 @@
 
 -- The entry id each event stream last took from this script VM, so an event's id is known
 -- without reading the stream. A guess the stream refuses (an entry written from elsewhere, or
--- nothing remembered yet) is corrected from its last entry.
+-- nothing remembered yet) is corrected from the stream's last id (`LAST_ENTRY.info`), which
+-- its trimmed or deleted entries keep: its newest entry may be older.
 local LAST_ENTRY = {max = 1024, kept = 0, known = {}}
+
+-- A field of a stream's XINFO (`last-generated-id`, `entries-added`); nil for a stream that
+-- does not exist (its error is a table without entries).
+function LAST_ENTRY.info(key, field)
+  local info = redis.pcall('XINFO', 'STREAM', key)
+  for i = 1, #info - 1, 2 do
+    if info[i] == field then return info[i + 1] end
+  end
+  return nil
+end
 
 -- The entry id after `last` ("<ms>-<seq>", or nil): `now`-0, or the next after the last when
 -- that is at or past `now` (so ids stay monotonic even if TIME steps back).
@@ -54,7 +65,7 @@ local function emit(events_key, event_type, tenant, scope, ctx, source, data_jso
   local entry = next_entry(LAST_ENTRY.known[events_key], now)
   local json, taken = add_event(events_key, entry, event_type, tenant, body, flags)
   if taken then
-    entry = next_entry((redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1] or {})[1], now)
+    entry = next_entry(LAST_ENTRY.info(events_key, 'last-generated-id'), now)
     json, taken = add_event(events_key, entry, event_type, tenant, body, flags)
     if taken then error(taken) end
   end

@@ -182,3 +182,29 @@ async fn event_ids_stay_monotonic_past_entries_the_scripts_did_not_write() {
         assert_eq!(r.assert_ok()["event_id"], id);
     }
 }
+
+/// An event's stream entry id is chosen before it is written (the id is in its JSON). When the
+/// stream's last id is past the one chosen and its entries up to it are gone (trimmed, as when
+/// the newest events were written under a clock ahead of today's, e.g. before a failover), the
+/// event takes the id after the stream's last: it is written with the change it records, never
+/// failing after that change was.
+#[tokio::test]
+async fn an_event_after_the_streams_last_entries_were_trimmed_is_still_written() {
+    let h = Harness::start().await;
+    let t = h.funded(100).await;
+    let events = cycles_shared::keys::TenantKeys::new(&t.id).events();
+    let ahead = cycles_shared::domain::now_ms() + 3_600_000;
+    let mut c = h.store.conn();
+    let xadd = redis::cmd("XADD").arg(&events).arg(format!("{ahead}-0")).arg("type").arg("x").clone();
+    let _: String = xadd.query_async(&mut c).await.unwrap();
+    let trim = redis::cmd("XTRIM").arg(&events).arg("MINID").arg(ahead + 1).clone();
+    let _: i64 = trim.query_async(&mut c).await.unwrap();
+
+    let r = h.reserve(&t, 81, json!({})).await; // crosses 80%: one threshold event with the hold
+    r.assert_ok();
+    assert_eq!(h.root(&t).await.reserved, 81);
+    let crossed = h.admin_events(&t.id, "budget.threshold_crossed").await;
+    assert_eq!(crossed.len(), 1, "the hold's event is written");
+    let id = crossed[0]["event_id"].as_str().unwrap();
+    assert!(id.starts_with(&format!("evt_{ahead}-1.")), "after the stream's last id: {id}");
+}
