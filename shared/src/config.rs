@@ -79,6 +79,9 @@ pub struct Config {
     /// `replica` or `fsync`; `CYCLES_DURABILITY_REPLICAS`, 1; `CYCLES_DURABILITY_TIMEOUT_MS`,
     /// 1,000), or why the setting does not parse (the start stops with it).
     pub durability: Result<Durability, String>,
+    /// Whether readiness accepts a store that may evict keys under memory pressure
+    /// (`CYCLES_STORE_EVICTION=allow`); by default (`refuse`) it answers 503 for one.
+    pub allow_evicting_store: bool,
     /// Whether the operator plane's successful reads are audited too (`CYCLES_AUDIT_READS=on`;
     /// off by default: the audit log holds changes, refusals and failures).
     pub audit_reads: bool,
@@ -476,6 +479,7 @@ impl Config {
                 env("CYCLES_DURABILITY_REPLICAS").as_deref(),
                 env_ms("CYCLES_DURABILITY_TIMEOUT_MS", 1_000),
             ),
+            allow_evicting_store: env("CYCLES_STORE_EVICTION").is_some_and(|v| v == "allow"),
             audit_reads: env("CYCLES_AUDIT_READS").is_some_and(|v| v == "on"),
             auth_cache: env_ms("CYCLES_AUTH_CACHE_MS", 5_000),
             bootstrap_admin_key: env("CYCLES_BOOTSTRAP_ADMIN_KEY").is_none_or(|v| v != "off"),
@@ -488,6 +492,12 @@ impl Config {
     pub async fn open_store(&self) -> redis::RedisResult<Store> {
         let durability = self.durability.clone().unwrap_or(Durability::Primary);
         let store = Store::connect(&self.redis_url, self.redis_timeout + durability.wait()).await?;
+        match store.evicting_policies().await {
+            Ok(p) if !p.is_empty() => tracing::error!(policies = ?p, "the store may evict keys (a maxmemory limit \
+                without maxmemory-policy noeviction): ledgers, quota counters and idempotency records could vanish"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "the store's eviction policy could not be read"),
+        }
         store.durable(durability).await
     }
 

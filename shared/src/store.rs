@@ -278,6 +278,30 @@ impl Store {
         self.cluster
     }
 
+    /// The eviction policies of the nodes that may delete keys to make room (a `maxmemory`
+    /// limit with a `maxmemory-policy` other than `noeviction`), one per such node (every master
+    /// of a cluster is asked); empty when none may. A ledger's keys must never be evicted: a
+    /// budget, a quota counter or an idempotency record would vanish without a trace.
+    pub async fn evicting_policies(&self) -> redis::RedisResult<Vec<String>> {
+        let info: Value = redis::cmd("INFO").arg("memory").query_async(&mut self.conn()).await?;
+        // (a cluster answers a map of each master's text)
+        let texts = match info {
+            Value::Map(nodes) => nodes.into_iter().map(|(_, text)| text).collect(),
+            one => vec![one],
+        };
+        let mut policies = Vec::new();
+        for text in texts {
+            let text: String = redis::from_redis_value(text)?;
+            let field = |name: &str| text.lines().find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'));
+            let limited = field("maxmemory").is_some_and(|m| m != "0");
+            match field("maxmemory_policy") {
+                Some(policy) if limited && policy != "noeviction" => policies.push(policy.to_string()),
+                _ => {}
+            }
+        }
+        Ok(policies)
+    }
+
     /// A handle for ad-hoc commands (single-key reads and writes outside scripts).
     pub fn conn(&self) -> Conn {
         self.conn.clone()

@@ -273,3 +273,96 @@ async fn reads_survive_a_store_that_refuses_writes_and_functions_come_back() {
     assert_eq!(h.send("GET", "/health/ready", &[], None).await.status, 200);
     assert_eq!(h.root(&t).await.spent, 4);
 }
+
+async fn ready(h: &Harness) -> Resp {
+    h.send("GET", "/health/ready", &[], None).await
+}
+
+/// Sets `maxmemory` and `maxmemory-policy` on one node; answers what they were.
+async fn set_eviction(conn: &mut impl redis::aio::ConnectionLike, limit: &str, policy: &str) -> (String, String) {
+    let get = |name: &str| redis::cmd("CONFIG").arg("GET").arg(name).clone();
+    let (_, was_limit): (String, String) = get("maxmemory").query_async(conn).await.unwrap();
+    let (_, was_policy): (String, String) = get("maxmemory-policy").query_async(conn).await.unwrap();
+    let set = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(limit).arg("maxmemory-policy").arg(policy).clone();
+    let _: () = set.query_async(conn).await.unwrap();
+    (was_limit, was_policy)
+}
+
+/// A store that may evict keys to make room (a memory limit and a policy other than
+/// `noeviction`) could drop a budget, a quota counter or an idempotency record without a trace:
+/// readiness answers 503 naming the policy, in both shapes, unless the operator allows it
+/// (`CYCLES_STORE_EVICTION=allow`). No limit, or `noeviction`, is ready.
+#[tokio::test]
+async fn readiness_refuses_a_store_that_may_evict_keys() {
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let h = Harness::start_on(redis.url(), Some(redis)).await;
+    let allowing = Harness::start_beside(&h, |c| c.allow_evicting_store = true).await;
+    let mut conn = h.store.conn();
+    for policy in ["volatile-lru", "allkeys-lru", "volatile-ttl", "allkeys-random"] {
+        set_eviction(&mut conn, "10gb", policy).await;
+        let r = ready(&h).await;
+        assert_eq!(
+            (r.status, &r.body),
+            (
+                503,
+                &json!({"status": "unavailable", "store": "evicting", "reason": "EVICTION_POLICY", "policies": [policy]})
+            ),
+            "{policy}"
+        );
+        let r = h.send("GET", "/actuator/health/readiness", &[], None).await;
+        assert_eq!(
+            (r.status, r.body["status"].as_str(), r.body["store"].as_str()),
+            (503, Some("DOWN"), Some("evicting"))
+        );
+        assert_eq!(ready(&allowing).await.status, 200, "allowed: {policy}");
+    }
+    // no limit: nothing is ever evicted, whatever the policy says
+    set_eviction(&mut conn, "0", "allkeys-lru").await;
+    assert_eq!((ready(&h).await.status, ready(&h).await.body), (200, json!({"status": "ready", "store": "ok"})));
+    set_eviction(&mut conn, "10gb", "noeviction").await;
+    assert_eq!(ready(&h).await.status, 200);
+}
+
+/// On a Redis Cluster every master is asked: one master with an evicting policy, not the one
+/// the readiness probe writes to, makes the store not ready. (Runs on the test cluster of
+/// `scripts/test`; restores the master's settings before it asserts.)
+#[tokio::test]
+async fn readiness_asks_every_master_of_a_cluster_about_eviction() {
+    let h = Harness::start().await;
+    if !h.store.is_cluster() {
+        eprintln!("standalone Redis: the per-master check is a cluster test (scripts/test runs it on a cluster)");
+        return;
+    }
+    let seed = h.redis_url.split(',').next().unwrap().to_string();
+    let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let probe_slot: u16 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(cycles_shared::keys::HEALTH_PROBE).query_async(&mut c).await.unwrap();
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut c).await.unwrap();
+    // a master whose slot ranges do not hold the probe's slot
+    let away = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 8 && f[2].contains("master"))
+        .find(|f| {
+            !f[8..].iter().any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                (lo.parse().unwrap_or(u16::MAX)..=hi.parse().unwrap_or(0)).contains(&probe_slot)
+            })
+        })
+        .map(|f| f[1].split('@').next().unwrap().to_string())
+        .expect("a master that does not serve the probe's slot");
+    let mut node =
+        redis::Client::open(format!("redis://{away}")).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let (was_limit, was_policy) = set_eviction(&mut node, "10gb", "volatile-lru").await;
+    let evicting = h.send("GET", "/health/ready", &[], None).await;
+    set_eviction(&mut node, &was_limit, &was_policy).await;
+    let restored = h.send("GET", "/health/ready", &[], None).await;
+    assert_eq!(
+        (evicting.status, &evicting.body),
+        (
+            503,
+            &json!({"status": "unavailable", "store": "evicting", "reason": "EVICTION_POLICY", "policies": ["volatile-lru"]})
+        )
+    );
+    assert_eq!(restored.status, 200);
+}

@@ -101,7 +101,8 @@ fn the_created_store_is_retained_and_snapshotted() {
     assert!(t.contains("  SnapshotRetentionDays:\n    Type: Number\n    Default: 7"), "7 days by default");
 }
 
-/// The template passes its durability setting to every function (issue 28, item 1).
+/// The template passes its durability and eviction settings to every function (issue 28,
+/// item 1; the eviction check of readiness).
 #[test]
 fn the_durability_setting_reaches_every_function() {
     let t = template();
@@ -109,11 +110,13 @@ fn the_durability_setting_reaches_every_function() {
         "CYCLES_DURABILITY: !Ref Durability",
         "CYCLES_DURABILITY_REPLICAS: !Ref DurabilityReplicas",
         "CYCLES_DURABILITY_TIMEOUT_MS: !Ref DurabilityTimeoutMs",
+        "CYCLES_STORE_EVICTION: !Ref StoreEviction",
     ] {
         let globals = t.split("\nGlobals:\n").nth(1).and_then(|g| g.split("\nResources:\n").next()).unwrap();
         assert!(globals.contains(var), "the functions' environment lacks {var}");
     }
     assert!(t.contains("AllowedValues: [none, replica, fsync]"));
+    assert!(t.contains("  StoreEviction:\n    Type: String\n    Default: refuse\n    AllowedValues: [refuse, allow]"));
 }
 
 /// The text of the resource `name` (its indented block).

@@ -631,9 +631,10 @@ async fn liveness(_: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
     Ok(Answer::json(200, &serde_json::json!({"status": "ok"})))
 }
 
-/// Readiness: Redis accepts a write through the script path every operation takes (200), else
-/// 503 saying whether the store is unreachable or refuses writes (out of memory under
-/// `noeviction`, a read-only replica, a failed save: reads still work then, writes do not).
+/// Readiness: Redis accepts a write through the script path every operation takes and will not
+/// evict keys (200), else 503 saying whether the store is unreachable, refuses writes (out of
+/// memory under `noeviction`, a read-only replica, a failed save: reads still work then, writes
+/// do not) or may evict keys (a `maxmemory` limit with an evicting `maxmemory-policy`).
 async fn readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult<Answer> {
     Ok(match store_state(app).await {
         Ok(()) => Answer::json(200, &serde_json::json!({"status": "ready", "store": "ok"})),
@@ -672,10 +673,11 @@ async fn actuator_readiness(app: &App, _: &mut Ctx, _: &ApiRequest) -> ApiResult
     })
 }
 
-/// Whether Redis takes writes: Err holds `store` (and `reason` when it answers but refuses).
+/// Whether Redis takes writes and keeps them: Err holds `store` (and `reason` when it answers
+/// but refuses writes, or may evict keys while `CYCLES_STORE_EVICTION` is not `allow`).
 async fn store_state(app: &App) -> Result<(), serde_json::Value> {
     let probe = crate::ops::maintenance::probe(&app.store).await;
-    probe.map(|_| ()).map_err(|e| {
+    probe.map_err(|e| {
         let refusal = crate::store::write_refusal(&e);
         tracing::warn!(error = %e, "readiness probe failed");
         let store = if refusal.is_some() { "refusing_writes" } else { "unreachable" };
@@ -684,7 +686,21 @@ async fn store_state(app: &App) -> Result<(), serde_json::Value> {
             body["reason"] = serde_json::json!(reason);
         }
         body
-    })
+    })?;
+    if app.config.allow_evicting_store {
+        return Ok(());
+    }
+    match app.store.evicting_policies().await {
+        Ok(policies) if policies.is_empty() => Ok(()),
+        Ok(policies) => {
+            tracing::error!(?policies, "readiness: the store may evict keys");
+            Err(serde_json::json!({"store": "evicting", "reason": "EVICTION_POLICY", "policies": policies}))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: the store's eviction policy could not be read");
+            Err(serde_json::json!({"store": "unreachable"}))
+        }
+    }
 }
 
 /// The answer for a path no route matches (404 in the spec's error shape).
