@@ -38,7 +38,8 @@ end
 -- while its slot leaves this node that read is refused, and the script answers TRYAGAIN before
 -- any write (not run: the gateway retries, and meets the slot moved). Whether the server is a
 -- cluster node is asked once per script VM (a refusal other than "cluster support disabled"
--- counts as a cluster: checking costs a read, not checking a half-written call).
+-- counts as a cluster: checking costs a read, not checking a half-written call); an EVALSHA
+-- script, whose memos last one call, reads without asking (its prologue says `clustered`).
 local SLOT = {checks = {known = {}, kept = 0, max = 1000}}
 function SLOT.moving(first_key)
   if SLOT.clustered == nil then

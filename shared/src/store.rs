@@ -606,17 +606,25 @@ impl Script {
             let fields: Vec<String> = Self::named(names, from).iter().map(|(n, e)| format!("{n} = {e}")).collect();
             format!("{{{}}}", fields.join(", "))
         };
-        format!("{}local K = {}\nlocal A = {}\n", self.slot_check(keys), table(self.keys, keys), table(self.args, args))
+        format!(
+            "{}local K = {}\nlocal A = {}\n",
+            self.slot_check(keys, true),
+            table(self.keys, keys),
+            table(self.args, args)
+        )
     }
 
     /// The prologue's first line: a call whose slot is leaving this node answers TRYAGAIN before
     /// the script touches anything (`SLOT.moving` in `lua/lib/reply.lua` says why); on a
-    /// server known not to be a cluster node, one field read.
-    fn slot_check(&self, keys: &str) -> String {
+    /// server known not to be a cluster node, one field read. A script whose memos last one
+    /// call (`per_call`: EVALSHA) reads at once: one read costs less than asking each time
+    /// whether the server is a cluster node, and a server that is none answers it all the same.
+    fn slot_check(&self, keys: &str, per_call: bool) -> String {
         if self.keys.is_empty() {
             return String::new();
         }
-        format!("do local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1]) if moving then return moving end end\n")
+        let assume = if per_call { "SLOT.clustered = true " } else { "" };
+        format!("do {assume}local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1]) if moving then return moving end end\n")
     }
 
     /// The same naming for a library function, whose `K` and `A` tables outlive a call (made
@@ -624,7 +632,7 @@ impl Script {
     /// (lists are new tables), so no call sees another's values, and allocates no table for
     /// them. Scripts never write into `K` or `A` (`tests::scripts_never_write_into_k_or_a`).
     pub(crate) fn kept_prologue(&self) -> String {
-        let mut out = self.slot_check("keys");
+        let mut out = self.slot_check("keys", false);
         out.push_str("local K, A = K, A\n");
         for (table, names, from) in [("K", self.keys, "keys"), ("A", self.args, "args")] {
             for (n, e) in Self::named(names, from) {
@@ -931,16 +939,17 @@ mod tests {
     #[test]
     fn prologues_name_keys_and_arguments() {
         let s = Script { name: "x", body: "", keys: &["tenant", "budgets.."], args: &["digest"], read_only: false };
-        let check = |keys: &str| {
-            format!("do local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1]) if moving then return moving end end\n")
+        let check = |assume: &str, keys: &str| {
+            format!("do {assume}local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1]) if moving then return moving end end\n")
         };
         assert_eq!(
             s.prologue("KEYS", "ARGV"),
-            check("KEYS") + "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
+            check("SLOT.clustered = true ", "KEYS")
+                + "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
         );
         assert_eq!(
             s.kept_prologue(),
-            check("keys")
+            check("", "keys")
                 + "local K, A = K, A\nK.tenant = keys[1]\nK.budgets = {unpack(keys, 2)}\nA.digest = args[1]\n"
         );
     }

@@ -129,6 +129,42 @@ async fn finish_move(slot: u16, from: &Node, to: &Node, masters: &[Node]) -> usi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_meeting_a_moving_slot_writes_all_or_nothing() {
     let Some(h) = cluster_harness().await else { return };
+    commit_meeting_a_moving_slot(h).await;
+}
+
+/// The same by EVALSHA (a server without Functions, or an ACL without them: here a user of the
+/// test cluster's masters denied FUNCTION and FCALL), whose scripts read the slot's check key
+/// without first asking whether the server is a cluster node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_by_evalsha_meeting_a_moving_slot_writes_all_or_nothing() {
+    let Some(h) = cluster_harness().await else { return };
+    let seed = h.redis_url.split(',').next().unwrap().to_string();
+    let (masters, _) = topology(&seed, 0).await;
+    let mut seeds = Vec::new();
+    for m in &masters {
+        let mut acl = redis::cmd("ACL");
+        acl.arg(&["SETUSER", "cycles-evalsha", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro"]);
+        let _: () = acl.query_async(&mut connect(m).await).await.unwrap();
+        seeds.push(format!("redis://cycles-evalsha:pw@{}:{}", m.host, m.port));
+    }
+    let by_evalsha = Arc::new(Harness::start_on_configured(seeds.join(","), |_| {}).await);
+    let before = evalsha_calls(&masters).await;
+    commit_meeting_a_moving_slot(by_evalsha).await;
+    assert!(evalsha_calls(&masters).await > before, "the scripts ran by EVALSHA");
+}
+
+/// EVALSHA calls the masters have served.
+async fn evalsha_calls(masters: &[Node]) -> u64 {
+    let mut calls = 0;
+    for m in masters {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connect(m).await).await.unwrap();
+        let stat = info.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="));
+        calls += stat.and_then(|rest| rest.split(',').next()?.parse::<u64>().ok()).unwrap_or(0);
+    }
+    calls
+}
+
+async fn commit_meeting_a_moving_slot(h: Arc<Harness>) {
     let t = Arc::new(h.funded(1_000).await);
     let rid = h.reserve_ok(&t, 100, json!({})).await;
     // (the listing index, which a commit names, is written by the sweep or a listing's flush)
