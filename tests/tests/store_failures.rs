@@ -366,3 +366,17 @@ async fn readiness_asks_every_master_of_a_cluster_about_eviction() {
     );
     assert_eq!(restored.status, 200);
 }
+
+/// A store that does not tell its eviction policy (here INFO is refused to the server's user once
+/// it is connected) is not refused for it: the probe's write decides readiness.
+#[tokio::test]
+async fn readiness_does_not_refuse_a_store_that_hides_its_eviction_policy() {
+    let redis = EmbeddedRedis::start(&[]).await.expect("redis-server");
+    let mut admin = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let user = |rules: &[&str]| redis::cmd("ACL").arg("SETUSER").arg("server").arg(rules).clone();
+    let _: () = user(&["on", ">pw", "~*", "&*", "+@all"]).query_async(&mut admin).await.unwrap();
+    let h = Harness::start_on(format!("redis://server:pw@127.0.0.1:{}", redis.port), Some(redis)).await;
+    let _: () = user(&["-info"]).query_async(&mut admin).await.unwrap();
+    assert!(h.store.evicting_policies().await.is_err(), "INFO is refused");
+    assert_eq!((ready(&h).await.status, ready(&h).await.body), (200, json!({"status": "ready", "store": "ok"})));
+}
