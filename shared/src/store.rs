@@ -291,11 +291,10 @@ impl Store {
         };
         let mut policies = Vec::new();
         for text in texts {
-            let text: String = redis::from_redis_value(text)?;
-            let field = |name: &str| text.lines().find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'));
-            let limited = field("maxmemory").is_some_and(|m| m != "0");
-            match field("maxmemory_policy") {
-                Some(policy) if limited && policy != "noeviction" => policies.push(policy.to_string()),
+            let info: redis::InfoDict = redis::from_redis_value(text)?;
+            let limited = info.get::<u64>("maxmemory").is_some_and(|m| m > 0);
+            match info.get::<String>("maxmemory_policy") {
+                Some(policy) if limited && policy != "noeviction" => policies.push(policy),
                 _ => {}
             }
         }
