@@ -838,6 +838,14 @@ impl Drop for Moto {
     }
 }
 
+/// Calls of one command a Redis node has served so far, inside scripts included (`INFO
+/// commandstats`; `conn` reaches one node).
+pub async fn command_calls(conn: &mut impl redis::aio::ConnectionLike, command: &str) -> u64 {
+    let info: redis::InfoDict = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    let stat = info.get::<String>(&format!("cmdstat_{command}")).unwrap_or_default();
+    stat.strip_prefix("calls=").and_then(|rest| rest.split(',').next()?.parse().ok()).unwrap_or(0)
+}
+
 /// The commands that reached Redis from a client while `request` ran, in order, each as the
 /// words MONITOR prints (quoted). Futures are lazy: nothing is sent before MONITOR listens.
 /// Commands scripts run (`[0 lua]`) are inside their round trip and not listed. Needs a harness

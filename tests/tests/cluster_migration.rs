@@ -157,9 +157,7 @@ async fn a_commit_by_evalsha_meeting_a_moving_slot_writes_all_or_nothing() {
 async fn evalsha_calls(masters: &[Node]) -> u64 {
     let mut calls = 0;
     for m in masters {
-        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connect(m).await).await.unwrap();
-        let stat = info.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="));
-        calls += stat.and_then(|rest| rest.split(',').next()?.parse::<u64>().ok()).unwrap_or(0);
+        calls += command_calls(&mut connect(m).await, "evalsha").await;
     }
     calls
 }

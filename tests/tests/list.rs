@@ -210,11 +210,9 @@ async fn expired_reservations_are_listed_with_their_status() {
     assert!(r.body["reservations"][0].get("finalized_at_ms").is_none());
 }
 
-/// Calls of a command so far, inside scripts included (`INFO commandstats`).
+/// Calls of one command the harness's server has served so far.
 async fn calls(h: &Harness, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|r| r.split(',').next()?.parse().ok()).unwrap_or(0)
+    command_calls(&mut h.store.conn(), command).await
 }
 
 /// A page costs work in proportion to the page, for every sort key: with 300 reservations that

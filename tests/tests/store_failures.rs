@@ -208,14 +208,9 @@ async fn a_flushed_function_library_is_loaded_again() {
     assert!(format!("{libraries:?}").contains(&wanted), "{wanted} loaded again: {libraries:?}");
 }
 
-/// Calls of one command so far (`INFO commandstats`).
+/// Calls of one command the harness's server has served so far.
 async fn calls(h: &Harness, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut h.store.conn()).await.unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    command_calls(&mut h.store.conn(), command).await
 }
 
 async fn set_maxmemory(h: &Harness, bytes: &str) {
