@@ -1,6 +1,7 @@
 //! The scripts' decimal arithmetic (lua/lib/decimal.lua) is exact over the whole int64 range: amounts of
-//! up to 15 characters take the fast path through Lua numbers, longer ones the digit-string path,
-//! and both must agree with integer arithmetic at and across the boundary.
+//! up to 15 characters take the fast path through Lua numbers, longer ones the path in two parts
+//! (the last nine digits and the rest), and both must agree with integer arithmetic at and across
+//! the boundary, at the carries between the parts, and at both ends of int64.
 
 use cycles_shared::keys::TenantKeys;
 use cycles_shared::model::Unit;
@@ -46,18 +47,24 @@ async fn decimal_arithmetic_is_exact_across_the_fast_path_boundary() {
         99_999_999_999_999,    // 14 digits
         -99_999_999_999_999,   // 15 characters with the sign
         999_999_999_999_999,   // 15 digits: the largest fast-path operand
-        -999_999_999_999_999,  // 16 characters: digit-string path
+        -999_999_999_999_999,  // 16 characters: the path in two parts
         1_000_000_000_000_000, // 16 digits
         9_007_199_254_740_993, // 2^53 + 1, not a double
+        1_000_000_000,         // the parts' carry: 1e9
+        -1_000_000_000,
+        999_999_999_999_999_999,
+        -1_000_000_000_000_000_001,
         i64::MAX as i128,
         i64::MIN as i128 + 1,
+        i64::MIN as i128,
         i64::MAX as i128 + 1, // one past: d_fits must say no
+        i64::MIN as i128 - 1,
     ];
     let mut pairs: Vec<(i128, i128)> = edges.iter().flat_map(|a| edges.iter().map(move |b| (*a, *b))).collect();
     let mut rng = StdRng::seed_from_u64(20261203);
     for _ in 0..400 {
         let digits = |rng: &mut StdRng| -> i128 {
-            let n: u32 = rng.gen_range(1..=18);
+            let n: u32 = rng.gen_range(1..=19);
             let v: i128 = rng.gen_range(0..10i128.pow(n));
             if rng.gen_bool(0.3) {
                 -v
@@ -81,7 +88,7 @@ async fn decimal_arithmetic_is_exact_across_the_fast_path_boundary() {
 }
 
 /// A settle within the estimate (X <= E) takes a commit's fast path when every amount has at
-/// most 15 characters, the digit-string path otherwise: both must leave the ledger as integer
+/// most 15 characters, the path in two parts otherwise: both must leave the ledger as integer
 /// arithmetic does (remaining + E - X, spent + X, reserved - E, charged X).
 #[tokio::test]
 async fn a_settle_within_the_estimate_is_exact_on_both_paths() {
