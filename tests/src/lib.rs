@@ -838,6 +838,43 @@ impl Drop for Moto {
     }
 }
 
+/// A master of a test cluster: its address and node id.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub host: String,
+    pub port: u16,
+    pub id: String,
+}
+
+/// A connection to one node of the cluster.
+pub async fn connect(node: &Node) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(format!("redis://{}:{}", node.host, node.port)).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+/// The masters, and the one serving `slot`, read from `CLUSTER SLOTS` on a seed node.
+pub async fn topology(seed: &str, slot: u16) -> (Vec<Node>, Node) {
+    let mut c = redis::Client::open(seed).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c).await.unwrap();
+    let (mut masters, mut owner) = (Vec::new(), None);
+    for range in ranges {
+        let redis::Value::Array(parts) = range else { panic!("CLUSTER SLOTS shape") };
+        let int = |v: &redis::Value| -> i64 { redis::from_redis_value_ref(v).unwrap() };
+        let (start, end) = (int(&parts[0]), int(&parts[1]));
+        let redis::Value::Array(master) = &parts[2] else { panic!("CLUSTER SLOTS node shape") };
+        let text = |v: &redis::Value| -> String { redis::from_redis_value_ref(v).unwrap() };
+        let (host, port, id) = (text(&master[0]), int(&master[1]) as u16, text(&master[2]));
+        let node = Node { host, port, id };
+        if (start..=end).contains(&i64::from(slot)) {
+            owner = Some(node.clone());
+        }
+        if !masters.iter().any(|m: &Node| m.id == node.id) {
+            masters.push(node);
+        }
+    }
+    (masters, owner.expect("the slot has an owner"))
+}
+
 /// Calls of one command a Redis node has served so far, inside scripts included (`INFO
 /// commandstats`; `conn` reaches one node).
 pub async fn command_calls(conn: &mut impl redis::aio::ConnectionLike, command: &str) -> u64 {

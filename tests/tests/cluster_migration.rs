@@ -9,43 +9,6 @@ use std::time::{Duration, Instant};
 
 use cycles_shared::keys::TenantKeys;
 use cycles_tests::*;
-use redis::aio::MultiplexedConnection;
-
-/// A master of the cluster: its address and node id.
-#[derive(Clone, Debug)]
-struct Node {
-    host: String,
-    port: u16,
-    id: String,
-}
-
-async fn connect(node: &Node) -> MultiplexedConnection {
-    let client = redis::Client::open(format!("redis://{}:{}", node.host, node.port)).unwrap();
-    client.get_multiplexed_async_connection().await.unwrap()
-}
-
-/// The masters, and the one serving `slot`, read from `CLUSTER SLOTS` on a seed node.
-async fn topology(seed: &str, slot: u16) -> (Vec<Node>, Node) {
-    let mut c = redis::Client::open(seed).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c).await.unwrap();
-    let (mut masters, mut owner) = (Vec::new(), None);
-    for range in ranges {
-        let redis::Value::Array(parts) = range else { panic!("CLUSTER SLOTS shape") };
-        let int = |v: &redis::Value| -> i64 { redis::from_redis_value_ref(v).unwrap() };
-        let (start, end) = (int(&parts[0]), int(&parts[1]));
-        let redis::Value::Array(master) = &parts[2] else { panic!("CLUSTER SLOTS node shape") };
-        let text = |v: &redis::Value| -> String { redis::from_redis_value_ref(v).unwrap() };
-        let (host, port, id) = (text(&master[0]), int(&master[1]) as u16, text(&master[2]));
-        let node = Node { host, port, id };
-        if (start..=end).contains(&i64::from(slot)) {
-            owner = Some(node.clone());
-        }
-        if !masters.iter().any(|m: &Node| m.id == node.id) {
-            masters.push(node);
-        }
-    }
-    (masters, owner.expect("the slot has an owner"))
-}
 
 /// The test's harness when it runs on a cluster; on standalone Redis, None (and a word why).
 async fn cluster_harness() -> Option<Arc<Harness>> {

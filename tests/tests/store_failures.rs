@@ -313,7 +313,8 @@ async fn readiness_refuses_a_store_that_may_evict_keys() {
     }
     // no limit: nothing is ever evicted, whatever the policy says
     set_eviction(&mut conn, "0", "allkeys-lru").await;
-    assert_eq!((ready(&h).await.status, ready(&h).await.body), (200, json!({"status": "ready", "store": "ok"})));
+    let r = ready(&h).await;
+    assert_eq!((r.status, r.body), (200, json!({"status": "ready", "store": "ok"})));
     set_eviction(&mut conn, "10gb", "noeviction").await;
     assert_eq!(ready(&h).await.status, 200);
 }
@@ -332,26 +333,13 @@ async fn readiness_asks_every_master_of_a_cluster_about_eviction() {
     let mut c = redis::Client::open(seed.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let probe_slot: u16 =
         redis::cmd("CLUSTER").arg("KEYSLOT").arg(cycles_shared::keys::HEALTH_PROBE).query_async(&mut c).await.unwrap();
-    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut c).await.unwrap();
-    // a master whose slot ranges do not hold the probe's slot
-    let away = nodes
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() > 8 && f[2].contains("master"))
-        .find(|f| {
-            !f[8..].iter().any(|range| {
-                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-                (lo.parse().unwrap_or(u16::MAX)..=hi.parse().unwrap_or(0)).contains(&probe_slot)
-            })
-        })
-        .map(|f| f[1].split('@').next().unwrap().to_string())
-        .expect("a master that does not serve the probe's slot");
-    let mut node =
-        redis::Client::open(format!("redis://{away}")).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let (masters, probed) = topology(&seed, probe_slot).await;
+    let away = masters.iter().find(|m| m.id != probed.id).expect("a master that does not serve the probe's slot");
+    let mut node = connect(away).await;
     let (was_limit, was_policy) = set_eviction(&mut node, "10gb", "volatile-lru").await;
-    let evicting = h.send("GET", "/health/ready", &[], None).await;
+    let evicting = ready(&h).await;
     set_eviction(&mut node, &was_limit, &was_policy).await;
-    let restored = h.send("GET", "/health/ready", &[], None).await;
+    let restored = ready(&h).await;
     assert_eq!(
         (evicting.status, &evicting.body),
         (
@@ -373,5 +361,6 @@ async fn readiness_does_not_refuse_a_store_that_hides_its_eviction_policy() {
     let h = Harness::start_on(format!("redis://server:pw@127.0.0.1:{}", redis.port), Some(redis)).await;
     let _: () = user(&["-info"]).query_async(&mut admin).await.unwrap();
     assert!(h.store.evicting_policies().await.is_err(), "INFO is refused");
-    assert_eq!((ready(&h).await.status, ready(&h).await.body), (200, json!({"status": "ready", "store": "ok"})));
+    let r = ready(&h).await;
+    assert_eq!((r.status, r.body), (200, json!({"status": "ready", "store": "ok"})));
 }
