@@ -622,8 +622,12 @@ impl Script {
         if self.keys.is_empty() {
             return String::new();
         }
-        let assume = if per_call { "SLOT.clustered = true " } else { "" };
-        format!("do {assume}local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1]) if moving then return moving end end\n")
+        let moving = if per_call {
+            format!("SLOT.clustered = true local moving = SLOT.moving({keys}[1])")
+        } else {
+            format!("local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1])")
+        };
+        format!("do {moving} if moving then return moving end end\n")
     }
 
     /// The same naming for a library function, whose `K` and `A` tables outlive a call (made
@@ -938,17 +942,15 @@ mod tests {
     #[test]
     fn prologues_name_keys_and_arguments() {
         let s = Script { name: "x", body: "", keys: &["tenant", "budgets.."], args: &["digest"], read_only: false };
-        let check = |assume: &str, keys: &str| {
-            format!("do {assume}local moving = SLOT.clustered ~= false and SLOT.moving({keys}[1]) if moving then return moving end end\n")
-        };
+        let check = |moving: &str| format!("do {moving} if moving then return moving end end\n");
         assert_eq!(
             s.prologue("KEYS", "ARGV"),
-            check("SLOT.clustered = true ", "KEYS")
+            check("SLOT.clustered = true local moving = SLOT.moving(KEYS[1])")
                 + "local K = {tenant = KEYS[1], budgets = {unpack(KEYS, 2)}}\nlocal A = {digest = ARGV[1]}\n"
         );
         assert_eq!(
             s.kept_prologue(),
-            check("", "keys")
+            check("local moving = SLOT.clustered ~= false and SLOT.moving(keys[1])")
                 + "local K, A = K, A\nK.tenant = keys[1]\nK.budgets = {unpack(keys, 2)}\nA.digest = args[1]\n"
         );
     }
