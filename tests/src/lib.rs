@@ -216,6 +216,11 @@ impl Harness {
         Self::start_configured(|_| {}).await
     }
 
+    /// Calls of one command the harness's server has served so far (`command_calls`).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        command_calls(&mut self.store.conn(), command).await
+    }
+
     /// Like `start`, with the server's configuration adjusted by `configure` (applied after the
     /// harness's own test settings).
     pub async fn start_configured(configure: impl FnOnce(&mut Config)) -> Harness {

@@ -210,11 +210,6 @@ async fn expired_reservations_are_listed_with_their_status() {
     assert!(r.body["reservations"][0].get("finalized_at_ms").is_none());
 }
 
-/// Calls of one command the harness's server has served so far.
-async fn calls(h: &Harness, command: &str) -> u64 {
-    command_calls(&mut h.store.conn(), command).await
-}
-
 /// A page costs work in proportion to the page, for every sort key: with 300 reservations that
 /// carry near-limit metadata, a one-row page reads a handful of records and no metadata unless
 /// `include` asks (then only the page's). Metadata above the limit is refused on write.
@@ -244,15 +239,15 @@ async fn listing_work_is_bounded_by_the_page_for_every_sort_key() {
     assert!(cycles_shared::ops::listing::flush(&h.store, &t.id, 10, true).await.unwrap());
     for sort in ["created_at_ms", "reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms"] {
         for dir in ["asc", "desc"] {
-            let (gets, reads) = (calls(&h, "get").await, calls(&h, "hmget").await);
+            let (gets, reads) = (h.command_calls("get").await, h.command_calls("hmget").await);
             let r = h.get(&t.key, &format!("/v1/reservations?sort_by={sort}&sort_dir={dir}&limit=1")).await;
             let page = r.assert_ok();
             assert_eq!(page["reservations"].as_array().unwrap().len(), 1, "{sort} {dir}");
             assert!(r.raw.len() < 2_000, "{sort} {dir}: no metadata shipped ({} bytes)", r.raw.len());
-            let got = calls(&h, "get").await - gets;
+            let got = h.command_calls("get").await - gets;
             assert!(got <= 8, "{sort} {dir}: {got} records read for a one-row page");
             // key checks (one HMGET per chunk read) only: no metadata hash is read
-            assert!(calls(&h, "hmget").await - reads <= 8, "{sort} {dir}");
+            assert!(h.command_calls("hmget").await - reads <= 8, "{sort} {dir}");
         }
     }
     let r = h.get(&t.key, "/v1/reservations?sort_by=reserved&limit=2&include=metadata").await;
@@ -464,12 +459,12 @@ async fn compacted_listing_work_is_bounded_by_the_page() {
     assert!(bounds.len() > 40 && live.is_empty(), "{} chunks, {} live members", bounds.len(), live.len());
     for sort in ["reservation_id", "tenant", "scope_path", "status", "reserved", "expires_at_ms"] {
         for dir in ["asc", "desc"] {
-            let (gets, ranges) = (calls(&h, "get").await, calls(&h, "zrange").await);
+            let (gets, ranges) = (h.command_calls("get").await, h.command_calls("zrange").await);
             let r = h.get(&t.key, &format!("/v1/reservations?sort_by={sort}&sort_dir={dir}&limit=1")).await;
             assert_eq!(r.assert_ok()["reservations"].as_array().unwrap().len(), 1, "{sort} {dir}");
-            let got = calls(&h, "get").await - gets;
+            let got = h.command_calls("get").await - gets;
             assert!(got <= 8, "{sort} {dir}: {got} records read for a one-row page");
-            let ranges = calls(&h, "zrange").await - ranges;
+            let ranges = h.command_calls("zrange").await - ranges;
             // each of a chunk's ~20 neighbours read would show: the status-member sorts walk
             // eight ranges (four statuses, with and without a tenant), the others one
             let most = if ["reservation_id", "tenant", "status"].contains(&sort) { 40 } else { 10 };

@@ -208,11 +208,6 @@ async fn a_flushed_function_library_is_loaded_again() {
     assert!(format!("{libraries:?}").contains(&wanted), "{wanted} loaded again: {libraries:?}");
 }
 
-/// Calls of one command the harness's server has served so far.
-async fn calls(h: &Harness, command: &str) -> u64 {
-    command_calls(&mut h.store.conn(), command).await
-}
-
 async fn set_maxmemory(h: &Harness, bytes: &str) {
     let _: () =
         redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes).query_async(&mut h.store.conn()).await.unwrap();
@@ -245,26 +240,26 @@ async fn reads_survive_a_store_that_refuses_writes_and_functions_come_back() {
 
     // The library vanishes while memory is short: loading it is refused, reads run by EVALSHA.
     let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut h.store.conn()).await.unwrap();
-    let evalsha = calls(&h, "evalsha").await;
+    let evalsha = h.command_calls("evalsha").await;
     read_all().await;
     read_all().await;
-    assert!(calls(&h, "evalsha").await >= evalsha + 10, "reads ran by EVALSHA");
-    let fcall = calls(&h, "fcall").await;
+    assert!(h.command_calls("evalsha").await >= evalsha + 10, "reads ran by EVALSHA");
+    let fcall = h.command_calls("fcall").await;
     read_all().await;
-    assert_eq!(calls(&h, "fcall").await, fcall, "no FCALL attempt before the retry time");
+    assert_eq!(h.command_calls("fcall").await, fcall, "no FCALL attempt before the retry time");
 
     // Memory back: after the backoff the library is loaded again and FCALL serves.
     set_maxmemory(&h, "0").await;
     h.get(&t.key, &format!("/v1/reservations/{rid}")).await.assert_ok();
     tokio::time::sleep(Duration::from_millis(4_500)).await;
     h.commit(&t, &rid, 4).await.assert_ok();
-    let fcall = calls(&h, "fcall").await;
-    let evalsha = calls(&h, "evalsha").await;
+    let fcall = h.command_calls("fcall").await;
+    let evalsha = h.command_calls("evalsha").await;
     h.reserve_ok(&t, 1, json!({})).await;
     read_all().await;
     // reserve 1, get 1, balances 2 (ledger list, then the ledgers), listing 2 (index, records)
-    assert_eq!(calls(&h, "fcall").await, fcall + 6, "FCALL in use again");
-    assert_eq!(calls(&h, "evalsha").await, evalsha);
+    assert_eq!(h.command_calls("fcall").await, fcall + 6, "FCALL in use again");
+    assert_eq!(h.command_calls("evalsha").await, evalsha);
     assert_eq!(h.send("GET", "/health/ready", &[], None).await.status, 200);
     assert_eq!(h.root(&t).await.spent, 4);
 }
